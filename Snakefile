@@ -1,0 +1,17 @@
+# graftlab: continual learning by grafting. This file is the table of contents; each stage lives in rules/.
+
+
+include: "rules/common.smk"
+include: "rules/world.smk"
+include: "rules/data.smk"
+include: "rules/train.smk"
+include: "rules/graft.smk"
+include: "rules/evaluate.smk"
+include: "rules/analysis.smk"
+
+
+rule all:
+    input:
+        expand("results/{exp}/pareto.png", exp=EXPERIMENTS),
+        expand("results/{exp}/summary.parquet", exp=EXPERIMENTS),
+    default_target: True

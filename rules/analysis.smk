@@ -1,0 +1,28 @@
+# One table and one Pareto plot per experiment, over every evaluated model.
+
+
+rule summary:
+    input:
+        lambda w: [f"results/{w.exp}/eval/{run}/metrics.json" for run in runs(w.exp)],
+    output:
+        "results/{exp}/summary.parquet",
+    log:
+        "logs/{exp}/summary.log",
+    script:
+        "../workflow_scripts/summary.py"
+
+
+rule pareto:
+    input:
+        "results/{exp}/summary.parquet",
+    output:
+        report(
+            "results/{exp}/pareto.png",
+            caption="../report/pareto.rst",
+            category="Pareto fronts",
+            labels={"experiment": "{exp}"},
+        ),
+    log:
+        "logs/{exp}/pareto.log",
+    script:
+        "../workflow_scripts/pareto.py"

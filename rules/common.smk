@@ -1,0 +1,59 @@
+from pathlib import Path
+
+from graftlab.config import ConfigError, load_schema, resolve
+
+
+configfile: Path(workflow.basedir) / "config.yaml"
+
+
+try:
+    resolve(config, load_schema(Path(workflow.basedir) / "schemas" / "config.schema.yaml"))
+except ConfigError as err:
+    raise WorkflowError(str(err)) from None
+
+EXPERIMENTS = list(config["experiments"])
+WORLD = "results/world"
+OLD_TASKS = config["world"]["old_tasks"]
+NEW_TASK = config["world"]["new_task"]
+LADDER = [f"step~{s}" for s in config["world"]["pretrain"]["ladder"]]
+
+
+wildcard_constraints:
+    exp="|".join(EXPERIMENTS),
+    base="post|step~[0-9]+",
+    donor="post|step~[0-9]+",
+    lr="[^/]+",
+    e="[0-9]+",
+    lam="[^/]+",
+
+
+def xcfg(wildcards, *keys):
+    """One experiment's setting, e.g. xcfg(wildcards, "sft", "epochs")."""
+    value = config["experiments"][wildcards.exp]
+    for key in keys:
+        value = value[key]
+    return value
+
+
+def model_dir(name):
+    """Directory of a named model of the tiny world: `post`, or a ladder checkpoint `step~N`."""
+    return f"{WORLD}/post" if name == "post" else f"{WORLD}/ladder/{name}"
+
+
+def runs(exp):
+    """Every evaluated model of an experiment, as its key path under results/{exp}/."""
+    x = config["experiments"][exp]
+    sft = [
+        f"sft/{base}/lr~{lr}/epoch~{e}"
+        for base in ["post"] + (x["donors"] if x["eval"]["donor_sft"] else [])
+        for lr in x["sft"]["lr"]
+        for e in range(1, x["sft"]["epochs"] + 1)
+    ]
+    grafts = [
+        f"graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0"
+        for donor, lams in [(d, x["graft"]["lam"]) for d in x["donors"]] + [("post", x["merge"]["lam"])]
+        for lr in x["sft"]["lr"]
+        for e in range(1, x["sft"]["epochs"] + 1)
+        for lam in lams
+    ]
+    return ["post"] + sft + grafts

@@ -1,0 +1,21 @@
+# SFT of the post model (the baseline) and of every donor: one run per learning rate, a checkpoint per epoch.
+
+
+rule sft:
+    input:
+        model=lambda w: model_dir(w.base),
+        data="results/{exp}/data/sft.parquet",
+    output:
+        directory("results/{exp}/sft/{base}/lr~{lr}"),
+    params:
+        lr=lambda w: float(w.lr),
+        epochs=lambda w: xcfg(w, "sft", "epochs"),
+        batch_size=lambda w: xcfg(w, "sft", "batch_size"),
+        seed=config["seed"],
+    threads: config["threads"]["train"]
+    log:
+        "logs/{exp}/sft/{base}/lr~{lr}.log",
+    benchmark:
+        "benchmarks/{exp}/sft/{base}/lr~{lr}.tsv"
+    script:
+        "../workflow_scripts/sft.py"

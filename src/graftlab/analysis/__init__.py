@@ -1,0 +1,1 @@
+"""Analysis of evaluated runs: summary tables, Pareto frontiers, figures."""

@@ -1,0 +1,153 @@
+"""The summary table of an experiment: one row per evaluated model, and its Pareto frontier.
+
+A run is named by its key path under `results/{exp}/eval/`, built of `name~value` segments after the
+method and its base model (`post` or a donor such as `step~400`):
+
+    post                                            the post-trained model, the reference
+    sft/post/lr~1e-3/epoch~2                        SFT of the post model           -> "sft"
+    sft/step~400/lr~1e-3/epoch~1                    SFT of a donor                  -> "donor_sft"
+    graft/step~400/lr~.../lam~.../mask~.../rho~...  a donor's update added to post  -> "graft"
+    graft/post/lr~.../lam~.../mask~.../rho~...      donor == post: model merging    -> "merge"
+
+Hyperparameter values stay strings, as in the paths, so `1e-3` is never reformatted.
+"""
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+POST = "post"
+KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
+ID_COLUMNS = ("exp", "run", "method", "donor", *KEY_COLUMNS)
+# Keys each kind of run must carry; a path lacking one was written by another layout.
+REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS}
+# Key names that would overwrite a summary column of another meaning.
+RESERVED = {"exp", "run", "method", "donor", "old", "new"}
+
+
+def _parse_keys(run: str, segments: list[str]) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    for seg in segments:
+        name, sep, value = seg.partition("~")
+        if not sep or not name or not value:
+            raise ValueError(f"run {run!r}: segment {seg!r} is not name~value")
+        if name in RESERVED:
+            raise ValueError(f"run {run!r}: key {name!r} clashes with a summary column")
+        if name in keys:
+            raise ValueError(f"run {run!r}: key {name!r} appears twice")
+        keys[name] = value
+    return keys
+
+
+def parse_run(run: str) -> dict[str, str | None]:
+    """Method, donor (the base model: `post` or e.g. `step~400`) and each `name~value` key of a run.
+
+    The keys lr, epoch, lam, mask and rho are always present (None where the run has none); any
+    other key in the path is kept as well, so a new sweep axis reaches the summary unchanged.
+    """
+    segments = run.strip("/").split("/")
+    kind = segments[0]
+    if kind == POST:
+        if len(segments) != 1:
+            raise ValueError(f"run {run!r}: the post model takes no keys")
+        return {"method": "post", "donor": None} | dict.fromkeys(KEY_COLUMNS)
+    if kind not in REQUIRED_KEYS:
+        raise ValueError(f"run {run!r}: unknown method {kind!r}; expected post, sft or graft")
+    if len(segments) < 2:
+        raise ValueError(f"run {run!r}: {kind} needs a base model segment (post or a donor)")
+    donor = segments[1]
+    keys = _parse_keys(run, segments[2:])
+    absent = [k for k in REQUIRED_KEYS[kind] if k not in keys]
+    if absent:
+        raise ValueError(f"run {run!r}: {kind} lacks key(s) {absent}")
+    if kind == "sft":
+        method = "sft" if donor == POST else "donor_sft"
+    else:
+        method = "merge" if donor == POST else "graft"
+    return {"method": method, "donor": donor} | dict.fromkeys(KEY_COLUMNS) | keys
+
+
+Ids = dict[str, str | None]
+Scores = dict[str, float | None]
+
+
+def _summary_row(path: Path, exp: str) -> tuple[Ids, Scores]:
+    """The string columns (ids and keys) and the score columns of one metrics.json."""
+    try:
+        record = json.loads(path.read_text())
+        run, benchmarks = record["run"], record["benchmarks"]
+        scores: Scores = {"old": record.get("old"), "new": record.get("new")}
+        for bench, m in benchmarks.items():
+            scores[f"{bench}_acc"] = m["acc@n"]
+            scores |= {f"{bench}_{k}": v for k, v in m.items() if k.startswith("pass@")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{path}: not a readable metrics.json ({err!r})") from err
+    return {"exp": exp, "run": run} | parse_run(run), scores
+
+
+def summarize(metrics_files: Iterable[str | Path], exp: str) -> pl.DataFrame:
+    """One row per evaluated model: ids, hyperparameters, old/new scores and per-benchmark metrics.
+
+    Runs may differ in benchmarks or ks; a metric a run lacks is null. Rows are sorted by run.
+    """
+    rows = [_summary_row(Path(p), exp) for p in metrics_files]
+    if not rows:
+        raise ValueError(f"experiment {exp!r}: no metrics files to summarise")
+    runs = [ids["run"] for ids, _ in rows]
+    dupes = sorted({r for r in runs if runs.count(r) > 1})
+    if dupes:
+        raise ValueError(f"experiment {exp!r}: runs evaluated twice: {dupes}")
+    # Ids and keys first (extra keys after the standard ones), then scores in the order first met.
+    id_cols, score_cols = list(ID_COLUMNS), ["old", "new"]
+    for ids, scores in rows:
+        id_cols += [c for c in ids if c not in id_cols]
+        score_cols += [c for c in scores if c not in score_cols]
+    data = {c: pl.Series(c, [ids.get(c) for ids, _ in rows], pl.String) for c in id_cols}
+    data |= {c: pl.Series(c, [s.get(c) for _, s in rows], pl.Float64) for c in score_cols}
+    return pl.DataFrame(list(data.values())).sort("run")
+
+
+def write_summary(
+    metrics_files: Iterable[str | Path], exp: str, out_parquet: str | Path
+) -> pl.DataFrame:
+    """Summarise and write the table as parquet, atomically: a killed job leaves no partial file."""
+    summary = summarize(metrics_files, exp)
+    out = Path(out_parquet)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    summary.write_parquet(tmp)
+    os.replace(tmp, out)
+    return summary
+
+
+def _front_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-dominated points of finite (x, y), both maximised; exact duplicates all stay on it."""
+    finite = np.flatnonzero(np.isfinite(x) & np.isfinite(y))
+    order = finite[np.lexsort((-y[finite], -x[finite]))]  # x descending, then y descending
+    xs, ys = x[order], y[order]
+    starts = np.r_[True, xs[1:] != xs[:-1]] if len(xs) else np.zeros(0, dtype=bool)
+    group = np.cumsum(starts) - 1
+    tops = ys[starts]  # the highest y of each distinct x
+    # A point survives when it is the highest of its x and strictly above every point of larger x:
+    # a point of larger x and equal y would dominate it.
+    above_right = np.r_[-np.inf, np.maximum.accumulate(tops)[:-1]] if len(tops) else tops
+    on = np.zeros(len(x), dtype=bool)
+    on[order] = (ys == tops[group]) & (tops[group] > above_right[group])
+    return on
+
+
+def pareto_front(df: pl.DataFrame, x: str = "new", y: str = "old") -> pl.DataFrame:
+    """`df` with a Boolean column `on_front`: True where no other row is >= in x and y and > in one.
+
+    Rows with a null or NaN coordinate are never on the front and never dominate.
+    """
+    missing = [c for c in (x, y) if c not in df.columns]
+    if missing:
+        raise ValueError(f"pareto_front: no column(s) {missing} in {df.columns}")
+    xs = df[x].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    ys = df[y].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    return df.with_columns(pl.Series("on_front", _front_mask(xs, ys), pl.Boolean))

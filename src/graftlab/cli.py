@@ -1,0 +1,69 @@
+"""The ``graftlab`` command, for use outside Snakemake.
+
+Subcommands import their machinery only when they run, so ``graftlab --help`` never pays for torch.
+Every user-facing failure is one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _cmd_graft(args: argparse.Namespace) -> None:
+    if args.threads is not None:
+        import torch
+
+        # Rules run several jobs side by side; oversubscribed cores slow torch 7x (DESIGN §7).
+        torch.set_num_threads(args.threads)
+    from graftlab.graft import graft
+
+    counts = graft(
+        args.post, args.donor, args.donor_tuned, args.scale, args.out, chunk_bytes=args.chunk_mb << 20
+    )
+    print(f"graftlab: wrote {args.out} ({counts['tensors']} tensors, {counts['parameters']:,} parameters)")
+
+
+def _add_graft(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "graft",
+        help="write post + scale * (donor_tuned - donor); merging is --donor equal to --post",
+        description="Graft a donor's fine-tuning update onto a post-trained model: "
+        "theta = post + scale * (donor_tuned - donor), computed in fp32 and cast to post's dtype.",
+    )
+    p.add_argument("--post", required=True, help="post-trained model directory (receives the update)")
+    p.add_argument("--donor", required=True, help="donor model directory, before fine-tuning")
+    p.add_argument("--donor-tuned", required=True, help="donor model directory, after fine-tuning")
+    p.add_argument("--scale", required=True, type=float, help="lambda, the update's scale (>= 0)")
+    p.add_argument("--out", required=True, help="output model directory (written atomically)")
+    p.add_argument("--chunk-mb", type=int, default=64, help="fp32 row-block size for large tensors (MiB)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.set_defaults(run=_cmd_graft)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graftlab", description="Continual learning of post-trained LLMs by grafting donor updates."
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_graft(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from graftlab.models import GraftlabError
+
+    try:
+        args.run(args)
+    except (GraftlabError, OSError) as e:
+        # OSError covers files vanishing or disks filling mid-run; the message names the path.
+        message = " ".join(str(e).split())  # one line, whatever the exception carried
+        print(f"graftlab: error: {message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Sampling-based evaluation: Acc@n, unbiased pass@k, per-benchmark metrics."""

@@ -1,0 +1,58 @@
+"""Sampling-based evaluation of one model on its benchmarks.
+
+Writes one parquet of per-sample records per benchmark and, last, `metrics.json`, so a directory with
+`metrics.json` is a finished evaluation.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from graftlab.evaluate.metrics import benchmark_metrics
+from graftlab.sampling import SamplingConfig, load_sampler
+from graftlab.tasks import chat_prompt, extract_answer, is_correct
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    path: Path  # parquet of problems: id, prompt, answer
+    role: str  # "old" (retention) or "new" (the task being learned)
+
+
+def score_benchmark(sampler, tokenizer, bench: Benchmark, cfg: SamplingConfig) -> pl.DataFrame:
+    problems = pl.read_parquet(bench.path)
+    missing = {"id", "prompt", "answer"} - set(problems.columns)
+    if missing:
+        raise ValueError(f"benchmark {bench.name} ({bench.path}) lacks columns {sorted(missing)}")
+    completions = sampler([chat_prompt(tokenizer, p) for p in problems["prompt"]], cfg)
+    rows = [
+        {"problem_id": pid, "sample": i, "completion": c, "answer": extract_answer(c), "correct": is_correct(c, ref)}
+        for pid, ref, cs in zip(problems["id"], problems["answer"], completions)
+        for i, c in enumerate(cs)
+    ]
+    return pl.DataFrame(rows, schema_overrides={"answer": pl.Utf8})
+
+
+def evaluate(model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_dir: Path, run: str, backend="auto"):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    sampler = load_sampler(model_dir, backend)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    per_bench = {}
+    for bench in benchmarks:
+        records = score_benchmark(sampler, tokenizer, bench, cfg)
+        records.write_parquet(out_dir / f"{bench.name}.parquet")
+        per_bench[bench.name] = {"role": bench.role, **benchmark_metrics(records)}
+    metrics = {"run": run, "model": str(model_dir), "benchmarks": per_bench}
+    for role in ("old", "new"):
+        accs = [m["acc@n"] for m in per_bench.values() if m["role"] == role]
+        metrics[role] = sum(accs) / len(accs) if accs else None
+    tmp = out_dir / f".metrics.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(metrics, indent=2))
+    tmp.rename(out_dir / "metrics.json")
+    return metrics

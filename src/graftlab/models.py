@@ -1,0 +1,345 @@
+"""Model-directory I/O shared by every stage: tensor indexes, safetensors headers, a streaming
+safetensors writer, atomic output directories, provenance files and copying of non-weight files.
+
+Kept light on imports (torch and the standard library only): the graft path imports this module and
+start-up time is a measurable share of a graft (DESIGN §7).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shutil
+import struct
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+PROVENANCE_NAME = "graftlab.json"
+
+# A header larger than this is a corrupt or hostile file, not a model (the safetensors library uses
+# the same bound).
+_MAX_HEADER_BYTES = 100_000_000
+
+_DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
+_DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in _DTYPES.items()}
+
+# Files of a model directory that are weights, graftlab's own record, or trainer state: a derived
+# model must never inherit them from its source.
+_NOT_COPIED_SUFFIXES = (
+    ".safetensors",
+    ".safetensors.index.json",
+    ".bin",
+    ".bin.index.json",
+    ".pt",
+    ".pth",
+    ".ckpt",
+)
+_NOT_COPIED_NAMES = {PROVENANCE_NAME, "trainer_state.json"}
+
+
+class GraftlabError(Exception):
+    """A user-facing failure; its message is one line naming the offending key, file or tensor."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a safetensors header says about one tensor."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int = 0  # start of its bytes in the file's data section; orders reads front to back
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a safetensors dtype string (``"BF16"`` -> ``torch.bfloat16``)."""
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise GraftlabError(f"unsupported safetensors dtype {name!r}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The safetensors dtype string of a torch dtype."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise GraftlabError(f"dtype {dtype} cannot be stored in safetensors") from None
+
+
+def tensor_index(model_dir: str | Path) -> dict[str, Path]:
+    """Map every tensor name of a model directory to the safetensors file holding it."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise GraftlabError(f"model directory not found: {model_dir}")
+    index_file = model_dir / INDEX_NAME
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise GraftlabError(f"{index_file}: not a safetensors index with a weight_map ({e})") from None
+        index = {name: model_dir / shard for name, shard in weight_map.items()}
+        for shard in sorted(set(index.values())):
+            if not shard.is_file():
+                raise GraftlabError(f"shard {shard} named in {index_file} does not exist")
+        return index
+    single = model_dir / SINGLE_NAME
+    if not single.is_file():
+        raise GraftlabError(f"no {SINGLE_NAME} or {INDEX_NAME} in {model_dir}")
+    return {name: single for name in read_header(single) if name != "__metadata__"}
+
+
+def read_header(file: str | Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (dtype, shape, data_offsets per tensor, plus
+    ``__metadata__``); reads only the header bytes, never tensor data."""
+    file = Path(file)
+    try:
+        with open(file, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise GraftlabError(f"{file}: too short to be a safetensors file")
+            (size,) = struct.unpack("<Q", prefix)
+            if size > _MAX_HEADER_BYTES:
+                raise GraftlabError(f"{file}: header length {size} is implausible; not a safetensors file")
+            raw = f.read(size)
+    except FileNotFoundError:
+        raise GraftlabError(f"safetensors file not found: {file}") from None
+    except OSError as e:
+        raise GraftlabError(f"cannot read {file}: {e.strerror}") from None
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GraftlabError(f"{file}: safetensors header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise GraftlabError(f"{file}: safetensors header is not a JSON object")
+    return header
+
+
+def tensor_specs(model_dir: str | Path, index: dict[str, Path] | None = None) -> dict[str, TensorSpec]:
+    """dtype and shape of every tensor of a model directory, from headers alone."""
+    index = tensor_index(model_dir) if index is None else index
+    specs: dict[str, TensorSpec] = {}
+    for file in sorted(set(index.values())):
+        for name, entry in read_header(file).items():
+            if name != "__metadata__" and index.get(name) == file:
+                dtype, shape, offset = (
+                    torch_dtype(entry["dtype"]),
+                    tuple(entry["shape"]),
+                    entry["data_offsets"][0],
+                )
+                specs[name] = TensorSpec(dtype, shape, offset)
+    missing = sorted(set(index) - set(specs))
+    if missing:
+        raise GraftlabError(
+            f"tensor {missing[0]} is listed in the index of {model_dir} but absent from its shard"
+        )
+    return specs
+
+
+class SafetensorsWriter:
+    """Writes one safetensors file tensor by tensor, so a model never has to sit in memory whole.
+
+    The safetensors library only saves complete dicts of tensors (no streaming writer), hence this
+    small hand-written one. The format is: 8-byte little-endian header length, a JSON header padded
+    with spaces to a multiple of 8 bytes, then the raw little-endian bytes of every tensor in header
+    order. Because all shapes are declared up front, the header is written first and tensors are
+    appended as they are computed; a tensor may arrive whole or as consecutive row blocks.
+    """
+
+    def __init__(self, path: str | Path, specs: Sequence[tuple[str, torch.dtype, Sequence[int]]]) -> None:
+        self.path = Path(path)
+        self._specs = [(name, dtype, tuple(shape)) for name, dtype, shape in specs]
+        if len({name for name, _, _ in self._specs}) != len(self._specs):
+            raise GraftlabError(f"{self.path}: duplicate tensor names declared")
+        self._pos = 0  # index of the tensor being written
+        self._rows = 0  # rows of it written so far
+        header = self._header()  # before opening, so a bad declaration leaves no file behind
+        self._file: BinaryIO | None = open(self.path, "wb")
+        self._file.write(header)
+
+    def _header(self) -> bytes:
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, dtype, shape in self._specs:
+            end = offset + math.prod(shape) * dtype.itemsize
+            header[name] = {"dtype": dtype_name(dtype), "shape": list(shape), "data_offsets": [offset, end]}
+            offset = end
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)  # tensor data must start 8-byte aligned
+        return struct.pack("<Q", len(raw)) + raw
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        """Append ``tensor``: the next declared tensor whole, or its next block of rows."""
+        if self._file is None:
+            raise GraftlabError(f"{self.path}: writer is closed")
+        if self._pos >= len(self._specs):
+            raise GraftlabError(f"{self.path}: tensor {name} was not declared (all declared tensors written)")
+        want_name, want_dtype, want_shape = self._specs[self._pos]
+        if name != want_name:
+            raise GraftlabError(f"{self.path}: expected tensor {want_name} next, got {name}")
+        if tensor.dtype != want_dtype:
+            raise GraftlabError(f"{self.path}: tensor {name} has dtype {tensor.dtype}, declared {want_dtype}")
+        rows = self._check_shape(name, tuple(tensor.shape), want_shape)
+        data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        self._file.write(memoryview(data.numpy()))
+        self._rows += rows
+        if not want_shape or self._rows == want_shape[0]:
+            self._pos, self._rows = self._pos + 1, 0
+
+    def _check_shape(self, name: str, shape: tuple[int, ...], want: tuple[int, ...]) -> int:
+        """Rows contributed by a block of ``shape`` towards a tensor of shape ``want``."""
+        if shape == want and self._rows == 0:
+            return want[0] if want else 1
+        if not want or shape[1:] != want[1:] or self._rows + shape[0] > want[0]:
+            raise GraftlabError(
+                f"{self.path}: tensor {name} block of shape {list(shape)} does not fit declared shape "
+                f"{list(want)} after {self._rows} rows"
+            )
+        return shape[0]
+
+    def close(self) -> None:
+        """Finish the file; refuses (and leaves the file incomplete) if a declared tensor is missing."""
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        if self._pos < len(self._specs):
+            raise GraftlabError(
+                f"{self.path}: tensor {self._specs[self._pos][0]} was declared but not written"
+            )
+
+    def __enter__(self) -> SafetensorsWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._file is not None:
+            # The caller's exception is the story; the file is garbage that atomic_dir removes.
+            self._file.close()
+            self._file = None
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | Path) -> Iterator[Path]:
+    """Yield a temporary sibling of ``out`` to fill; rename it to ``out`` on success (replacing an
+    existing ``out``), delete it on any exception. A directory named ``out`` is thus always complete."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a killed earlier run with a recycled pid
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        # A directory cannot be renamed over a non-empty one: move the old one aside first, so the
+        # window in which `out` is absent is two renames long and never shows a partial directory.
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+
+
+def _package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for package in ("torch", "transformers", "safetensors", "graftlab"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def _git_revision() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def write_provenance(
+    out_dir: str | Path, inputs: dict[str, Any], params: dict[str, Any], extra: dict[str, Any] | None = None
+) -> Path:
+    """Write ``out_dir/graftlab.json``: what produced this directory, with which code."""
+    record = {
+        "inputs": {
+            key: str(value) if isinstance(value, os.PathLike) else value for key, value in inputs.items()
+        },
+        "params": params,
+        "versions": _package_versions(),
+        "git_revision": _git_revision(),
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if extra:
+        record.update(extra)
+    path = Path(out_dir) / PROVENANCE_NAME
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return path
+
+
+def copy_model_files(src_dir: str | Path, dst_dir: str | Path) -> list[str]:
+    """Copy the non-weight files of a model directory (config, generation config, tokenizer, chat
+    template, ...). Subdirectories are skipped: in HF model directories they hold trainer checkpoints
+    and logs, never files a model needs to load. Returns the names copied."""
+    src_dir, dst_dir = Path(src_dir), Path(dst_dir)
+    copied = []
+    for path in sorted(src_dir.iterdir()):
+        if not path.is_file() or path.name in _NOT_COPIED_NAMES or path.name.endswith(_NOT_COPIED_SUFFIXES):
+            continue
+        if path.name.startswith(("optimizer", "scheduler", "rng_state", "scaler", "training_args")):
+            continue
+        shutil.copy2(path, dst_dir / path.name)
+        copied.append(path.name)
+    return copied
+
+
+def read_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """The model's config.json, or None when it has none."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise GraftlabError(f"{path}: not valid JSON ({e})") from None

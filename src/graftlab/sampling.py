@@ -1,0 +1,113 @@
+"""One `generate()` for every stage that samples: evaluation, mining, trace synthesis, rollouts.
+
+Two backends behind the same call: vLLM on a GPU (imported lazily: it pins its own CUDA torch and lives
+in its own environment) and transformers `generate` everywhere else.
+"""
+
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    n: int = 1
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int = 0
+    batch_size: int = 256  # prompts per transformers batch (each expanded n times)
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def generate(model_dir, prompts: list[str], cfg: SamplingConfig, backend: str = "auto") -> list[list[str]]:
+    """`cfg.n` completions per prompt (already chat-formatted), decoded up to the end-of-turn token."""
+    return load_sampler(model_dir, backend)(prompts, cfg)
+
+
+def load_sampler(model_dir, backend: str = "auto"):
+    """A callable `(prompts, cfg) -> completions` holding the model, for stages that sample repeatedly."""
+    if backend == "auto":
+        backend = "vllm" if vllm_available() else "transformers"
+    if backend == "vllm":
+        return VllmSampler(model_dir)
+    if backend == "transformers":
+        return HfSampler(model_dir)
+    raise ValueError(f"unknown sampling backend {backend!r}; use auto, transformers or vllm")
+
+
+class VllmSampler:
+    def __init__(self, model_dir):
+        from vllm import LLM
+
+        self.llm = LLM(model=str(model_dir))
+
+    def __call__(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            n=cfg.n,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p if cfg.temperature > 0 else 1.0,
+            max_tokens=cfg.max_new_tokens,
+            seed=cfg.seed,
+            skip_special_tokens=False,
+        )
+        return [[c.text for c in o.outputs] for o in self.llm.generate(prompts, params)]
+
+
+class HfSampler:
+    def __init__(self, model_dir):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(self.device)
+
+    def __call__(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
+        import torch
+
+        torch.manual_seed(cfg.seed)
+        out: list[list[str]] = []
+        batches = range(0, len(prompts), cfg.batch_size)
+        for start in tqdm(batches, desc="sampling", unit="batch", disable=len(batches) < 2):
+            out.extend(self._batch(prompts[start : start + cfg.batch_size], cfg))
+        return out
+
+    def _batch(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
+        import torch
+
+        tok, greedy = self.tok, cfg.temperature == 0
+        batch = tok(prompts, return_tensors="pt", padding=True).to(self.device)
+        with torch.inference_mode():
+            ids = self.model.generate(
+                **batch,
+                do_sample=not greedy,
+                temperature=None if greedy else cfg.temperature,
+                top_p=None if greedy else cfg.top_p,
+                top_k=None,
+                num_return_sequences=cfg.n,
+                max_new_tokens=cfg.max_new_tokens,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        texts = [_decode(tok, row) for row in ids[:, batch["input_ids"].shape[1] :].tolist()]
+        return [texts[i : i + cfg.n] for i in range(0, len(texts), cfg.n)]
+
+
+def _decode(tok, ids: list[int]) -> str:
+    # Cut at the end of turn ourselves: decoding with skip_special_tokens would also drop the <think>
+    # tags that grading needs.
+    if tok.eos_token_id in ids:
+        ids = ids[: ids.index(tok.eos_token_id) + 1]
+    return tok.decode(ids, skip_special_tokens=False)

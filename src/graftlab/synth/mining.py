@@ -1,0 +1,58 @@
+"""Hard-problem mining: keep the problems the target model rarely or never solves.
+
+Never-solved problems are kept on purpose (DESIGN §3): dropping them would drop exactly the part of the
+new task the model cannot yet do.
+"""
+
+import random
+from dataclasses import dataclass
+
+import polars as pl
+
+from graftlab.models import GraftlabError
+from graftlab.sampling import SamplingConfig
+from graftlab.tasks import chat_prompt, is_correct
+
+
+@dataclass(frozen=True)
+class MiningConfig:
+    samples: int = 8
+    max_pass_rate: float = 0.25
+    heldout: int = 100
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    seed: int = 0
+
+
+def pass_rates(sampler, tokenizer, problems: list[dict], cfg: MiningConfig) -> list[float]:
+    prompts = [chat_prompt(tokenizer, p["prompt"]) for p in problems]
+    scfg = SamplingConfig(n=cfg.samples, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    completions = sampler(prompts, scfg)
+    return [sum(is_correct(c, p["answer"]) for c in cs) / cfg.samples for cs, p in zip(completions, problems)]
+
+
+def split_hard(problems: list[dict], rates: list[float], cfg: MiningConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(train, heldout): disjoint sets of the problems at or below the pass-rate threshold."""
+    hard = [dict(p, pass_rate=r) for p, r in zip(problems, rates) if r <= cfg.max_pass_rate]
+    if len(hard) <= cfg.heldout:
+        raise GraftlabError(
+            f"mining kept {len(hard)} of {len(problems)} problems at pass rate <= {cfg.max_pass_rate}; "
+            f"need more than mining.heldout = {cfg.heldout} to leave any for training"
+        )
+    random.Random(f"mining:{cfg.seed}").shuffle(hard)
+    return pl.DataFrame(hard[cfg.heldout :]), pl.DataFrame(hard[: cfg.heldout])
+
+
+def mine(model_dir, candidates, cfg: MiningConfig, train_out, heldout_out, backend: str = "auto") -> None:
+    """Sample the model on every candidate, keep the hard ones, write disjoint train / held-out sets."""
+    from transformers import AutoTokenizer
+
+    from graftlab.sampling import load_sampler
+
+    problems = pl.read_parquet(candidates).to_dicts()
+    rates = pass_rates(load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), problems, cfg)
+    train, heldout = split_hard(problems, rates, cfg)
+    print(f"mined {len(train) + len(heldout)} of {len(problems)} problems (pass rate <= {cfg.max_pass_rate}); "
+          f"{sum(r == 0 for r in rates)} never solved; {len(train)} train, {len(heldout)} held out")
+    heldout.write_parquet(heldout_out)
+    train.write_parquet(train_out)

@@ -1,0 +1,1 @@
+"""Training methods: SFT (and, in later issues, OPSD, SDPO, GRPO and their divergence losses)."""

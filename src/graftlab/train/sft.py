@@ -1,0 +1,138 @@
+"""Supervised fine-tuning with TRL's `SFTTrainer`, which runs cleanly on the CPU here (checked on a
+0.2M-parameter Qwen3 model: about 14 steps/s at batch 32). Examples arrive pre-tokenized with a
+`completion_mask`, so TRL neither re-templates them nor puts loss on prompt tokens.
+
+The same entry point pretrains the tiny world (no mask: loss on every token), post-trains it and fine-tunes
+donors, so every model of the pipeline is trained by one code path.
+"""
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+# Files TRL writes into checkpoints that are training state, not part of a model.
+_STATE_FILES = ("trainer_state.json", "training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float
+    batch_size: int
+    epochs: int | None = None  # one checkpoint per epoch ...
+    steps: int | None = None  # ... or a fixed number of steps with checkpoints at save_steps
+    save_steps: tuple[int, ...] = ()
+    warmup_ratio: float = 0.05
+    weight_decay: float = 0.0
+    seed: int = 0
+    threads: int = 1
+
+
+def encode_chat(tokenizer, prompt_text: str, completion_text: str) -> dict:
+    """Token ids of prompt + completion and a mask that is 1 on completion tokens only."""
+    p = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    c = tokenizer(completion_text, add_special_tokens=False)["input_ids"]
+    return {"input_ids": p + c, "completion_mask": [0] * len(p) + [1] * len(c)}
+
+
+def train(model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig) -> list[Path]:
+    """Train `model` in place on `rows`; return the checkpoint directories in training order.
+
+    Each checkpoint is a complete Hugging Face model directory (weights, config, tokenizer).
+    """
+    import torch
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    torch.set_num_threads(cfg.threads)
+    masked = "completion_mask" in rows[0]
+    if cfg.epochs is None and cfg.steps is None:
+        raise ValueError("TrainConfig needs epochs or steps")
+    args = SFTConfig(
+        output_dir=str(work_dir),
+        learning_rate=cfg.lr,
+        per_device_train_batch_size=cfg.batch_size,
+        num_train_epochs=cfg.epochs or 1,
+        max_steps=cfg.steps or -1,
+        lr_scheduler_type="cosine",
+        warmup_steps=cfg.warmup_ratio,
+        weight_decay=cfg.weight_decay,
+        optim="adamw_torch",
+        save_strategy="epoch" if cfg.epochs else "steps",
+        save_steps=_save_every(cfg),
+        save_only_model=True,
+        completion_only_loss=masked,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        logging_steps=10,
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        max_length=None,
+        disable_tqdm=False,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer.train()
+    checkpoints = sorted(work_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    for ckpt in checkpoints:
+        for name in _STATE_FILES:
+            (ckpt / name).unlink(missing_ok=True)
+    if cfg.save_steps:
+        wanted = set(cfg.save_steps)
+        checkpoints = [c for c in checkpoints if int(c.name.split("-")[1]) in wanted]
+    return checkpoints
+
+
+def _save_every(cfg: TrainConfig) -> int:
+    # Trainer saves every k steps; the ladder's checkpoints must be multiples of one k.
+    if not cfg.save_steps:
+        return 10**9
+    from math import gcd
+    from functools import reduce
+
+    return reduce(gcd, cfg.save_steps)
+
+
+def move_checkpoints(checkpoints: list[Path], targets: list[Path]) -> None:
+    if len(checkpoints) != len(targets):
+        raise RuntimeError(f"training wrote {len(checkpoints)} checkpoints, expected {len(targets)}")
+    for src, dst in zip(checkpoints, targets):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.move(str(src), str(dst))
+
+
+def finetune(model_dir, rows: list[dict], cfg: TrainConfig, targets: list[Path], model=None) -> None:
+    """Train the model at `model_dir` (or the given fresh `model`) and write one checkpoint per target.
+
+    Training state lives in a hidden work directory beside the first target, so a failed run leaves no
+    directory that looks like a finished checkpoint.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(model_dir)
+    work = targets[0].parent / f".work-{targets[0].name}"
+    shutil.rmtree(work, ignore_errors=True)
+    try:
+        move_checkpoints(train(model, tokenizer, rows, work, cfg), targets)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path) -> None:
+    """SFT on a traces parquet (`prompt`, `completion`); writes `out_dir/epoch~{e}` for every epoch."""
+    import polars as pl
+    from transformers import AutoTokenizer
+
+    from graftlab.models import GraftlabError
+    from graftlab.tasks import chat_prompt
+
+    traces = pl.read_parquet(data)
+    missing = {"prompt", "completion"} - set(traces.columns)
+    if missing or traces.is_empty():
+        raise GraftlabError(f"{data}: SFT data needs rows with columns prompt, completion (missing {sorted(missing)})")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = [encode_chat(tok, chat_prompt(tok, p), c) for p, c in zip(traces["prompt"], traces["completion"])]
+    targets = [out_dir / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
+    finetune(model_dir, rows, cfg, targets)

@@ -1,0 +1,103 @@
+"""The tiny world's tasks: three old arithmetic skills and a hard new one, each with a programmatic solver
+that writes the step-by-step thinking an expert would.
+
+A problem is a dict `{"id", "task", "prompt", "answer", "thinking"}`; `prompt` is the user turn,
+`thinking` the expert trace that goes between `<think>` tags, `answer` the graded final text.
+"""
+
+import random
+from collections.abc import Callable
+
+OLD_TASKS = ("add", "sub", "compare")
+NEW_TASKS = ("mul",)
+
+
+def _digits(n: int, width: int) -> list[int]:
+    return [int(c) for c in str(n).zfill(width)][::-1]
+
+
+def add(a: int, b: int) -> tuple[str, str, str]:
+    steps, carry = [], 0
+    da, db = _digits(a, 2), _digits(b, 2)
+    for x, y in zip(da, db):
+        s = x + y + carry
+        steps.append(f"{x}+{y}+{carry}={s}")
+        carry = s // 10
+    return f"{a}+{b}=", ";".join(steps), str(a + b)
+
+
+def sub(a: int, b: int) -> tuple[str, str, str]:
+    a, b = max(a, b), min(a, b)
+    steps, borrow = [], 0
+    for x, y in zip(_digits(a, 2), _digits(b, 2)):
+        top = x - borrow
+        borrow = int(top < y)
+        steps.append(f"{top + 10 * borrow}-{y}={top + 10 * borrow - y}")
+    return f"{a}-{b}=", ";".join(steps), str(a - b)
+
+
+def compare(a: int, b: int) -> tuple[str, str, str]:
+    sign = "<" if a < b else ">" if a > b else "="
+    ta, tb = str(a).zfill(2), str(b).zfill(2)
+    first = next((i for i in range(2) if ta[i] != tb[i]), 1)
+    return f"compare {a} {b}", f"{ta[first]}{sign}{tb[first]}", sign
+
+
+def mul(a: int, b: int) -> tuple[str, str, str]:
+    """2-digit times 1-digit: hard for the post model, learnable from traces."""
+    steps, carry = [], 0
+    for x in _digits(a, 2):
+        p = x * b + carry
+        steps.append(f"{x}*{b}+{carry}={p}")
+        carry = p // 10
+    return f"{a}*{b}=", ";".join(steps), str(a * b)
+
+
+SOLVERS: dict[str, Callable[[int, int], tuple[str, str, str]]] = {
+    "add": add,
+    "sub": sub,
+    "compare": compare,
+    "mul": mul,
+}
+
+
+def operands(task: str, rng: random.Random) -> tuple[int, int]:
+    if task == "mul":
+        return rng.randint(10, 99), rng.randint(2, 9)
+    return rng.randint(0, 99), rng.randint(0, 99)
+
+
+def problem(task: str, a: int, b: int) -> dict:
+    prompt, thinking, answer = SOLVERS[task](a, b)
+    return {"id": f"{task}:{prompt}", "task": task, "prompt": prompt, "answer": answer, "thinking": thinking}
+
+
+def sample_problems(task: str, count: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
+    """`count` distinct problems of `task`, none of whose ids is in `exclude`.
+
+    Seeds are explicit integers: Python's `hash()` is salted per process, so nothing derives from it.
+    """
+    if task not in SOLVERS:
+        raise ValueError(f"unknown task {task!r}; known: {sorted(SOLVERS)}")
+    rng, seen, out = random.Random(f"{task}:{seed}"), set(exclude), []
+    for _ in range(count * 200):
+        p = problem(task, *operands(task, rng))
+        if p["id"] not in seen:
+            seen.add(p["id"])
+            out.append(p)
+            if len(out) == count:
+                return out
+    raise ValueError(f"task {task!r} has fewer than {count} distinct problems outside the excluded set")
+
+
+def corpus_line(task: str, rng: random.Random) -> str:
+    """One line of pretraining text: the bare fact, no chat markers and no thinking.
+
+    Multiplication appears only as single-digit tables, so the base model has the pieces of the new
+    task but has never seen it assembled.
+    """
+    if task == "mul":
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        return f"{a}*{b}={a * b}"
+    prompt, _, answer = SOLVERS[task](*operands(task, rng))
+    return f"{prompt} {answer}" if task == "compare" else f"{prompt}{answer}"

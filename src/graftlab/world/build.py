@@ -1,0 +1,118 @@
+"""Build the tiny world: benchmarks, pretraining corpus, the donor ladder and the post model.
+
+Every model is an ordinary Hugging Face directory (Qwen3ForCausalLM + the character tokenizer), so the
+rest of the pipeline treats the tiny world exactly as it treats Qwen3 or OLMo checkpoints.
+"""
+
+import random
+import shutil
+from pathlib import Path
+
+import polars as pl
+
+from graftlab.tasks import chat_completion, chat_prompt
+from graftlab.world import arith
+
+
+def write_problems(problems: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame(problems).write_parquet(path)
+
+
+def read_problems(path) -> list[dict]:
+    return pl.read_parquet(path).to_dicts()
+
+
+def make_benchmarks(tasks: list[str], count: int, seed: int, out_dir: Path) -> None:
+    """One held-out problem set per old task; post-training never sees these problems."""
+    for task in tasks:
+        write_problems(arith.sample_problems(task, count, seed), out_dir / f"{task}.parquet")
+
+
+def make_candidates(task: str, count: int, seed: int, out: Path) -> None:
+    """The pool of new-task problems that mining filters."""
+    write_problems(arith.sample_problems(task, count, seed), out)
+
+
+def make_corpus(tasks: list[str], documents: int, lines_per_doc: int, seed: int, out: Path) -> None:
+    rng = random.Random(f"corpus:{seed}")
+    docs = ["\n".join(arith.corpus_line(rng.choice(tasks), rng) for _ in range(lines_per_doc)) for _ in range(documents)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pl.DataFrame({"text": docs}).write_parquet(out)
+
+
+def init_model(tokenizer, arch: dict, seed: int):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=arch["hidden_size"],
+        intermediate_size=arch["intermediate_size"],
+        num_hidden_layers=arch["layers"],
+        num_attention_heads=arch["heads"],
+        num_key_value_heads=arch["kv_heads"],
+        head_dim=arch["hidden_size"] // arch["heads"],
+        max_position_embeddings=arch["max_positions"],
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen3ForCausalLM(config)
+
+
+def pack(token_lists: list[list[int]], block: int, sep: int) -> list[dict]:
+    """Concatenate documents (separated by `sep`) and cut fixed-length blocks, as LM pretraining does."""
+    stream = [t for ids in token_lists for t in ids + [sep]]
+    return [{"input_ids": stream[i : i + block]} for i in range(0, len(stream) - block + 1, block)]
+
+
+def sft_rows(tokenizer, problems: list[dict]) -> list[dict]:
+    """Chat-formatted SFT examples (prompt masked out of the loss) from problems with expert thinking."""
+    from graftlab.train.sft import encode_chat
+
+    return [
+        encode_chat(tokenizer, chat_prompt(tokenizer, p["prompt"]), chat_completion(p["thinking"], p["answer"]))
+        for p in problems
+    ]
+
+
+def posttrain_problems(tasks: list[str], per_task: int, seed: int, benchmark_dir: Path) -> list[dict]:
+    problems = []
+    for task in tasks:
+        held_out = set(pl.read_parquet(benchmark_dir / f"{task}.parquet")["id"])
+        problems += arith.sample_problems(task, per_task, seed + 1, exclude=held_out)
+    random.Random(f"posttrain:{seed}").shuffle(problems)
+    return problems
+
+
+def pretrain(tokenizer_dir, corpus, arch: dict, cfg: dict, ladder: list[Path], seed: int, threads: int) -> None:
+    """Pretrain from scratch; keep the checkpoints at `cfg["ladder"]` steps as the donor ladder."""
+    from transformers import AutoTokenizer
+
+    from graftlab.train.sft import TrainConfig, finetune
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    texts = pl.read_parquet(corpus)["text"].to_list()
+    blocks = pack(tok(texts, add_special_tokens=False)["input_ids"], cfg["block"], tok.pad_token_id)
+    train_cfg = TrainConfig(
+        lr=cfg["lr"], batch_size=cfg["batch_size"], steps=cfg["steps"], save_steps=tuple(cfg["ladder"]), seed=seed, threads=threads
+    )
+    finetune(tokenizer_dir, blocks, train_cfg, ladder, model=init_model(tok, arch, seed))
+
+
+def posttrain(base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: Path, seed: int, threads: int) -> None:
+    """SFT of the base model on the old tasks, with thinking traces, in the chat format."""
+    from transformers import AutoTokenizer
+
+    from graftlab.train.sft import TrainConfig, finetune
+
+    tok = AutoTokenizer.from_pretrained(base_dir)
+    rows = sft_rows(tok, posttrain_problems(tasks, cfg["examples_per_task"], seed, benchmark_dir))
+    train_cfg = TrainConfig(lr=cfg["lr"], batch_size=cfg["batch_size"], epochs=cfg["epochs"], seed=seed, threads=threads)
+    with_epochs = [out.parent / f".{out.name}-epoch~{e}" for e in range(1, cfg["epochs"])] + [out]
+    finetune(base_dir, rows, train_cfg, with_epochs)
+    for extra in with_epochs[:-1]:
+        shutil.rmtree(extra)

@@ -1,0 +1,65 @@
+"""Shared fixtures: pico Qwen3 models built locally (no hub access), small enough for unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def build_pico_model(
+    out: Path,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: int | str | None = None,
+    base: Path | None = None,
+    noise: float = 0.0,
+    **config: object,
+) -> Path:
+    """Save a tiny random Qwen3ForCausalLM (hidden 16, 2 layers, vocab 32 unless ``config`` overrides).
+
+    With ``base``, start from that saved model instead and add ``noise``-scaled Gaussian noise to every
+    parameter: a stand-in for fine-tuning that keeps the shapes and config of ``base``.
+    """
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    if base is not None:
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        with torch.no_grad():
+            for param in model.parameters():
+                param.add_(noise * torch.randn_like(param))
+    else:
+        defaults = dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            vocab_size=32,
+            max_position_embeddings=64,
+        )
+        model = Qwen3ForCausalLM(Qwen3Config(**{**defaults, **config}))
+        with torch.no_grad():
+            # Random norms too (they initialise to ones), so every tensor differs between models.
+            for param in model.parameters():
+                param.add_(0.02 * torch.randn_like(param))
+    model.to(dtype)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(out, **kwargs)
+    return out
+
+
+@pytest.fixture
+def pico_model(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: ``pico_model("name", seed=..., dtype=..., max_shard_size=..., base=..., noise=...,
+    **qwen3_config)`` saves a pico model under ``tmp_path/name`` and returns its directory."""
+
+    def make(name: str = "model", **kwargs: object) -> Path:
+        return build_pico_model(tmp_path / name, **kwargs)
+
+    return make

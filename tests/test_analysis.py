@@ -1,0 +1,191 @@
+"""Run parsing, the summary table, the Pareto frontier and its figure."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from graftlab.analysis.pareto import plot_pareto
+from graftlab.analysis.summary import pareto_front, parse_run, summarize, write_summary
+
+GRAFT = "graft/step~400/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0"
+MERGE = "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.01"
+
+
+def test_parse_run_each_method() -> None:
+    empty = dict.fromkeys(("lr", "epoch", "lam", "mask", "rho"))
+    assert parse_run("post") == {"method": "post", "donor": None} | empty
+    assert parse_run("sft/post/lr~1e-3/epoch~2") == (
+        {"method": "sft", "donor": "post"} | empty | {"lr": "1e-3", "epoch": "2"}
+    )
+    assert parse_run("sft/step~400/lr~1e-3/epoch~1")["method"] == "donor_sft"
+    assert parse_run("sft/step~400/lr~1e-3/epoch~1")["donor"] == "step~400"
+    graft = parse_run(GRAFT)
+    assert graft == {
+        "method": "graft", "donor": "step~400",
+        "lr": "1e-3", "epoch": "2", "lam": "0.5", "mask": "none", "rho": "0",
+    }  # fmt: skip
+    # Donor == post is model merging; values stay the strings of the path.
+    merge = parse_run(MERGE)
+    assert (merge["method"], merge["donor"], merge["rho"]) == ("merge", "post", "0.01")
+
+
+def test_parse_run_keeps_extra_keys() -> None:
+    assert parse_run("sft/post/lr~1e-3/epoch~2/data~star")["data"] == "star"
+
+
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        ("grpo/post/lr~1e-6", "unknown method 'grpo'"),
+        ("", "unknown method ''"),
+        ("post/lr~1e-3", "post model takes no keys"),
+        ("sft", "needs a base model"),
+        ("sft/post/lr~1e-3", r"lacks key\(s\) \['epoch'\]"),
+        ("graft/post/lr~1e-3/epoch~2/lam~0.5", r"lacks key\(s\) \['mask', 'rho'\]"),
+        ("sft/post/lr~1e-3/epoch2", "'epoch2' is not name~value"),
+        ("sft/post/lr~1e-3/epoch~1/lr~1e-4", "key 'lr' appears twice"),
+        ("sft/post/lr~1e-3/epoch~1/method~x", "key 'method' clashes"),
+    ],
+)
+def test_parse_run_rejects(run: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_run(run)
+
+
+def write_metrics(root: Path, run: str, old: float, new: float, ks=(1, 4, 8)) -> Path:
+    def bench(role: str, acc: float) -> dict:
+        return {"role": role, "n": 8, "problems": 10, "acc@n": acc} | {
+            f"pass@{k}": min(1.0, acc + 0.01 * k) for k in ks
+        }
+
+    record = {
+        "run": run,
+        "benchmarks": {
+            "add": bench("old", old),
+            "sub": bench("old", old),
+            "mul": bench("new", new),
+        },
+        "old": old,
+        "new": new,
+    }
+    path = root / "eval" / run / "metrics.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    return path
+
+
+@pytest.fixture
+def metrics_files(tmp_path: Path) -> list[Path]:
+    return [
+        write_metrics(tmp_path, GRAFT, 0.90, 0.30),
+        write_metrics(tmp_path, "post", 0.95, 0.0),
+        write_metrics(tmp_path, MERGE, 0.60, 0.50),
+        write_metrics(tmp_path, "sft/post/lr~1e-3/epoch~2", 0.10, 0.90),
+        write_metrics(tmp_path, "sft/step~400/lr~1e-3/epoch~1", 0.05, 0.95, ks=(1,)),
+    ]
+
+
+def test_summarize(metrics_files: list[Path], tmp_path: Path) -> None:
+    df = summarize(metrics_files, "demo")
+    assert df.height == 5
+    assert df.columns[:11] == [
+        "exp", "run", "method", "donor", "lr", "epoch", "lam", "mask", "rho", "old", "new",
+    ]  # fmt: skip
+    assert {"add_acc", "sub_pass@4", "mul_pass@8"} <= set(df.columns)
+    assert df["run"].to_list() == sorted(df["run"].to_list())
+    assert df.schema["lr"] == pl.String and df.schema["mul_acc"] == pl.Float64
+    by_run = {r["run"]: r for r in df.iter_rows(named=True)}
+    assert by_run[MERGE]["method"] == "merge" and by_run[MERGE]["mask"] == "diag"
+    assert by_run["post"]["lr"] is None and by_run["post"]["exp"] == "demo"
+    assert by_run[GRAFT]["mul_acc"] == pytest.approx(0.30)
+    # The donor SFT was scored at k = 1 only: its larger-k columns are null, not missing.
+    assert by_run["sft/step~400/lr~1e-3/epoch~1"]["mul_pass@4"] is None
+
+    out = tmp_path / "out" / "summary.parquet"
+    written = write_summary(metrics_files, "demo", out)
+    assert pl.read_parquet(out).equals(written)
+    assert [p.name for p in out.parent.iterdir()] == ["summary.parquet"]
+
+
+def test_summarize_rejects(metrics_files: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="evaluated twice"):
+        summarize(metrics_files + metrics_files[:1], "demo")
+    with pytest.raises(ValueError, match="no metrics files"):
+        summarize([], "demo")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"benchmarks": {}}')
+    with pytest.raises(ValueError, match="not a readable metrics.json"):
+        summarize([broken], "demo")
+
+
+def front_of(points: list[tuple[float | None, float | None]]) -> list[bool]:
+    df = pl.DataFrame({"new": [p[0] for p in points], "old": [p[1] for p in points]})
+    return pareto_front(df)["on_front"].to_list()
+
+
+def test_pareto_front_simple() -> None:
+    points = [(0.0, 1.0), (0.5, 0.5), (0.4, 0.4), (1.0, 0.0), (0.2, 0.9), (0.1, 0.8)]
+    assert front_of(points) == [True, True, False, True, True, False]
+
+
+def test_pareto_front_ties_and_duplicates() -> None:
+    # Exact duplicates dominate neither each other: both stay on the front.
+    assert front_of([(0.5, 0.5), (0.5, 0.5), (0.2, 0.2)]) == [True, True, False]
+    # Equal x, lower y is dominated; equal y, lower x is dominated.
+    assert front_of([(0.5, 0.5), (0.5, 0.4)]) == [True, False]
+    assert front_of([(0.5, 0.5), (0.3, 0.5)]) == [True, False]
+    # A duplicate of a dominated point stays dominated.
+    assert front_of([(0.6, 0.6), (0.5, 0.5), (0.5, 0.5)]) == [True, False, False]
+
+
+def test_pareto_front_missing_values_and_columns() -> None:
+    assert front_of([(None, 1.0), (0.5, 0.5), (float("nan"), 2.0)]) == [False, True, False]
+    assert front_of([]) == []
+    with pytest.raises(ValueError, match="no column"):
+        pareto_front(pl.DataFrame({"new": [1.0]}))
+
+
+def test_pareto_front_keeps_columns() -> None:
+    df = pl.DataFrame({"run": ["a", "b"], "x": [1, 2], "y": [2, 1]})
+    out = pareto_front(df, x="x", y="y")
+    assert out.columns == ["run", "x", "y", "on_front"]
+    assert out["on_front"].to_list() == [True, True]
+
+
+def test_plot_pareto_writes_readable_png(metrics_files: list[Path], tmp_path: Path) -> None:
+    from matplotlib.image import imread
+
+    summary = tmp_path / "summary.parquet"
+    write_summary(metrics_files, "demo", summary)
+    for source, name in [(summary, "from_path.png"), (pl.read_parquet(summary), "from_df.png")]:
+        out = tmp_path / "fig" / name
+        plot_pareto(source, out, title="demo")
+        assert out.stat().st_size > 0
+        image = imread(out)
+        assert image.ndim == 3 and image.shape[0] > 300 and image.shape[1] > 300
+
+
+def test_plot_pareto_rejects_empty_and_unknown(tmp_path: Path) -> None:
+    df = pl.DataFrame(
+        {"method": ["post"], "new": [None], "old": [0.9]}, schema_overrides={"new": pl.Float64}
+    )
+    with pytest.raises(ValueError, match="no run with both"):
+        plot_pareto(df, tmp_path / "x.png")
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['opsd'\]"):
+        plot_pareto(
+            pl.DataFrame({"method": ["opsd"], "new": [0.1], "old": [0.2]}), tmp_path / "y.png"
+        )
+
+
+def test_pareto_front_matches_brute_force() -> None:
+    # A coarse grid forces many ties and duplicates.
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        pts = rng.integers(0, 5, size=(int(rng.integers(1, 30)), 2)) / 4
+        ge = (pts[None, :, :] >= pts[:, None, :]).all(-1)
+        gt = (pts[None, :, :] > pts[:, None, :]).any(-1)
+        expected = ~(ge & gt).any(1)
+        assert front_of([tuple(p) for p in pts.tolist()]) == expected.tolist()

@@ -1,0 +1,18 @@
+"""Evaluate one model on the old benchmarks and the held-out new-task problems."""
+
+from pathlib import Path
+
+from graftlab.evaluate.run import Benchmark, evaluate
+from graftlab.joblog import job_log
+from graftlab.sampling import SamplingConfig
+
+p, inp = snakemake.params, snakemake.input
+benchmarks = [Benchmark(n, Path(f), "old") for n, f in zip(p.names, inp.old)]
+benchmarks.append(Benchmark(p.names[-1], Path(inp.new), "new"))
+s = p.sampling
+cfg = SamplingConfig(
+    n=s["samples"], temperature=s["temperature"], top_p=s["top_p"], max_new_tokens=s["max_new_tokens"], seed=p.seed
+)
+run = snakemake.wildcards.run
+with job_log(snakemake.log[0], snakemake.threads):
+    evaluate(p.model, benchmarks, cfg, Path(snakemake.output.metrics).parent, run, p.backend)

@@ -1,0 +1,15 @@
+"""Mine the new-task problems the post model rarely or never solves."""
+
+from graftlab.joblog import job_log
+from graftlab.synth.mining import MiningConfig, mine
+
+p = snakemake.params
+with job_log(snakemake.log[0], snakemake.threads):
+    mine(
+        snakemake.input.model,
+        snakemake.input.candidates,
+        MiningConfig(**p.mining, seed=p.seed),
+        snakemake.output.train,
+        snakemake.output.heldout,
+        p.backend,
+    )

@@ -1,0 +1,11 @@
+"""SFT of one model at one learning rate; a checkpoint per epoch."""
+
+from pathlib import Path
+
+from graftlab.joblog import job_log
+from graftlab.train.sft import TrainConfig, sft_epochs
+
+p = snakemake.params
+cfg = TrainConfig(lr=p.lr, batch_size=p.batch_size, epochs=p.epochs, seed=p.seed, threads=snakemake.threads)
+with job_log(snakemake.log[0], snakemake.threads):
+    sft_epochs(snakemake.input.model, snakemake.input.data, cfg, Path(snakemake.output[0]))

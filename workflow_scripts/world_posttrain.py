@@ -1,0 +1,18 @@
+"""Post-train the base model on the old tasks: the model continual learning starts from."""
+
+from pathlib import Path
+
+from graftlab.joblog import job_log
+from graftlab.world.build import posttrain
+
+p = snakemake.params
+with job_log(snakemake.log[0], snakemake.threads):
+    posttrain(
+        snakemake.input.base,
+        Path(snakemake.input.benchmarks[0]).parent,
+        p.tasks,
+        p.posttrain,
+        Path(snakemake.output[0]),
+        p.seed,
+        snakemake.threads,
+    )
