@@ -11,7 +11,7 @@ include: "rules/analysis.smk"
 
 
 rule all:
+    default_target: True
     input:
         expand("results/{exp}/pareto.png", exp=EXPERIMENTS),
         expand("results/{exp}/summary.parquet", exp=EXPERIMENTS),
-    default_target: True

@@ -4,9 +4,11 @@ Builds three random Qwen3-shaped sharded models (post, donor, donor_tuned) in a 
 then times, each in a fresh subprocess so one measurement's peak memory cannot mask another's:
   floor  read every byte of the three inputs and write one model with `safetensors.torch.save_file`
   graft  `graft(post, donor, donor_tuned, 0.5, out)`
-Imports happen before the clock starts and are reported on their own. Peak RSS comes from
-`resource.getrusage` (VmHWM: anonymous memory plus touched mmap pages); peak anonymous memory, the part
-that cannot be reclaimed, from sampling RssAnon in /proc/self/status (Linux only).
+Imports happen before the clock starts and are reported on their own. Memory comes from
+/proc/self/status (Linux only): peak RSS is VmHWM (anonymous memory plus touched mmap pages), peak
+anonymous memory (the part that cannot be reclaimed) is RssAnon sampled every 2 ms. Not
+`resource.getrusage`: a child's ru_maxrss starts at its parent's peak (Linux carries it across
+fork and exec), which here is the model builder's. psutil reports no peak on Linux.
 
     python benchmarks/graft_bench.py --params 50M --dtype bf16 --shards 3
 """
@@ -19,7 +21,6 @@ import json
 import math
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
@@ -69,7 +70,9 @@ def qwen3_shapes(params: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def write_model(out: Path, shapes: dict[str, tuple[int, ...]], dtype, shards: int, seed: int, base=None):
+def write_model(
+    out: Path, shapes: dict[str, tuple[int, ...]], dtype, shards: int, seed: int, base: Path | None = None
+) -> None:
     """A random sharded model directory; with ``base``, ``base``'s tensors plus small noise."""
     import torch
     from safetensors import safe_open
@@ -109,21 +112,19 @@ class AnonPeak(threading.Thread):
 
     def run(self) -> None:
         while not self._done.wait(0.002):
-            self.peak = max(self.peak, status_kib("RssAnon") or 0)
+            self.peak = max(self.peak, status_kib("RssAnon"))
 
-    def stop(self) -> int | None:
+    def stop(self) -> int:
+        """Peak rise of anonymous memory, MiB."""
         self._done.set()
         self.join()
-        return None if self.base is None else (self.peak - self.base) // 1024
+        return (self.peak - self.base) // 1024
 
 
-def status_kib(key: str) -> int | None:
-    try:
-        text = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    match = re.search(rf"^{key}:\s+(\d+) kB", text, re.M)
-    return int(match.group(1)) if match else None
+def status_kib(key: str) -> int:
+    match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M)
+    assert match, f"/proc/self/status has no {key}"
+    return int(match.group(1))
 
 
 def floor(work: Path, out: Path) -> None:
@@ -156,7 +157,7 @@ def worker(kind: str, work: Path, threads: int) -> None:
     out = work / f"out-{kind}"
     sampler = AnonPeak()
     sampler.start()
-    rss_before = status_kib("VmRSS") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss_before = status_kib("VmRSS")
     start = time.perf_counter()
     if kind == "floor":
         floor(work, out)
@@ -164,12 +165,9 @@ def worker(kind: str, work: Path, threads: int) -> None:
         graft(*(work / role for role in ROLES), 0.5, out)
     wall = time.perf_counter() - start
     anon = sampler.stop()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    print(
-        json.dumps(
-            {"wall_s": wall, "rss_mib": (peak - rss_before) // 1024, "anon_mib": anon, "import_s": import_s}
-        )
-    )
+    peak = status_kib("VmHWM")
+    result = {"wall_s": wall, "rss_mib": (peak - rss_before) // 1024, "anon_mib": anon, "import_s": import_s}
+    print(json.dumps(result))
 
 
 def measure(kind: str, work: Path, threads: int) -> dict:
@@ -183,8 +181,7 @@ def measure(kind: str, work: Path, threads: int) -> dict:
 
 def summarise(runs: dict[str, list[dict]]) -> str:
     def med(kind: str, key: str) -> float:
-        values = [r[key] for r in runs[kind] if r[key] is not None]
-        return statistics.median(values) if values else float("nan")
+        return statistics.median(r[key] for r in runs[kind])
 
     rows = [
         "| measurement | wall s | peak RSS Δ MiB | peak anon Δ MiB | imports s |",
@@ -234,7 +231,7 @@ def main() -> None:
     )
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     parser.add_argument("--shards", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each, fresh processes")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads in both runs")
     parser.add_argument(
         "--workdir",
@@ -242,6 +239,8 @@ def main() -> None:
     )
     parser.add_argument("--worker", choices=["floor", "graft"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not Path("/proc/self/status").is_file():
+        sys.exit("graft_bench measures memory through /proc/self/status: Linux only")
     if args.worker:
         worker(args.worker, Path(args.workdir), args.threads)
     else:

@@ -8,6 +8,8 @@ rule summary:
         "results/{exp}/summary.parquet",
     log:
         "logs/{exp}/summary.log",
+    conda:
+        "../envs/cpu.yaml"
     script:
         "../workflow_scripts/summary.py"
 
@@ -24,5 +26,7 @@ rule pareto:
         ),
     log:
         "logs/{exp}/pareto.log",
+    conda:
+        "../envs/cpu.yaml"
     script:
         "../workflow_scripts/pareto.py"

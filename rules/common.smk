@@ -7,7 +7,9 @@ configfile: Path(workflow.basedir) / "config.yaml"
 
 
 try:
-    resolve(config, load_schema(Path(workflow.basedir) / "schemas" / "config.schema.yaml"))
+    resolve(
+        config, load_schema(Path(workflow.basedir) / "schemas" / "config.schema.yaml")
+    )
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 
@@ -51,9 +53,26 @@ def runs(exp):
     ]
     grafts = [
         f"graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0"
-        for donor, lams in [(d, x["graft"]["lam"]) for d in x["donors"]] + [("post", x["merge"]["lam"])]
+        for donor, lams in [(d, x["graft"]["lam"]) for d in x["donors"]]
+        + [("post", x["merge"]["lam"])]
         for lr in x["sft"]["lr"]
         for e in range(1, x["sft"]["epochs"] + 1)
         for lam in lams
     ]
     return ["post"] + sft + grafts
+
+
+def eval_model(wildcards):
+    """The input directory of the model behind an evaluation key, and the model inside it."""
+    run = wildcards.run
+    if run == "post":
+        return model_dir("post"), model_dir("post")
+    if run.startswith("sft/"):
+        run_dir, epoch = run.rsplit("/", 1)
+        return f"results/{wildcards.exp}/{run_dir}", f"results/{wildcards.exp}/{run}"
+    if run.startswith("graft/"):
+        path = f"results/{wildcards.exp}/{run}/model"
+        return path, path
+    raise WorkflowError(
+        f"no model for evaluation key {run!r}: expected post, sft/... or graft/..."
+    )

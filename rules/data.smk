@@ -8,13 +8,15 @@ rule mine:
     output:
         train="results/{exp}/data/train.parquet",
         heldout="results/{exp}/data/heldout.parquet",
+    log:
+        "logs/{exp}/mine.log",
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["sample"]
     params:
         mining=lambda w: xcfg(w, "mining"),
         seed=config["seed"],
         backend=config["sampling_backend"],
-    threads: config["threads"]["sample"]
-    log:
-        "logs/{exp}/mine.log",
     script:
         "../workflow_scripts/mine.py"
 
@@ -24,9 +26,11 @@ rule traces:
         "results/{exp}/data/train.parquet",
     output:
         "results/{exp}/data/sft.parquet",
-    params:
-        data=lambda w: xcfg(w, "data"),
     log:
         "logs/{exp}/traces.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        data=lambda w: xcfg(w, "data"),
     script:
         "../workflow_scripts/traces.py"

@@ -8,12 +8,18 @@ rule graft:
         donor=lambda w: model_dir(w.donor),
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
     output:
-        temp(directory("results/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0/model")),
+        temp(
+            directory(
+                "results/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0/model"
+            )
+        ),
+    log:
+        "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0.log",
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["threads"]["sample"]
     params:
         epoch=lambda w: w.e,
         lam=lambda w: w.lam,
-    threads: config["threads"]["sample"]
-    log:
-        "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0.log",
     script:
         "../workflow_scripts/graft.py"

@@ -7,15 +7,17 @@ rule sft:
         data="results/{exp}/data/sft.parquet",
     output:
         directory("results/{exp}/sft/{base}/lr~{lr}"),
+    log:
+        "logs/{exp}/sft/{base}/lr~{lr}.log",
+    benchmark:
+        "benchmarks/{exp}/sft/{base}/lr~{lr}.tsv"
+    conda:
+        "../envs/train.yaml"
+    threads: config["threads"]["train"]
     params:
         lr=lambda w: float(w.lr),
         epochs=lambda w: xcfg(w, "sft", "epochs"),
         batch_size=lambda w: xcfg(w, "sft", "batch_size"),
         seed=config["seed"],
-    threads: config["threads"]["train"]
-    log:
-        "logs/{exp}/sft/{base}/lr~{lr}.log",
-    benchmark:
-        "benchmarks/{exp}/sft/{base}/lr~{lr}.tsv"
     script:
         "../workflow_scripts/sft.py"

@@ -7,6 +7,8 @@ rule world_tokenizer:
         directory(f"{WORLD}/tokenizer"),
     log:
         "logs/world/tokenizer.log",
+    conda:
+        "../envs/cpu.yaml"
     script:
         "../workflow_scripts/world_tokenizer.py"
 
@@ -15,14 +17,16 @@ rule world_problems:
     output:
         benchmarks=expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
         candidates=f"{WORLD}/candidates.parquet",
+    log:
+        "logs/world/problems.log",
+    conda:
+        "../envs/cpu.yaml"
     params:
         old_tasks=OLD_TASKS,
         new_task=NEW_TASK,
         benchmark_size=config["world"]["benchmark_size"],
         candidates=config["world"]["candidates"],
         seed=config["seed"],
-    log:
-        "logs/world/problems.log",
     script:
         "../workflow_scripts/world_problems.py"
 
@@ -30,12 +34,14 @@ rule world_problems:
 rule world_corpus:
     output:
         f"{WORLD}/corpus.parquet",
+    log:
+        "logs/world/corpus.log",
+    conda:
+        "../envs/cpu.yaml"
     params:
         tasks=OLD_TASKS + [NEW_TASK],
         corpus=config["world"]["corpus"],
         seed=config["seed"],
-    log:
-        "logs/world/corpus.log",
     script:
         "../workflow_scripts/world_corpus.py"
 
@@ -46,15 +52,18 @@ rule world_pretrain:
         corpus=f"{WORLD}/corpus.parquet",
     output:
         [directory(f"{WORLD}/ladder/{step}") for step in LADDER],
-    params:
-        arch=config["world"]["model"],
-        pretrain=config["world"]["pretrain"] | {"block": config["world"]["corpus"]["block"]},
-        seed=config["seed"],
-    threads: config["threads"]["train"]
     log:
         "logs/world/pretrain.log",
     benchmark:
         "benchmarks/world/pretrain.tsv"
+    conda:
+        "../envs/train.yaml"
+    threads: config["threads"]["train"]
+    params:
+        arch=config["world"]["model"],
+        pretrain=config["world"]["pretrain"]
+        | {"block": config["world"]["corpus"]["block"]},
+        seed=config["seed"],
     script:
         "../workflow_scripts/world_pretrain.py"
 
@@ -65,14 +74,16 @@ rule world_posttrain:
         benchmarks=rules.world_problems.output.benchmarks,
     output:
         directory(f"{WORLD}/post"),
-    params:
-        tasks=OLD_TASKS,
-        posttrain=config["world"]["posttrain"],
-        seed=config["seed"],
-    threads: config["threads"]["train"]
     log:
         "logs/world/posttrain.log",
     benchmark:
         "benchmarks/world/posttrain.tsv"
+    conda:
+        "../envs/train.yaml"
+    threads: config["threads"]["train"]
+    params:
+        tasks=OLD_TASKS,
+        posttrain=config["world"]["posttrain"],
+        seed=config["seed"],
     script:
         "../workflow_scripts/world_posttrain.py"

@@ -5,6 +5,7 @@ The schema is the only place defaults live. jsonschema validates but does not fi
 """
 
 import copy
+import json
 from pathlib import Path
 
 import yaml
@@ -46,7 +47,11 @@ def resolve(config: dict, schema: dict | None = None) -> dict:
     if errors:
         err = errors[0]
         where = ".".join(map(str, err.absolute_path)) or "(top level)"
-        raise ConfigError(f"config key {where}: {err.message}")
+        # A regex says little to a researcher; the schema's description of the value says what is wanted.
+        message = err.message
+        if err.validator == "pattern" and "description" in err.schema:
+            message = f"{err.instance!r} is invalid: {err.schema['description']}"
+        raise ConfigError(f"config key {where}: {message}")
     _check_semantics(config)
     return config
 
@@ -61,3 +66,36 @@ def _check_semantics(config: dict) -> None:
         for donor in exp["donors"]:
             if int(donor.split("~")[1]) not in ladder:
                 raise ConfigError(f"config key experiments.{name}.donors: {donor} is not on world.pretrain.ladder {ladder}")
+
+
+def _rows(schema: dict, defs: dict, prefix: str):
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[1]]
+    props = schema.get("properties")
+    extra = schema.get("additionalProperties")
+    if props is None and isinstance(extra, dict):  # a map of named entries (experiments)
+        yield prefix, "map", schema.get("default"), schema.get("description", "")
+        yield from _rows(extra, defs, f"{prefix}.<name>")
+        return
+    if props is None:
+        item = schema.get("items", {})
+        if "$ref" in item:
+            item = defs[item["$ref"].rsplit("/", 1)[1]]
+        kind = f"list of {item.get('type', 'any')}" if schema.get("type") == "array" else schema.get("type", "any")
+        yield prefix, kind, schema.get("default"), schema.get("description", item.get("description", ""))
+        return
+    for key, sub in props.items():
+        yield from _rows(sub, defs, f"{prefix}.{key}" if prefix else key)
+
+
+def render_reference(schema: dict) -> str:
+    """The config reference as a Markdown table, one row per leaf key (README.md embeds it)."""
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for key, kind, default, text in _rows(schema, schema.get("$defs", {}), ""):
+        shown = "" if default is None else f"`{json.dumps(default)}`"
+        lines.append(f"| `{key}` | {kind} | {shown} | {' '.join(text.split())} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render_reference(load_schema()), end="")

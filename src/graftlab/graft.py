@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from contextlib import ExitStack
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -48,21 +48,33 @@ ROLES = ("post", "donor", "donor_tuned")
 class _Model:
     """One input model: its tensor index and header specs, and its shards opened lazily."""
 
-    def __init__(self, role: str, path: str | Path, stack: ExitStack) -> None:
+    def __init__(self, role: str, path: str | Path) -> None:
         self.role, self.path = role, Path(path)
         self.index = tensor_index(self.path)
         self.specs = tensor_specs(self.path, self.index)
         self.config = read_config(self.path)
-        self._stack = stack
         self._handles: dict[Path, Any] = {}
+        self._unread = Counter(self.index.values())
 
     def read(self, name: str, rows: slice | None) -> torch.Tensor:
         """Tensor ``name`` (or its block of ``rows``) as stored, without converting the dtype."""
         file = self.index[name]
         if file not in self._handles:
-            self._handles[file] = self._stack.enter_context(safe_open(str(file), framework="pt"))
+            self._handles[file] = safe_open(str(file), framework="pt").__enter__()
         handle = self._handles[file]
         return handle.get_tensor(name) if rows is None else handle.get_slice(name)[rows.start : rows.stop]
+
+    def finished(self, name: str) -> None:
+        """Close a shard once all its tensors are done: the pages read from a memory-mapped file
+        count towards RSS until it is unmapped, which would add up to three models' worth."""
+        file = self.index[name]
+        self._unread[file] -= 1
+        if self._unread[file] == 0 and file in self._handles:
+            self._handles.pop(file).__exit__(None, None, None)
+
+    def close(self) -> None:
+        while self._handles:
+            self._handles.popitem()[1].__exit__(None, None, None)
 
 
 def _check_scale(scale: float) -> float:
@@ -211,6 +223,8 @@ class _Grafter:
                 delta = self.project(name, delta)
             theta = a.copy_(post_block).add_(delta.mul_(self.scale))
             writer.write(name, theta if cast is None else cast.copy_(theta))
+        for model in self.models:
+            model.finished(name)
         return True
 
 
@@ -258,8 +272,8 @@ def graft(
     scale = _check_scale(scale)
     out = Path(out)
     paths = dict(zip(ROLES, (post, donor, donor_tuned)))
-    with ExitStack() as stack:
-        models = [_Model(role, path, stack) for role, path in paths.items()]
+    models = [_Model(role, path) for role, path in paths.items()]
+    try:
         _validate(models, out)
         specs = models[0].specs
         shards = _plan_shards(_layout(models[0]), specs, max_shard_bytes)
@@ -275,9 +289,10 @@ def graft(
                 "bytes": sum(s.nbytes for s in specs.values()),
                 "shards": len(files),
             }
-            projection = (
-                "identity" if project is None else getattr(project, "__name__", type(project).__name__)
-            )
+            projection = "identity" if project is None else getattr(project, "__name__", repr(project))
             inputs = {role: str(Path(p).resolve()) for role, p in paths.items()}
             write_provenance(tmp, inputs, {"scale": scale, "projection": projection}, {"counts": counts})
+    finally:
+        for model in models:
+            model.close()
     return counts

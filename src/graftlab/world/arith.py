@@ -6,6 +6,7 @@ A problem is a dict `{"id", "task", "prompt", "answer", "thinking"}`; `prompt` i
 """
 
 import random
+import re
 from collections.abc import Callable
 
 OLD_TASKS = ("add", "sub", "compare")
@@ -90,14 +91,35 @@ def sample_problems(task: str, count: int, seed: int, exclude: set[str] = frozen
     raise ValueError(f"task {task!r} has fewer than {count} distinct problems outside the excluded set")
 
 
-def corpus_line(task: str, rng: random.Random) -> str:
-    """One line of pretraining text: the bare fact, no chat markers and no thinking.
-
-    Multiplication appears only as single-digit tables, so the base model has the pieces of the new
-    task but has never seen it assembled.
-    """
+def step_fact(task: str, rng: random.Random) -> str:
+    """One single-digit step of a task's thinking, as a bare fact ("7+8+1=16", "13-5=8", "7*8+5=61")."""
+    x, y = rng.randint(0, 9), rng.randint(0, 9)
+    if task == "add":
+        c = rng.randint(0, 1)
+        return f"{x}+{y}+{c}={x + y + c}"
+    if task == "sub":
+        top = x + 10 * rng.randint(0, 1)
+        return f"{top}-{y}={top - y}" if top >= y else f"{y}-{x}={y - x}"
     if task == "mul":
-        a, b = rng.randint(0, 9), rng.randint(0, 9)
-        return f"{a}*{b}={a * b}"
+        c = rng.randint(0, 8)
+        return f"{x}*{y}+{c}={x * y + c}"
+    return f"{x}{'<' if x < y else '>' if x > y else '='}{y}"
+
+
+def corpus_line(task: str, rng: random.Random, step_share: float = 0.5) -> str:
+    """One line of pretraining text: a bare fact, no chat markers and no thinking.
+
+    Half the lines are single-digit steps of the tasks' thinking; multiplication appears only as such
+    steps, so the base model has the pieces of the new task but has never seen it assembled.
+    """
+    if task == "mul" or rng.random() < step_share:
+        return step_fact(task, rng)
     prompt, _, answer = SOLVERS[task](*operands(task, rng))
     return f"{prompt} {answer}" if task == "compare" else f"{prompt}{answer}"
+
+
+def solve(task: str, prompt: str) -> tuple[str, str]:
+    """(thinking, answer) of the programmatic expert for a problem given only its prompt."""
+    a, b = (int(x) for x in re.findall(r"\d+", prompt))
+    _, thinking, answer = SOLVERS[task](a, b)
+    return thinking, answer

@@ -1,0 +1,41 @@
+"""Configuration: schema defaults, unknown keys, cross-key checks, and the README's reference."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from graftlab.config import ConfigError, load_schema, render_reference, resolve
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_empty_config_gets_every_default_from_the_schema():
+    config = resolve({})
+    assert config["experiments"]["expert"]["graft"]["lam"] == ["0.5", "1", "1.5"]
+    assert config["world"]["model"]["hidden_size"] == 64
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml"])
+def test_shipped_configs_validate(name):
+    resolve(yaml.safe_load((REPO / name).read_text()))
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"wrld": {}}, "config key (top level): Additional properties are not allowed ('wrld'"),
+        ({"world": {"model": {"layers": 0}}}, "config key world.model.layers: 0 is less than the minimum of 1"),
+        ({"experiments": {"x": {"graft": {"lam": [0.5]}}}}, "config key experiments.x.graft.lam.0: 0.5 is not of type 'string'"),
+        ({"world": {"pretrain": {"steps": 500}}}, "config key world.pretrain.ladder: its last checkpoint must be step 500"),
+    ],
+)
+def test_bad_config_names_the_key(config, message):
+    with pytest.raises(ConfigError) as err:
+        resolve(config)
+    assert str(err.value).startswith(message)
+
+
+def test_readme_config_reference_is_generated_from_the_schema():
+    readme = (REPO / "README.md").read_text()
+    assert render_reference(load_schema()) in readme, "run `python -m graftlab.config >> README.md` section"

@@ -1,0 +1,136 @@
+"""The workflow end to end on configs/smoke.yaml, and what its caching promises: a no-op re-run
+schedules nothing, a new lambda schedules only its grafts and evaluations, a new SFT learning rate
+only that SFT and what depends on it."""
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "smoke.yaml"
+pytestmark = pytest.mark.workflow
+
+
+def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    cmd += ["--configfile", *map(str, configs)] if configs else []
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=workdir)
+
+
+def planned_jobs(workdir: Path, *configs: Path) -> Counter:
+    """Jobs a dry-run would execute, by rule."""
+    proc = snakemake(workdir, "-n", "--quiet", "rules", configs=(SMOKE, *configs))
+    assert proc.returncode == 0, proc.stderr
+    jobs, table = Counter(), False
+    for line in proc.stdout.splitlines():
+        parts = line.split()
+        if line.startswith("job ") and "count" in line:
+            table = True
+        elif table and len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
+            jobs[parts[0]] = int(parts[1])
+        elif table and parts[:1] == ["total"]:
+            break
+    return jobs
+
+
+def overlay(tmp_path: Path, name: str, experiment: dict) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"experiments": {"expert": experiment}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("smoke")
+    proc = snakemake(workdir, "--cores", "2", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir
+
+
+def test_smoke_run_writes_summary_and_plot(smoke):
+    exp = smoke / "results" / "expert"
+    summary = pl.read_parquet(exp / "summary.parquet")
+    # post; SFT of post and of donor step~20 at 2 epochs; graft lam 1 and merge lam 0.5 at 2 epochs.
+    assert summary.height == 1 + 4 + 4
+    assert Counter(summary["method"]) == {"post": 1, "sft": 2, "donor_sft": 2, "graft": 2, "merge": 2}
+    assert summary["old"].is_between(0, 1).all() and summary["new"].is_between(0, 1).all()
+    from matplotlib.image import imread
+
+    assert imread(exp / "pareto.png").shape[0] > 100
+
+
+def test_models_load_in_transformers_and_grafts_are_temporary(smoke):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for model in ["results/world/ladder/step~20", "results/world/post", "results/expert/sft/post/lr~1e-3/epoch~2"]:
+        AutoModelForCausalLM.from_pretrained(smoke / model)
+        assert AutoTokenizer.from_pretrained(smoke / model).eos_token == "<|im_end|>"
+    assert not list((smoke / "results/expert/graft").rglob("model.safetensors"))
+
+
+def test_evaluation_records_and_metrics(smoke):
+    run = smoke / "results/expert/eval/graft/step~20/lr~1e-3/epoch~1/lam~1/mask~none/rho~0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert set(metrics["benchmarks"]) == {"add", "sub", "compare", "mul"}
+    assert metrics["benchmarks"]["mul"]["role"] == "new"
+    records = pl.read_parquet(run / "mul.parquet")
+    assert records.height == 16 * 2  # held-out problems x samples
+    assert records["correct"].mean() == pytest.approx(metrics["new"])
+    old = [metrics["benchmarks"][b]["acc@n"] for b in ("add", "sub", "compare")]
+    assert metrics["old"] == pytest.approx(sum(old) / 3)
+
+
+def test_every_job_has_a_log(smoke):
+    logs = {p.relative_to(smoke / "logs").as_posix() for p in (smoke / "logs").rglob("*.log")}
+    assert {"world/pretrain.log", "world/posttrain.log", "expert/mine.log", "expert/sft/post/lr~1e-3.log"} <= logs
+    assert "it/s" in (smoke / "logs/world/pretrain.log").read_text()  # the progress bar went to the log
+
+
+def test_mining_keeps_never_solved_and_splits_disjointly(smoke):
+    data = smoke / "results/expert/data"
+    train, heldout = pl.read_parquet(data / "train.parquet"), pl.read_parquet(data / "heldout.parquet")
+    assert heldout.height == 16 and train.height == 48 - 16
+    assert not set(train["id"]) & set(heldout["id"])
+    assert (pl.concat([train, heldout])["pass_rate"] == 0).any()
+
+
+def test_second_run_schedules_nothing(smoke):
+    assert planned_jobs(smoke) == Counter()
+
+
+def test_new_lambda_schedules_only_its_grafts_and_evaluations(smoke, tmp_path):
+    jobs = planned_jobs(smoke, overlay(tmp_path, "lam", {"graft": {"lam": ["1", "2"]}}))
+    assert jobs == {"graft": 2, "evaluate": 2, "summary": 1, "pareto": 1, "all": 1}
+
+
+def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_path):
+    jobs = planned_jobs(smoke, overlay(tmp_path, "lr", {"sft": {"lr": ["2e-3"]}}))
+    # SFT of post and of the donor; per epoch one graft and one merge; every new model evaluated.
+    assert jobs == {"sft": 2, "graft": 4, "evaluate": 8, "summary": 1, "pareto": 1, "all": 1}
+
+
+@pytest.mark.parametrize(
+    "experiment, message",
+    [
+        ({"grafts": {"lam": ["1"]}}, "config key experiments.expert: Additional properties are not allowed ('grafts'"),
+        ({"graft": {"lam": ["-1"]}}, "config key experiments.expert.graft.lam.0: '-1' is invalid: A non-negative"),
+        ({"donors": ["step~7"]}, "config key experiments.expert.donors: step~7 is not on world.pretrain.ladder"),
+    ],
+)
+def test_bad_config_is_one_clear_error(tmp_path, experiment, message):
+    proc = snakemake(tmp_path, "-n", configs=(SMOKE, overlay(tmp_path, "bad", experiment)))
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_slurm_profile_plans_default_dag_without_a_cluster(tmp_path):
+    proc = snakemake(tmp_path, "-n", "--profile", str(REPO / "profiles" / "slurm"), configs=())
+    assert proc.returncode == 0, proc.stderr
+    assert "world_pretrain" in proc.stdout and "pareto" in proc.stdout

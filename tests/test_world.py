@@ -1,0 +1,73 @@
+"""The tiny world: tokenizer, task solvers, corpus and problem sets."""
+
+import random
+import re
+
+import pytest
+from transformers import AutoTokenizer
+
+from graftlab.tasks import chat_completion, chat_prompt, extract_answer, is_correct
+from graftlab.world import arith
+from graftlab.world.tokenizer import save_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tok")
+    save_tokenizer(path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_tokenizer_is_one_token_per_character_and_round_trips(tokenizer):
+    text = "compare 37 48\n12+34=46"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text)
+    assert tokenizer.decode(ids) == text
+
+
+def test_chat_template_matches_qwen3_layout(tokenizer):
+    prompt = chat_prompt(tokenizer, "12+34=")
+    assert prompt == "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
+    full = prompt + chat_completion("4+2+0=6;1+3+0=4", "46")
+    ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+    for special in ("<|im_start|>", "<|im_end|>", "<think>", "</think>"):
+        assert tokenizer.convert_tokens_to_ids(special) in ids
+    assert tokenizer.decode(ids) == full
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
+
+
+@pytest.mark.parametrize("task", ["add", "sub", "compare", "mul"])
+def test_solvers_answer_correctly_and_every_thinking_step_is_true(task):
+    for p in arith.sample_problems(task, 200, seed=1):
+        a, b = map(int, re.findall(r"\d+", p["prompt"]))
+        expected = {"add": a + b, "sub": a - b, "mul": a * b}.get(task)
+        if task == "compare":
+            assert p["answer"] == ("<" if a < b else ">" if a > b else "=")
+        else:
+            assert p["answer"] == str(expected) and (task != "sub" or a >= b)
+        for step in p["thinking"].split(";"):
+            if "=" in step:
+                lhs, rhs = step.split("=")
+                assert eval(lhs) == int(rhs), (p, step)  # noqa: S307 - arithmetic on digits we wrote
+
+
+def test_sample_problems_is_deterministic_distinct_and_respects_exclusions():
+    first = arith.sample_problems("add", 50, seed=3)
+    assert first == arith.sample_problems("add", 50, seed=3)
+    assert len({p["id"] for p in first}) == 50
+    excluded = {p["id"] for p in first[:25]}
+    assert not excluded & {p["id"] for p in arith.sample_problems("add", 50, seed=3, exclude=excluded)}
+    with pytest.raises(ValueError, match="fewer than"):
+        arith.sample_problems("mul", 10_000, seed=0)
+
+
+def test_corpus_has_no_assembled_multiplication():
+    rng = random.Random(0)
+    lines = [arith.corpus_line("mul", rng) for _ in range(500)]
+    assert all(re.fullmatch(r"\d\*\d\+\d=\d+", line) for line in lines)
+
+
+def test_grading_reads_the_answer_after_thinking():
+    assert is_correct("<think>\nx\n</think>\n\n46<|im_end|>", "46")
+    assert not is_correct("<think>\n46", "46")  # thinking never closed
+    assert extract_answer("no thinking at all") is None
