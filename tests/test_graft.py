@@ -352,3 +352,19 @@ def test_tensor_index_names_what_is_missing(tmp_path):
         tensor_index(tmp_path / "nowhere")
     with pytest.raises(GraftlabError, match="no model.safetensors or model.safetensors.index.json in"):
         tensor_index(tmp_path)
+
+
+def test_integer_buffers_are_copied_from_post(tmp_path):
+    def model(name: str, seed: int) -> Path:
+        torch.manual_seed(seed)
+        tensors = {"w": torch.randn(6, 4), "ids": torch.randint(0, 1000, (6,))}
+        (tmp_path / name).mkdir()
+        save_file(tensors, tmp_path / name / "model.safetensors", metadata={"format": "pt"})
+        return tmp_path / name
+
+    post, donor, tuned = model("post", 0), model("donor", 1), model("tuned", 2)
+    counts = graft(post, donor, tuned, 1.0, tmp_path / "out", chunk_bytes=32)
+    got, want = load_model(tmp_path / "out"), expected_graft(post, donor, tuned, 1.0)
+    assert counts["tensors_grafted"] == 1
+    assert same_bits(got["ids"], load_model(post)["ids"])
+    torch.testing.assert_close(got["w"], want["w"], rtol=0, atol=1e-6)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,9 @@ from graftlab.models import (
 )
 
 # P(delta) for one tensor: receives the tensor's name and its whole fp32 delta (scratch memory, valid
-# during the call and free to modify in place), returns the projected delta (same shape). Fisher masks and KFAC projections plug in here; KFAC mixes rows, so a projected
-# tensor is always handed over whole rather than in row blocks.
+# during the call and free to modify in place), returns the projected delta (same shape). Fisher masks
+# and KFAC projections plug in here; KFAC mixes rows, so a projected tensor is always handed over
+# whole rather than in row blocks.
 Projection = Callable[[str, torch.Tensor], torch.Tensor]
 
 # Hugging Face's default shard size: below it one file is simplest for every consumer.
@@ -109,7 +110,8 @@ def _mismatches(post: _Model, other: _Model) -> list[str]:
     """Every way ``other`` differs from ``post`` in tensor names, shapes and vocabulary."""
     problems: list[str] = []
     post_vocab, other_vocab = _vocab_size(post.config), _vocab_size(other.config)
-    if post_vocab is not None and other_vocab is not None and post_vocab != other_vocab:
+    config_vocab_differs = None not in (post_vocab, other_vocab) and post_vocab != other_vocab
+    if config_vocab_differs:
         problems.append(f"vocabulary size {other_vocab} vs post's {post_vocab} (config.json vocab_size)")
     missing = sorted(post.specs.keys() - other.specs.keys())
     extra = sorted(other.specs.keys() - post.specs.keys())
@@ -125,7 +127,7 @@ def _mismatches(post: _Model, other: _Model) -> list[str]:
         shapes.append(f"{name} {list(got)} vs post {list(want)}")
         if _is_vocab_tensor(name) and want[1:] == got[1:]:
             vocab_rows.append(f"{name} has {got[0]} rows vs post's {want[0]}")
-    if vocab_rows and not (post_vocab is not None and other_vocab is not None and post_vocab != other_vocab):
+    if vocab_rows and not config_vocab_differs:
         problems.append(f"vocabulary differs: {_few(vocab_rows)}")
     if shapes:
         problems.append(f"{len(shapes)} shape difference(s): {_few(shapes)}")
@@ -205,27 +207,28 @@ class _Grafter:
 
     def __call__(self, name: str, writer: SafetensorsWriter) -> bool:
         """Write one tensor; returns False when post's tensor was copied unchanged."""
-        post, donor, tuned = self.models
-        spec = post.specs[name]
-        if self.scale == 0 or not spec.dtype.is_floating_point:
-            # scale 0 is post itself: copying skips arithmetic that would turn -0.0 into +0.0 or
-            # 0 * inf into nan. Integer and bool tensors are buffers (ids, masks), never weights.
-            for rows in _row_blocks(spec, self.chunk_bytes):
-                writer.write(name, post.read(name, rows))
-            return False
-        for rows in [None] if self.project is not None else _row_blocks(spec, self.chunk_bytes):
-            post_block = post.read(name, rows)
-            a, b, cast = self._buffers(post_block.shape, spec.dtype)
-            # Each operand is converted to fp32 before any arithmetic (an in-place op with a bf16
-            # operand would be exact too, but takes torch's unvectorised mixed-dtype path, 6x slower).
-            delta = b.copy_(tuned.read(name, rows)).sub_(a.copy_(donor.read(name, rows)))
-            if self.project is not None:
-                delta = self.project(name, delta)
-            theta = a.copy_(post_block).add_(delta.mul_(self.scale))
-            writer.write(name, theta if cast is None else cast.copy_(theta))
+        spec = self.models[0].specs[name]
+        # scale 0 is post itself: copying skips arithmetic that would turn -0.0 into +0.0 or 0 * inf
+        # into nan. Integer and bool tensors are buffers (ids, masks), never trained weights.
+        copy = self.scale == 0 or not spec.dtype.is_floating_point
+        whole = self.project is not None and not copy  # a projection sees whole tensors
+        for rows in [None] if whole else _row_blocks(spec, self.chunk_bytes):
+            writer.write(name, self.models[0].read(name, rows) if copy else self._graft(name, spec, rows))
         for model in self.models:
             model.finished(name)
-        return True
+        return not copy
+
+    def _graft(self, name: str, spec: TensorSpec, rows: slice | None) -> torch.Tensor:
+        post, donor, tuned = self.models
+        post_block = post.read(name, rows)
+        a, b, cast = self._buffers(post_block.shape, spec.dtype)
+        # Each operand is converted to fp32 before any arithmetic (an in-place op with a bf16 operand
+        # would be exact too, but takes torch's unvectorised mixed-dtype path, 6x slower).
+        delta = b.copy_(tuned.read(name, rows)).sub_(a.copy_(donor.read(name, rows)))
+        if self.project is not None:
+            delta = self.project(name, delta)
+        theta = a.copy_(post_block).add_(delta.mul_(self.scale))
+        return theta if cast is None else cast.copy_(theta)
 
 
 def _write_weights(

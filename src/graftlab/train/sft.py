@@ -101,21 +101,30 @@ def move_checkpoints(checkpoints: list[Path], targets: list[Path]) -> None:
         shutil.move(str(src), str(dst))
 
 
-def finetune(model_dir, rows: list[dict], cfg: TrainConfig, targets: list[Path], model=None) -> None:
-    """Train the model at `model_dir` (or the given fresh `model`) and write one checkpoint per target.
+def finetune(model_dir, rows: list[dict], cfg: TrainConfig, targets: list[Path], model=None, data=None) -> None:
+    """Train the model at `model_dir` (or the given fresh `model`) and write one checkpoint per target,
+    each with its `graftlab.json` provenance.
 
     Training state lives in a hidden work directory beside the first target, so a failed run leaves no
     directory that looks like a finished checkpoint.
     """
+    from dataclasses import asdict
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from graftlab.models import write_provenance
+
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    inputs = {"model": "initialised from scratch" if model is not None else str(model_dir), "data": str(data)}
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(model_dir)
     work = targets[0].parent / f".work-{targets[0].name}"
     shutil.rmtree(work, ignore_errors=True)
     try:
-        move_checkpoints(train(model, tokenizer, rows, work, cfg), targets)
+        checkpoints = train(model, tokenizer, rows, work, cfg)
+        for i, ckpt in enumerate(checkpoints):
+            write_provenance(ckpt, inputs, asdict(cfg), extra={"checkpoint": i + 1, "examples": len(rows)})
+        move_checkpoints(checkpoints, targets)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -135,4 +144,4 @@ def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = [encode_chat(tok, chat_prompt(tok, p), c) for p, c in zip(traces["prompt"], traces["completion"])]
     targets = [out_dir / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
-    finetune(model_dir, rows, cfg, targets)
+    finetune(model_dir, rows, cfg, targets, data=data)

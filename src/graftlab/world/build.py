@@ -100,7 +100,7 @@ def pretrain(tokenizer_dir, corpus, arch: dict, cfg: dict, ladder: list[Path], s
     train_cfg = TrainConfig(
         lr=cfg["lr"], batch_size=cfg["batch_size"], steps=cfg["steps"], save_steps=tuple(cfg["ladder"]), seed=seed, threads=threads
     )
-    finetune(tokenizer_dir, blocks, train_cfg, ladder, model=init_model(tok, arch, seed))
+    finetune(tokenizer_dir, blocks, train_cfg, ladder, model=init_model(tok, arch, seed), data=corpus)
 
 
 def posttrain(base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: Path, seed: int, threads: int) -> None:
@@ -113,6 +113,6 @@ def posttrain(base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: P
     rows = sft_rows(tok, posttrain_problems(tasks, cfg["examples_per_task"], seed, benchmark_dir))
     train_cfg = TrainConfig(lr=cfg["lr"], batch_size=cfg["batch_size"], epochs=cfg["epochs"], seed=seed, threads=threads)
     with_epochs = [out.parent / f".{out.name}-epoch~{e}" for e in range(1, cfg["epochs"])] + [out]
-    finetune(base_dir, rows, train_cfg, with_epochs)
+    finetune(base_dir, rows, train_cfg, with_epochs, data=f"old tasks {tasks}")
     for extra in with_epochs[:-1]:
         shutil.rmtree(extra)
