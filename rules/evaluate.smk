@@ -19,7 +19,8 @@ rule evaluate:
     params:
         model=lambda w: eval_model(w)[1],
         names=BENCHMARKS,
-        sampling=lambda w: xcfg(w, "eval"),
+        # Only what sampling uses: switching donor_sft on or off must not re-run evaluations.
+        sampling=lambda w: {k: v for k, v in xcfg(w, "eval").items() if k != "donor_sft"},
         seed=config["seed"],
         backend=config["sampling_backend"],
     script:

@@ -98,3 +98,15 @@ def test_evaluate_writes_records_and_metrics(world_model, tmp_path):
     assert records.height == 6 * 4 and records["correct"].dtype == pl.Boolean
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == metrics
     assert set(metrics["benchmarks"]["mul"]) >= {"acc@n", "pass@1", "pass@4"}
+
+
+def test_vllm_is_optional_and_its_absence_is_explained(world_model):
+    import importlib.util
+
+    import graftlab.sampling as sampling
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    assert not sampling.vllm_available()
+    with pytest.raises(RuntimeError, match="needs vLLM: install graftlab\\[gpu\\]"):
+        generate(world_model, ["x"], SamplingConfig(), backend="vllm")

@@ -47,7 +47,13 @@ def load_sampler(model_dir, backend: str = "auto"):
 
 class VllmSampler:
     def __init__(self, model_dir):
-        from vllm import LLM
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise RuntimeError(
+                "sampling backend 'vllm' needs vLLM: install graftlab[gpu] in its own environment "
+                "(envs/sample-vllm.yaml) or use sampling_backend: transformers"
+            ) from None
 
         self.llm = LLM(model=str(model_dir))
 

@@ -1,6 +1,9 @@
 """The tiny world's tasks: three old arithmetic skills and a hard new one, each with a programmatic solver
 that writes the step-by-step thinking an expert would.
 
+Operands are written with two digits ("06+39="), so a digit's column is a fixed position in the prompt:
+a model of a few hundred thousand parameters then learns the column-wise traces within minutes.
+
 A problem is a dict `{"id", "task", "prompt", "answer", "thinking"}`; `prompt` is the user turn,
 `thinking` the expert trace that goes between `<think>` tags, `answer` the graded final text.
 """
@@ -24,7 +27,7 @@ def add(a: int, b: int) -> tuple[str, str, str]:
         s = x + y + carry
         steps.append(f"{x}+{y}+{carry}={s}")
         carry = s // 10
-    return f"{a}+{b}=", ";".join(steps), str(a + b)
+    return f"{a:02d}+{b:02d}=", ";".join(steps), str(a + b)
 
 
 def sub(a: int, b: int) -> tuple[str, str, str]:
@@ -34,14 +37,14 @@ def sub(a: int, b: int) -> tuple[str, str, str]:
         top = x - borrow
         borrow = int(top < y)
         steps.append(f"{top + 10 * borrow}-{y}={top + 10 * borrow - y}")
-    return f"{a}-{b}=", ";".join(steps), str(a - b)
+    return f"{a:02d}-{b:02d}=", ";".join(steps), str(a - b)
 
 
 def compare(a: int, b: int) -> tuple[str, str, str]:
     sign = "<" if a < b else ">" if a > b else "="
     ta, tb = str(a).zfill(2), str(b).zfill(2)
     first = next((i for i in range(2) if ta[i] != tb[i]), 1)
-    return f"compare {a} {b}", f"{ta[first]}{sign}{tb[first]}", sign
+    return f"compare {ta} {tb}", f"{ta[first]}{sign}{tb[first]}", sign
 
 
 def mul(a: int, b: int) -> tuple[str, str, str]:

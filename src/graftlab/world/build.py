@@ -4,8 +4,8 @@ Every model is an ordinary Hugging Face directory (Qwen3ForCausalLM + the charac
 rest of the pipeline treats the tiny world exactly as it treats Qwen3 or OLMo checkpoints.
 """
 
+import math
 import random
-import shutil
 from pathlib import Path
 
 import polars as pl
@@ -111,8 +111,9 @@ def posttrain(base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: P
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     rows = sft_rows(tok, posttrain_problems(tasks, cfg["examples_per_task"], seed, benchmark_dir))
-    train_cfg = TrainConfig(lr=cfg["lr"], batch_size=cfg["batch_size"], epochs=cfg["epochs"], seed=seed, threads=threads)
-    with_epochs = [out.parent / f".{out.name}-epoch~{e}" for e in range(1, cfg["epochs"])] + [out]
-    finetune(base_dir, rows, train_cfg, with_epochs, data=f"old tasks {tasks}")
-    for extra in with_epochs[:-1]:
-        shutil.rmtree(extra)
+    # A fixed step count (whole epochs) with one save at the end: only the final model is wanted.
+    steps = cfg["epochs"] * math.ceil(len(rows) / cfg["batch_size"])
+    train_cfg = TrainConfig(
+        lr=cfg["lr"], batch_size=cfg["batch_size"], steps=steps, save_steps=(steps,), seed=seed, threads=threads
+    )
+    finetune(base_dir, rows, train_cfg, [out], data=f"old tasks {tasks}")
