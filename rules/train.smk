@@ -10,7 +10,7 @@ rule sft:
     log:
         "logs/{exp}/sft/{base}/lr~{lr}.log",
     benchmark:
-        "benchmarks/{exp}/sft/{base}/lr~{lr}.tsv"
+        "benchmarks/jobs/{exp}/sft/{base}/lr~{lr}.tsv"
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]

@@ -55,7 +55,7 @@ rule world_pretrain:
     log:
         "logs/world/pretrain.log",
     benchmark:
-        "benchmarks/world/pretrain.tsv"
+        "benchmarks/jobs/world/pretrain.tsv"
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
@@ -77,7 +77,7 @@ rule world_posttrain:
     log:
         "logs/world/posttrain.log",
     benchmark:
-        "benchmarks/world/posttrain.tsv"
+        "benchmarks/jobs/world/posttrain.tsv"
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_empty_config_gets_every_default_from_the_schema():
     config = resolve({})
-    assert config["experiments"]["expert"]["graft"]["lam"] == ["0.5", "1", "1.5"]
+    assert config["experiments"]["expert"]["graft"]["lam"] == ["0.25", "0.5", "1"]
     assert config["world"]["model"]["hidden_size"] == 64
 
 

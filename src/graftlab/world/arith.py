@@ -48,12 +48,13 @@ def compare(a: int, b: int) -> tuple[str, str, str]:
 
 
 def mul(a: int, b: int) -> tuple[str, str, str]:
-    """2-digit times 1-digit: hard for the post model, learnable from traces."""
+    """2-digit times 1-digit: hard for the post model, learnable from traces. Each column is a table
+    fact plus the carry ("7*8=56+5=61"), two pieces the pretraining corpus holds separately."""
     steps, carry = [], 0
     for x in _digits(a, 2):
-        p = x * b + carry
-        steps.append(f"{x}*{b}+{carry}={p}")
-        carry = p // 10
+        p = x * b
+        steps.append(f"{x}*{b}={p}+{carry}={p + carry}")
+        carry = (p + carry) // 10
     return f"{a}*{b}=", ";".join(steps), str(a * b)
 
 
@@ -95,7 +96,7 @@ def sample_problems(task: str, count: int, seed: int, exclude: set[str] = frozen
 
 
 def step_fact(task: str, rng: random.Random) -> str:
-    """One single-digit step of a task's thinking, as a bare fact ("7+8+1=16", "13-5=8", "7*8+5=61")."""
+    """One single-digit step of a task's thinking, as a bare fact ("7+8+1=16", "13-5=8", "7*8=56")."""
     x, y = rng.randint(0, 9), rng.randint(0, 9)
     if task == "add":
         c = rng.randint(0, 1)
@@ -104,16 +105,15 @@ def step_fact(task: str, rng: random.Random) -> str:
         top = x + 10 * rng.randint(0, 1)
         return f"{top}-{y}={top - y}" if top >= y else f"{y}-{x}={y - x}"
     if task == "mul":
-        c = rng.randint(0, 8)
-        return f"{x}*{y}+{c}={x * y + c}"
+        return f"{x}*{y}={x * y}"
     return f"{x}{'<' if x < y else '>' if x > y else '='}{y}"
 
 
 def corpus_line(task: str, rng: random.Random, step_share: float = 0.5) -> str:
     """One line of pretraining text: a bare fact, no chat markers and no thinking.
 
-    Half the lines are single-digit steps of the tasks' thinking; multiplication appears only as such
-    steps, so the base model has the pieces of the new task but has never seen it assembled.
+    Half the lines are single-digit steps of the tasks' thinking; multiplication appears only as its
+    table, so the base model has the pieces of the new task but has never seen it assembled.
     """
     if task == "mul" or rng.random() < step_share:
         return step_fact(task, rng)
