@@ -20,7 +20,9 @@ rule evaluate:
         model=lambda w: eval_model(w)[1],
         names=BENCHMARKS,
         # Only what sampling uses: switching donor_sft on or off must not re-run evaluations.
-        sampling=lambda w: {k: v for k, v in xcfg(w, "eval").items() if k != "donor_sft"},
+        sampling=lambda w: {
+            k: v for k, v in xcfg(w, "eval").items() if k != "donor_sft"
+        },
         seed=config["seed"],
         backend=config["sampling_backend"],
     script:
