@@ -51,13 +51,13 @@ def runs(exp):
         for lr in x["sft"]["lr"]
         for e in range(1, x["sft"]["epochs"] + 1)
     ]
+    all_epochs = list(range(1, x["sft"]["epochs"] + 1))
     grafts = [
         f"graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0"
-        for donor, lams in [(d, x["graft"]["lam"]) for d in x["donors"]]
-        + [("post", x["merge"]["lam"])]
+        for donor, method in [(d, "graft") for d in x["donors"]] + [("post", "merge")]
         for lr in x["sft"]["lr"]
-        for e in range(1, x["sft"]["epochs"] + 1)
-        for lam in lams
+        for e in x[method]["epochs"] or all_epochs
+        for lam in x[method]["lam"]
     ]
     return ["post"] + sft + grafts
 

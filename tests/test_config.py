@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_empty_config_gets_every_default_from_the_schema():
     config = resolve({})
     assert config["experiments"]["expert"]["graft"]["lam"] == ["0.25", "0.5", "1"]
-    assert config["world"]["model"]["hidden_size"] == 64
+    assert config["world"]["model"]["hidden_size"] == 128
+    assert config["experiments"]["expert"]["graft"]["epochs"] is None  # a default behind a $ref
 
 
 @pytest.mark.parametrize("name", ["config.yaml", "configs/smoke.yaml"])
@@ -28,6 +29,10 @@ def test_shipped_configs_validate(name):
         ({"world": {"model": {"layers": 0}}}, "config key world.model.layers: 0 is less than the minimum of 1"),
         ({"experiments": {"x": {"graft": {"lam": [0.5]}}}}, "config key experiments.x.graft.lam.0: 0.5 is not of type 'string'"),
         ({"world": {"pretrain": {"steps": 500}}}, "config key world.pretrain.ladder: its last checkpoint must be step 500"),
+        (
+            {"experiments": {"x": {"sft": {"epochs": 2}, "graft": {"epochs": [3]}}}},
+            "config key experiments.x.graft.epochs: [3] exceed sft.epochs = 2",
+        ),
     ],
 )
 def test_bad_config_names_the_key(config, message):

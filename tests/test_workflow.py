@@ -115,6 +115,12 @@ def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_pa
     assert jobs == {"sft": 2, "graft": 4, "evaluate": 8, "summary": 1, "pareto": 1, "all": 1}
 
 
+def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
+    jobs = planned_jobs(tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}))
+    # One donor at epoch 2 only; merging still uses both epochs. Post + 4 SFT checkpoints + 3 grafts.
+    assert jobs["graft"] == 1 + 2 and jobs["evaluate"] == 1 + 4 + 3
+
+
 @pytest.mark.parametrize(
     "experiment, message",
     [

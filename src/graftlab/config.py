@@ -63,26 +63,35 @@ def _check_semantics(config: dict) -> None:
     if max(ladder) != steps:
         raise ConfigError(f"config key world.pretrain.ladder: its last checkpoint must be step {steps} (the base model)")
     for name, exp in config["experiments"].items():
+        for method in ("graft", "merge"):
+            late = [e for e in exp[method]["epochs"] or [] if e > exp["sft"]["epochs"]]
+            if late:
+                raise ConfigError(f"config key experiments.{name}.{method}.epochs: {late} exceed sft.epochs = {exp['sft']['epochs']}")
         for donor in exp["donors"]:
             if int(donor.split("~")[1]) not in ladder:
                 raise ConfigError(f"config key experiments.{name}.donors: {donor} is not on world.pretrain.ladder {ladder}")
 
 
+_NO_DEFAULT = object()
+
+
 def _rows(schema: dict, defs: dict, prefix: str):
-    if "$ref" in schema:
-        schema = defs[schema["$ref"].rsplit("/", 1)[1]]
+    if "$ref" in schema:  # keywords beside a $ref (a default) refine the definition
+        schema = defs[schema["$ref"].rsplit("/", 1)[1]] | {k: v for k, v in schema.items() if k != "$ref"}
     props = schema.get("properties")
     extra = schema.get("additionalProperties")
     if props is None and isinstance(extra, dict):  # a map of named entries (experiments)
-        yield prefix, "map", schema.get("default"), schema.get("description", "")
+        yield prefix, "map", schema.get("default", _NO_DEFAULT), schema.get("description", "")
         yield from _rows(extra, defs, f"{prefix}.<name>")
         return
     if props is None:
         item = schema.get("items", {})
         if "$ref" in item:
             item = defs[item["$ref"].rsplit("/", 1)[1]]
-        kind = f"list of {item.get('type', 'any')}" if schema.get("type") == "array" else schema.get("type", "any")
-        yield prefix, kind, schema.get("default"), schema.get("description", item.get("description", ""))
+        types = schema.get("type", "any")
+        kinds = [f"list of {item.get('type', 'any')}" if t == "array" else t for t in (types if isinstance(types, list) else [types])]
+        kind = " or ".join(kinds)
+        yield prefix, kind, schema.get("default", _NO_DEFAULT), schema.get("description", item.get("description", ""))
         return
     for key, sub in props.items():
         yield from _rows(sub, defs, f"{prefix}.{key}" if prefix else key)
@@ -92,7 +101,7 @@ def render_reference(schema: dict) -> str:
     """The config reference as a Markdown table, one row per leaf key (README.md embeds it)."""
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for key, kind, default, text in _rows(schema, schema.get("$defs", {}), ""):
-        shown = "" if default is None else f"`{json.dumps(default)}`"
+        shown = "" if default is _NO_DEFAULT else f"`{json.dumps(default)}`"
         lines.append(f"| `{key}` | {kind} | {shown} | {' '.join(text.split())} |")
     return "\n".join(lines) + "\n"
 
