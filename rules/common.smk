@@ -2,8 +2,11 @@ from pathlib import Path
 
 from graftlab.config import ConfigError, load_schema, resolve
 
+# config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
+# leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).
+if not config:
 
-configfile: Path(workflow.basedir) / "config.yaml"
+    configfile: Path(workflow.basedir) / "config.yaml"
 
 
 try:
@@ -17,7 +20,9 @@ EXPERIMENTS = list(config["experiments"])
 WORLD = "results/world"
 OLD_TASKS = config["world"]["old_tasks"]
 NEW_TASK = config["world"]["new_task"]
-LADDER = [f"step~{s}" for s in config["world"]["pretrain"]["ladder"]]
+LADDER = [
+    f"step~{s}" for s in config["world"]["pretrain"]["ladder"]
+]  # increasing: validated
 
 
 wildcard_constraints:

@@ -13,22 +13,34 @@ rule world_tokenizer:
         "../workflow_scripts/world_tokenizer.py"
 
 
-rule world_problems:
+rule world_benchmarks:
     output:
-        benchmarks=expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
-        candidates=f"{WORLD}/candidates.parquet",
+        expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
     log:
-        "logs/world/problems.log",
+        "logs/world/benchmarks.log",
     conda:
         "../envs/cpu.yaml"
     params:
-        old_tasks=OLD_TASKS,
-        new_task=NEW_TASK,
-        benchmark_size=config["world"]["benchmark_size"],
-        candidates=config["world"]["candidates"],
+        tasks=OLD_TASKS,
+        size=config["world"]["benchmark_size"],
         seed=config["seed"],
     script:
-        "../workflow_scripts/world_problems.py"
+        "../workflow_scripts/world_benchmarks.py"
+
+
+rule world_candidates:
+    output:
+        f"{WORLD}/candidates.parquet",
+    log:
+        "logs/world/candidates.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        task=NEW_TASK,
+        size=config["world"]["candidates"],
+        seed=config["seed"],
+    script:
+        "../workflow_scripts/world_candidates.py"
 
 
 rule world_corpus:
@@ -40,7 +52,8 @@ rule world_corpus:
         "../envs/cpu.yaml"
     params:
         tasks=OLD_TASKS + [NEW_TASK],
-        corpus=config["world"]["corpus"],
+        documents=config["world"]["corpus"]["documents"],
+        lines_per_doc=config["world"]["corpus"]["lines_per_doc"],
         seed=config["seed"],
     script:
         "../workflow_scripts/world_corpus.py"
@@ -70,8 +83,8 @@ rule world_pretrain:
 
 rule world_posttrain:
     input:
-        base=f"{WORLD}/ladder/{LADDER[-1]}",
-        benchmarks=rules.world_problems.output.benchmarks,
+        base=f"{WORLD}/ladder/{LADDER[-1]}",  # the base model: the ladder ends at the last step
+        benchmarks=rules.world_benchmarks.output,
     output:
         directory(f"{WORLD}/post"),
     log:

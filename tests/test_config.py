@@ -28,7 +28,12 @@ def test_shipped_configs_validate(name):
         ({"wrld": {}}, "config key (top level): Additional properties are not allowed ('wrld'"),
         ({"world": {"model": {"layers": 0}}}, "config key world.model.layers: 0 is less than the minimum of 1"),
         ({"experiments": {"x": {"graft": {"lam": [0.5]}}}}, "config key experiments.x.graft.lam.0: 0.5 is not of type 'string'"),
-        ({"world": {"pretrain": {"steps": 500}}}, "config key world.pretrain.ladder: its last checkpoint must be step 500"),
+        ({"world": {"pretrain": {"steps": 500}}}, "config key world.pretrain.ladder: must increase and end at step 500"),
+        ({"world": {"pretrain": {"ladder": [400, 100]}}}, "config key world.pretrain.ladder: must increase"),
+        ({"world": {"candidates": 800}}, "config key world.candidates: exceeds the 720 distinct mul problems"),
+        ({"world": {"model": {"kv_heads": 3}}}, "config key world.model.kv_heads: must divide world.model.heads = 4"),
+        ({"experiments": {"x": {"sft": {"lr": ["1.2.3"]}}}}, "config key experiments.x.sft.lr.0: '1.2.3' is invalid"),
+        ({"experiments": {"x": {"mining": {"heldout": 720}}}}, "config key experiments.x.mining.heldout: leaves no"),
         (
             {"experiments": {"x": {"sft": {"epochs": 2}, "graft": {"epochs": [3]}}}},
             "config key experiments.x.graft.epochs: [3] exceed sft.epochs = 2",
@@ -44,3 +49,28 @@ def test_bad_config_names_the_key(config, message):
 def test_readme_config_reference_is_generated_from_the_schema():
     readme = (REPO / "README.md").read_text()
     assert render_reference(load_schema()) in readme, "run `python -m graftlab.config >> README.md` section"
+
+
+KEYWORDS = {
+    "$schema", "$ref", "$defs", "description", "type", "default", "properties", "additionalProperties",
+    "items", "enum", "minimum", "maximum", "exclusiveMinimum", "minItems", "uniqueItems", "minProperties",
+    "propertyNames", "pattern",
+}
+
+
+def _schemas(node):
+    """Every sub-schema of a schema document."""
+    yield node
+    for key in ("properties", "$defs"):
+        for sub in node.get(key, {}).values():
+            yield from _schemas(sub)
+    for key in ("items", "additionalProperties", "propertyNames"):
+        if isinstance(node.get(key), dict):
+            yield from _schemas(node[key])
+
+
+def test_schema_uses_only_known_keywords():
+    # A YAML slip (an unquoted comma in a flow mapping) turns text into a stray keyword that
+    # jsonschema ignores silently; the rendered README would then be cut short without a failure.
+    for node in _schemas(load_schema()):
+        assert set(node) <= KEYWORDS, set(node) - KEYWORDS

@@ -32,28 +32,30 @@ def world_model(tmp_path_factory) -> Path:
 def test_generate_returns_n_decoded_completions_and_greedy_is_deterministic(world_model):
     tok = AutoTokenizer.from_pretrained(world_model)
     prompts = [chat_prompt(tok, p) for p in ("1+2=", "compare 3 4", "12*3=")]
-    sampled = generate(world_model, prompts, SamplingConfig(n=3, max_new_tokens=8), backend="transformers")
+    sampled = generate(world_model, prompts, SamplingConfig(3, 1.0, 1.0, 8), backend="transformers")
     assert [len(c) for c in sampled] == [3, 3, 3]
     # Decoding stops at the end of turn: nothing (no padding of finished rows) comes after it.
     assert all("<|im_end|>" not in c or c.endswith("<|im_end|>") for cs in sampled for c in cs)
-    greedy = SamplingConfig(n=1, temperature=0, max_new_tokens=8)
-    assert generate(world_model, prompts, greedy) == generate(world_model, prompts, greedy)
+    greedy = SamplingConfig(n=3, temperature=0, top_p=1.0, max_new_tokens=8)
+    first = generate(world_model, prompts, greedy)
+    assert first == generate(world_model, prompts, greedy)
+    assert all(len(set(cs)) == 1 and len(cs) == 3 for cs in first)  # n greedy samples are one answer
 
 
 def test_unknown_backend_is_an_error(world_model):
     with pytest.raises(ValueError, match="unknown sampling backend 'tgi'"):
-        generate(world_model, ["x"], SamplingConfig(), backend="tgi")
+        generate(world_model, ["x"], SamplingConfig(1, 1.0, 1.0, 4), backend="tgi")
 
 
 def test_split_hard_keeps_never_solved_problems_and_holds_out_disjointly():
     problems = arith.sample_problems("mul", 40, seed=0)
     rates = [0.0] * 20 + [0.25] * 10 + [0.5] * 10
-    train, heldout = split_hard(problems, rates, MiningConfig(max_pass_rate=0.25, heldout=10))
+    train, heldout = split_hard(problems, rates, MiningConfig(8, max_pass_rate=0.25, heldout=10, temperature=1.0, max_new_tokens=8))
     assert train.height == 20 and heldout.height == 10
     assert not set(train["id"]) & set(heldout["id"])
     assert set(pl.concat([train, heldout])["pass_rate"]) == {0.0, 0.25}
     with pytest.raises(GraftlabError, match="mining kept 30 of 40 problems"):
-        split_hard(problems, rates, MiningConfig(max_pass_rate=0.25, heldout=30))
+        split_hard(problems, rates, MiningConfig(8, max_pass_rate=0.25, heldout=30, temperature=1.0, max_new_tokens=8))
 
 
 def test_expert_traces_verify_and_refuse_a_wrong_trace():
@@ -93,7 +95,7 @@ def test_evaluate_writes_records_and_metrics(world_model, tmp_path):
     for task, role in (("add", "old"), ("sub", "old"), ("mul", "new")):
         pl.DataFrame(arith.sample_problems(task, 6, seed=0)).write_parquet(tmp_path / f"{task}.parquet")
         benches.append(Benchmark(task, tmp_path / f"{task}.parquet", role))
-    metrics = evaluate(world_model, benches, SamplingConfig(n=4, max_new_tokens=6), tmp_path / "eval", "post")
+    metrics = evaluate(world_model, benches, SamplingConfig(4, 1.0, 1.0, 6), tmp_path / "eval", "post")
     records = pl.read_parquet(tmp_path / "eval" / "add.parquet")
     assert records.height == 6 * 4 and records["correct"].dtype == pl.Boolean
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == metrics
@@ -109,4 +111,4 @@ def test_vllm_is_optional_and_its_absence_is_explained(world_model):
         pytest.skip("vLLM is installed here")
     assert not sampling.vllm_available()
     with pytest.raises(RuntimeError, match="needs vLLM: install graftlab\\[gpu\\]"):
-        generate(world_model, ["x"], SamplingConfig(), backend="vllm")
+        generate(world_model, ["x"], SamplingConfig(1, 1.0, 1.0, 4), backend="vllm")

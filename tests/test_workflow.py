@@ -115,6 +115,15 @@ def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_pa
     assert jobs == {"sft": 2, "graft": 4, "evaluate": 8, "summary": 1, "pareto": 1, "all": 1}
 
 
+def test_a_configfile_replaces_the_default_experiments(tmp_path):
+    smoke = yaml.safe_load(SMOKE.read_text())
+    smoke["experiments"] = {"other": smoke["experiments"]["expert"]}
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(smoke))
+    proc = snakemake(tmp_path, "-n", configs=(tmp_path / "other.yaml",))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "results/other/summary.parquet" in proc.stdout and "results/expert" not in proc.stdout
+
+
 def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
     jobs = planned_jobs(tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}))
     # One donor at epoch 2 only; merging still uses both epochs. Post + 4 SFT checkpoints + 3 grafts.

@@ -9,10 +9,12 @@ from graftlab.sampling import SamplingConfig
 p, inp = snakemake.params, snakemake.input
 benchmarks = [Benchmark(n, Path(f), "old") for n, f in zip(p.names, inp.old)]
 benchmarks.append(Benchmark(p.names[-1], Path(inp.new), "new"))
-s = p.sampling
-cfg = SamplingConfig(
-    n=s["samples"], temperature=s["temperature"], top_p=s["top_p"], max_new_tokens=s["max_new_tokens"], seed=p.seed
-)
-run = snakemake.wildcards.run
 with job_log(snakemake.log[0], snakemake.threads):
-    evaluate(p.model, benchmarks, cfg, Path(snakemake.output.metrics).parent, run, p.backend)
+    evaluate(
+        p.model,
+        benchmarks,
+        SamplingConfig.from_config(p.sampling, p.seed),
+        Path(snakemake.output.metrics).parent,
+        snakemake.wildcards.run,
+        p.backend,
+    )

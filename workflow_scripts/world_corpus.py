@@ -7,4 +7,4 @@ from graftlab.world.build import make_corpus
 
 p = snakemake.params
 with job_log(snakemake.log[0]):
-    make_corpus(p.tasks, p.corpus["documents"], p.corpus["lines_per_doc"], p.seed, Path(snakemake.output[0]))
+    make_corpus(p.tasks, p.documents, p.lines_per_doc, p.seed, Path(snakemake.output[0]))

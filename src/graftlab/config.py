@@ -57,19 +57,33 @@ def resolve(config: dict, schema: dict | None = None) -> dict:
 
 
 def _check_semantics(config: dict) -> None:
-    """What a schema cannot say: cross-references between keys."""
-    ladder = config["world"]["pretrain"]["ladder"]
-    steps = config["world"]["pretrain"]["steps"]
-    if max(ladder) != steps:
-        raise ConfigError(f"config key world.pretrain.ladder: its last checkpoint must be step {steps} (the base model)")
+    """What a schema cannot say: cross-references between keys, and limits of the tiny world."""
+    from graftlab.world.arith import distinct_problems
+
+    world = config["world"]
+    ladder, steps = world["pretrain"]["ladder"], world["pretrain"]["steps"]
+    model = world["model"]
+    checks = [
+        (ladder == sorted(ladder) and ladder[-1] == steps, "world.pretrain.ladder", f"must increase and end at step {steps} (the base model)"),
+        (model["heads"] % model["kv_heads"] == 0, "world.model.kv_heads", f"must divide world.model.heads = {model['heads']}"),
+        (model["hidden_size"] % model["heads"] == 0, "world.model.heads", f"must divide world.model.hidden_size = {model['hidden_size']}"),
+        (world["corpus"]["block"] <= model["max_positions"], "world.corpus.block", f"exceeds world.model.max_positions = {model['max_positions']}"),
+        (world["candidates"] <= distinct_problems(world["new_task"]), "world.candidates", f"exceeds the {distinct_problems(world['new_task'])} distinct {world['new_task']} problems"),
+    ]
+    for task in world["old_tasks"]:
+        room = distinct_problems(task) - world["benchmark_size"]
+        checks.append((world["posttrain"]["examples_per_task"] <= room, "world.posttrain.examples_per_task", f"exceeds the {room} {task} problems left outside its benchmark"))
     for name, exp in config["experiments"].items():
+        key = f"experiments.{name}"
+        checks.append((exp["mining"]["heldout"] < world["candidates"], f"{key}.mining.heldout", f"leaves no training problems of world.candidates = {world['candidates']}"))
         for method in ("graft", "merge"):
             late = [e for e in exp[method]["epochs"] or [] if e > exp["sft"]["epochs"]]
-            if late:
-                raise ConfigError(f"config key experiments.{name}.{method}.epochs: {late} exceed sft.epochs = {exp['sft']['epochs']}")
+            checks.append((not late, f"{key}.{method}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
         for donor in exp["donors"]:
-            if int(donor.split("~")[1]) not in ladder:
-                raise ConfigError(f"config key experiments.{name}.donors: {donor} is not on world.pretrain.ladder {ladder}")
+            checks.append((int(donor.split("~")[1]) in ladder, f"{key}.donors", f"{donor} is not on world.pretrain.ladder {ladder}"))
+    for ok, where, problem in checks:
+        if not ok:
+            raise ConfigError(f"config key {where}: {problem}")
 
 
 _NO_DEFAULT = object()

@@ -291,7 +291,12 @@ def _package_versions() -> dict[str, str | None]:
 def _git_revision() -> str | None:
     try:
         done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            cwd=Path(__file__).parent,  # graftlab's checkout, not the workflow's working directory
         )
     except (OSError, subprocess.SubprocessError):
         return None

@@ -11,12 +11,17 @@ from tqdm import tqdm
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    n: int = 1
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    max_new_tokens: int = 64
+    n: int
+    temperature: float  # 0 means greedy
+    top_p: float
+    max_new_tokens: int
     seed: int = 0
-    batch_size: int = 256  # prompts per transformers batch (each expanded n times)
+    batch_size: int = 256  # prompts per transformers batch (each expanded n times); memory, not results
+
+    @classmethod
+    def from_config(cls, section: dict, seed: int) -> "SamplingConfig":
+        """From a workflow config section with `samples`, `temperature`, `top_p`, `max_new_tokens`."""
+        return cls(section["samples"], section["temperature"], section.get("top_p", 1.0), section["max_new_tokens"], seed)
 
 
 def vllm_available() -> bool:
@@ -94,6 +99,8 @@ class HfSampler:
         import torch
 
         tok, greedy = self.tok, cfg.temperature == 0
+        # Greedy decoding gives one answer per prompt: decode it once and repeat it n times, as vLLM does.
+        n = 1 if greedy else cfg.n
         batch = tok(prompts, return_tensors="pt", padding=True).to(self.device)
         with torch.inference_mode():
             ids = self.model.generate(
@@ -102,13 +109,13 @@ class HfSampler:
                 temperature=None if greedy else cfg.temperature,
                 top_p=None if greedy else cfg.top_p,
                 top_k=None,
-                num_return_sequences=cfg.n,
+                num_return_sequences=n,
                 max_new_tokens=cfg.max_new_tokens,
                 eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
             )
         texts = [_decode(tok, row) for row in ids[:, batch["input_ids"].shape[1] :].tolist()]
-        return [texts[i : i + cfg.n] for i in range(0, len(texts), cfg.n)]
+        return [texts[i : i + n] * (cfg.n // n) for i in range(0, len(texts), n)]
 
 
 def _decode(tok, ids: list[int]) -> str:

@@ -16,17 +16,17 @@ from graftlab.tasks import chat_prompt, is_correct
 
 @dataclass(frozen=True)
 class MiningConfig:
-    samples: int = 8
-    max_pass_rate: float = 0.25
-    heldout: int = 100
-    temperature: float = 1.0
-    max_new_tokens: int = 48
+    samples: int
+    max_pass_rate: float
+    heldout: int
+    temperature: float
+    max_new_tokens: int
     seed: int = 0
 
 
 def pass_rates(sampler, tokenizer, problems: list[dict], cfg: MiningConfig) -> list[float]:
     prompts = [chat_prompt(tokenizer, p["prompt"]) for p in problems]
-    scfg = SamplingConfig(n=cfg.samples, temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens, seed=cfg.seed)
+    scfg = SamplingConfig(cfg.samples, cfg.temperature, 1.0, cfg.max_new_tokens, cfg.seed)
     completions = sampler(prompts, scfg)
     return [sum(is_correct(c, p["answer"]) for c in cs) / cfg.samples for cs, p in zip(completions, problems)]
 

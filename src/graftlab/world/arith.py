@@ -72,6 +72,12 @@ def operands(task: str, rng: random.Random) -> tuple[int, int]:
     return rng.randint(0, 99), rng.randint(0, 99)
 
 
+def distinct_problems(task: str) -> int:
+    """How many different problems `task` has (subtraction is canonicalised larger-first)."""
+    a_range, b_range = (range(10, 100), range(2, 10)) if task == "mul" else (range(100), range(100))
+    return len({SOLVERS[task](a, b)[0] for a in a_range for b in b_range})
+
+
 def problem(task: str, a: int, b: int) -> dict:
     prompt, thinking, answer = SOLVERS[task](a, b)
     return {"id": f"{task}:{prompt}", "task": task, "prompt": prompt, "answer": answer, "thinking": thinking}

@@ -1,0 +1,10 @@
+"""The pool of new-task problems that mining filters."""
+
+from pathlib import Path
+
+from graftlab.joblog import job_log
+from graftlab.world.build import make_candidates
+
+p = snakemake.params
+with job_log(snakemake.log[0]):
+    make_candidates(p.task, p.size, p.seed, Path(snakemake.output[0]))
