@@ -73,7 +73,7 @@ def eval_model(wildcards):
     if run == "post":
         return model_dir("post"), model_dir("post")
     if run.startswith("sft/"):
-        run_dir, epoch = run.rsplit("/", 1)
+        run_dir = run.rsplit("/", 1)[0]
         return f"results/{wildcards.exp}/{run_dir}", f"results/{wildcards.exp}/{run}"
     if run.startswith("graft/"):
         path = f"results/{wildcards.exp}/{run}/model"

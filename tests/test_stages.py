@@ -112,3 +112,21 @@ def test_vllm_is_optional_and_its_absence_is_explained(world_model):
     assert not sampling.vllm_available()
     with pytest.raises(RuntimeError, match="needs vLLM: install graftlab\\[gpu\\]"):
         generate(world_model, ["x"], SamplingConfig(1, 1.0, 1.0, 4), backend="vllm")
+
+
+def test_pass_rates_count_correct_samples_per_problem_in_order():
+    from graftlab.synth.mining import pass_rates
+
+    problems = arith.sample_problems("mul", 5, seed=0)
+    answers = {p["prompt"]: p["answer"] for p in problems}
+
+    def sampler(prompts, cfg):  # problem i gets i % 3 correct samples of cfg.n
+        out = []
+        for i, prompt in enumerate(prompts):
+            answer = next(a for q, a in answers.items() if q in prompt)
+            right, wrong = f"<think>\n</think>\n\n{answer}", "<think>\n</think>\n\nx"
+            out.append([right] * (i % 3) + [wrong] * (cfg.n - i % 3))
+        return out
+
+    cfg = MiningConfig(4, max_pass_rate=0.25, heldout=1, temperature=1.0, max_new_tokens=8)
+    assert pass_rates(sampler, build_tokenizer(), problems, cfg) == [0.0, 0.25, 0.5, 0.0, 0.25]

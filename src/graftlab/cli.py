@@ -53,12 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from safetensors import SafetensorError
+
     from graftlab.models import GraftlabError
 
     try:
         args.run(args)
-    except (GraftlabError, OSError) as e:
-        # OSError covers files vanishing or disks filling mid-run; the message names the path.
+    except (GraftlabError, OSError, SafetensorError) as e:
+        # OSError covers files vanishing or disks filling mid-run; SafetensorError a corrupt shard.
         message = " ".join(str(e).split())  # one line, whatever the exception carried
         print(f"graftlab: error: {message}", file=sys.stderr)
         return 2

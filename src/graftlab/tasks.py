@@ -28,3 +28,17 @@ def extract_answer(completion: str) -> str | None:
 
 def is_correct(completion: str, answer: str) -> bool:
     return extract_answer(completion) == answer.strip()
+
+
+def sample_and_grade(sampler, tokenizer, problems, cfg):
+    """Sample every problem (a frame with `id`, `prompt`, `answer`) and grade each completion: one row
+    per sample with `problem_id`, `sample`, `completion`, the parsed `answer` and `correct`."""
+    import polars as pl
+
+    completions = sampler([chat_prompt(tokenizer, p) for p in problems["prompt"]], cfg)
+    rows = [
+        {"problem_id": pid, "sample": i, "completion": c, "answer": extract_answer(c), "correct": is_correct(c, ref)}
+        for pid, ref, cs in zip(problems["id"], problems["answer"], completions)
+        for i, c in enumerate(cs)
+    ]
+    return pl.DataFrame(rows, schema_overrides={"answer": pl.Utf8})

@@ -13,7 +13,7 @@ import polars as pl
 
 from graftlab.evaluate.metrics import benchmark_metrics
 from graftlab.sampling import SamplingConfig, load_sampler
-from graftlab.tasks import chat_prompt, extract_answer, is_correct
+from graftlab.tasks import sample_and_grade
 
 
 @dataclass(frozen=True)
@@ -28,13 +28,7 @@ def score_benchmark(sampler, tokenizer, bench: Benchmark, cfg: SamplingConfig) -
     missing = {"id", "prompt", "answer"} - set(problems.columns)
     if missing:
         raise ValueError(f"benchmark {bench.name} ({bench.path}) lacks columns {sorted(missing)}")
-    completions = sampler([chat_prompt(tokenizer, p) for p in problems["prompt"]], cfg)
-    rows = [
-        {"problem_id": pid, "sample": i, "completion": c, "answer": extract_answer(c), "correct": is_correct(c, ref)}
-        for pid, ref, cs in zip(problems["id"], problems["answer"], completions)
-        for i, c in enumerate(cs)
-    ]
-    return pl.DataFrame(rows, schema_overrides={"answer": pl.Utf8})
+    return sample_and_grade(sampler, tokenizer, problems, cfg)
 
 
 def evaluate(model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_dir: Path, run: str, backend="auto"):

@@ -11,7 +11,7 @@ import polars as pl
 
 from graftlab.models import GraftlabError
 from graftlab.sampling import SamplingConfig
-from graftlab.tasks import chat_prompt, is_correct
+from graftlab.tasks import sample_and_grade
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,10 @@ class MiningConfig:
 
 
 def pass_rates(sampler, tokenizer, problems: list[dict], cfg: MiningConfig) -> list[float]:
-    prompts = [chat_prompt(tokenizer, p["prompt"]) for p in problems]
     scfg = SamplingConfig(cfg.samples, cfg.temperature, 1.0, cfg.max_new_tokens, cfg.seed)
-    completions = sampler(prompts, scfg)
-    return [sum(is_correct(c, p["answer"]) for c in cs) / cfg.samples for cs, p in zip(completions, problems)]
+    records = sample_and_grade(sampler, tokenizer, pl.DataFrame(problems), scfg)
+    per_problem = records.group_by("problem_id", maintain_order=True).agg(pl.col("correct").mean())
+    return per_problem["correct"].to_list()
 
 
 def split_hard(problems: list[dict], rates: list[float], cfg: MiningConfig) -> tuple[pl.DataFrame, pl.DataFrame]:

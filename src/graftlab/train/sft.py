@@ -34,6 +34,13 @@ def encode_chat(tokenizer, prompt_text: str, completion_text: str) -> dict:
     return {"input_ids": p + c, "completion_mask": [0] * len(p) + [1] * len(c)}
 
 
+def encode_traces(tokenizer, prompts: list[str], completions: list[str]) -> list[dict]:
+    """SFT examples from user prompts and assistant completions, in the model's chat format."""
+    from graftlab.tasks import chat_prompt
+
+    return [encode_chat(tokenizer, chat_prompt(tokenizer, p), c) for p, c in zip(prompts, completions)]
+
+
 def train(model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig) -> list[Path]:
     """Train `model` in place on `rows`; return the checkpoint directories in training order.
 
@@ -135,13 +142,12 @@ def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     from graftlab.models import GraftlabError
-    from graftlab.tasks import chat_prompt
 
     traces = pl.read_parquet(data)
     missing = {"prompt", "completion"} - set(traces.columns)
     if missing or traces.is_empty():
         raise GraftlabError(f"{data}: SFT data needs rows with columns prompt, completion (missing {sorted(missing)})")
     tok = AutoTokenizer.from_pretrained(model_dir)
-    rows = [encode_chat(tok, chat_prompt(tok, p), c) for p, c in zip(traces["prompt"], traces["completion"])]
+    rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
     targets = [out_dir / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
     finetune(model_dir, rows, cfg, targets, data=data)

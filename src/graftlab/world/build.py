@@ -10,17 +10,13 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.tasks import chat_completion, chat_prompt
+from graftlab.tasks import chat_completion
 from graftlab.world import arith
 
 
 def write_problems(problems: list[dict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame(problems).write_parquet(path)
-
-
-def read_problems(path) -> list[dict]:
-    return pl.read_parquet(path).to_dicts()
 
 
 def make_benchmarks(tasks: list[str], count: int, seed: int, out_dir: Path) -> None:
@@ -71,12 +67,10 @@ def pack(token_lists: list[list[int]], block: int, sep: int) -> list[dict]:
 
 def sft_rows(tokenizer, problems: list[dict]) -> list[dict]:
     """Chat-formatted SFT examples (prompt masked out of the loss) from problems with expert thinking."""
-    from graftlab.train.sft import encode_chat
+    from graftlab.train.sft import encode_traces
 
-    return [
-        encode_chat(tokenizer, chat_prompt(tokenizer, p["prompt"]), chat_completion(p["thinking"], p["answer"]))
-        for p in problems
-    ]
+    completions = [chat_completion(p["thinking"], p["answer"]) for p in problems]
+    return encode_traces(tokenizer, [p["prompt"] for p in problems], completions)
 
 
 def posttrain_problems(tasks: list[str], per_task: int, seed: int, benchmark_dir: Path) -> list[dict]:
