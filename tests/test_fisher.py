@@ -61,3 +61,110 @@ def test_rollouts_without_required_columns_are_refused(pico_model, tmp_path):
     with pytest.raises(GraftlabError, match="missing \\['completion_ids'\\]"):
         write_diag_fisher(pico_model("m"), tmp_path / "r.parquet", tmp_path / "fisher")
     assert not (tmp_path / "fisher").exists()
+
+
+# --- masks ---------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+
+from safetensors.torch import save_file  # noqa: E402
+
+from graftlab.cli import main  # noqa: E402
+from graftlab.graft import graft  # noqa: E402
+from graftlab.fisher.masks import diag_mask  # noqa: E402
+
+
+@pytest.fixture
+def trio(pico_model, tmp_path):
+    """post, donor, tuned pico models and a Fisher for post with many tied (zero and equal) entries."""
+    post = pico_model("post", seed=0)
+    donor = pico_model("donor", seed=1)
+    tuned = pico_model("tuned", base=donor, noise=0.05, seed=2)
+    gen = torch.Generator().manual_seed(3)
+    fisher = {}
+    for name, p in AutoModelForCausalLM.from_pretrained(post).named_parameters():
+        f = torch.rand(p.shape, generator=gen)
+        f.view(-1)[: f.numel() // 3] = 0.9  # a third of every tensor ties, where the 30% threshold falls
+        fisher[name] = f
+    (tmp_path / "fisher").mkdir()
+    save_file(fisher, tmp_path / "fisher" / "diag.safetensors")
+    return post, donor, tuned, tmp_path / "fisher", fisher
+
+
+def _weights(path):
+    return load_file(path / "model.safetensors")
+
+
+def test_rho_zero_is_the_plain_graft_and_rho_one_keeps_post(trio, tmp_path):
+    post, donor, tuned, fisher_dir, _ = trio
+    graft(post, donor, tuned, 0.5, tmp_path / "plain")
+    for rho, expected in ((0.0, _weights(tmp_path / "plain")), (1.0, _weights(post))):
+        out = tmp_path / f"rho{rho}"
+        graft(post, donor, tuned, 0.5, out, project=diag_mask(fisher_dir, post, donor, tuned, rho))
+        got = _weights(out)
+        assert all(torch.equal(got[n], expected[n]) for n in expected), rho
+
+
+@pytest.mark.parametrize("score", ["fisher_delta", "fisher"])
+def test_global_mask_zeroes_exactly_round_rho_total_of_the_top_scores(trio, tmp_path, score):
+    post, donor, tuned, fisher_dir, fisher = trio
+    mask = diag_mask(fisher_dir, post, donor, tuned, 0.3, score=score)
+    graft(post, donor, tuned, 1.0, tmp_path / "out", project=mask)
+    total = sum(f.numel() for f in fisher.values())
+    record = json.loads((tmp_path / "out" / "graftlab.json").read_text())["mask"]
+    assert record["masked"] == round(0.3 * total) == sum(record["masked_per_tensor"].values())
+    if score == "fisher":  # the threshold falls inside the tied block: ties broken to the exact count
+        assert record["threshold"] == pytest.approx(0.9)
+    out, p, d, t = (_weights(x) for x in (tmp_path / "out", post, donor, tuned))
+    kept, dropped = [], []
+    for name in fisher:
+        delta = t[name] - d[name]
+        masked = out[name] == p[name]  # the update was zeroed here (delta is never exactly 0 here)
+        assert torch.allclose(out[name][~masked], (p[name] + delta)[~masked], atol=1e-6)
+        s = fisher[name] * delta.square() if score == "fisher_delta" else fisher[name]
+        kept.append(s[~masked]), dropped.append(s[masked])
+    assert torch.cat(dropped).min() >= torch.cat(kept).max()
+
+
+def test_per_tensor_mask_zeroes_round_rho_of_each_tensor(trio, tmp_path):
+    post, donor, tuned, fisher_dir, fisher = trio
+    mask = diag_mask(fisher_dir, post, donor, tuned, 0.25, scope="tensor")
+    graft(post, donor, tuned, 1.0, tmp_path / "out", project=mask)
+    assert mask.report()["masked_per_tensor"] == {n: round(0.25 * f.numel()) for n, f in fisher.items()}
+
+
+def _cli(post, donor, tuned, out, fisher_dir, rho="0.5"):
+    return main(["graft", "--post", str(post), "--donor", str(donor), "--donor-tuned", str(tuned), "--scale", "1",
+                 "--out", str(out), "--fisher", str(fisher_dir), "--mask", "diag", "--rho", rho])
+
+
+def test_bad_masks_are_one_line_errors_without_output(trio, tmp_path, pico_model, capsys):
+    post, donor, tuned, fisher_dir, fisher = trio
+    assert _cli(post, donor, tuned, tmp_path / "o1", fisher_dir, rho="1.5") == 2
+    assert "rho must be in [0, 1], got 1.5" in capsys.readouterr().err
+    nan = dict(fisher)
+    nan[next(iter(nan))] = torch.full_like(nan[next(iter(nan))], float("nan"))
+    (tmp_path / "nan").mkdir()
+    save_file(nan, tmp_path / "nan" / "diag.safetensors")
+    assert _cli(post, donor, tuned, tmp_path / "o2", tmp_path / "nan") == 2
+    assert "holds NaN or Inf" in capsys.readouterr().err
+    other = pico_model("other", hidden_size=32, head_dim=16)
+    (tmp_path / "wide").mkdir()
+    save_file({n: torch.ones_like(p) for n, p in AutoModelForCausalLM.from_pretrained(other).named_parameters()},
+              tmp_path / "wide" / "diag.safetensors")
+    assert _cli(post, donor, tuned, tmp_path / "o3", tmp_path / "wide") == 2
+    assert "computed for another architecture" in capsys.readouterr().err
+    assert not any((tmp_path / f"o{i}").exists() for i in (1, 2, 3))
+
+
+def test_subsampled_threshold_masks_about_rho_and_reports_the_exact_count():
+    from graftlab.fisher.masks import DiagMask
+
+    gen = torch.Generator().manual_seed(0)
+    fisher = {f"t{i}": torch.rand(200, 50, generator=gen) for i in range(4)}
+    deltas = {n: torch.randn(200, 50, generator=gen) for n in fisher}
+    mask = DiagMask(fisher, 0.3, deltas=deltas, exact_limit=0, sample=4000)  # force the quantile path
+    zeroed = sum(int((mask(name, delta.clone()) == 0).sum()) for name, delta in deltas.items())
+    report = mask.report()
+    assert report["masked"] == zeroed  # the count reported is the count zeroed
+    assert abs(zeroed - 0.3 * report["total"]) <= 0.02 * report["total"]

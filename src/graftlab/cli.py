@@ -18,9 +18,17 @@ def _cmd_graft(args: argparse.Namespace) -> None:
         # Rules run several jobs side by side; oversubscribed cores slow torch 7x (DESIGN §7).
         torch.set_num_threads(args.threads)
     from graftlab.graft import graft
+    from graftlab.models import GraftlabError
 
+    project = None
+    if args.mask != "none":
+        from graftlab.fisher.masks import diag_mask
+
+        if args.fisher is None:
+            raise GraftlabError(f"--mask {args.mask} needs --fisher DIR")
+        project = diag_mask(args.fisher, args.post, args.donor, args.donor_tuned, args.rho, args.mask_scope, args.mask_score)
     counts = graft(
-        args.post, args.donor, args.donor_tuned, args.scale, args.out, chunk_bytes=args.chunk_mb << 20
+        args.post, args.donor, args.donor_tuned, args.scale, args.out, chunk_bytes=args.chunk_mb << 20, project=project
     )
     print(f"graftlab: wrote {args.out} ({counts['tensors']} tensors, {counts['parameters']:,} parameters)")
 
@@ -39,6 +47,11 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output model directory (written atomically)")
     p.add_argument("--chunk-mb", type=int, default=64, help="fp32 row-block size for large tensors (MiB)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--fisher", help="directory with the post model's retention Fisher (diag.safetensors)")
+    p.add_argument("--mask", choices=["none", "diag"], default="none", help="zero the most Fisher-sensitive entries")
+    p.add_argument("--rho", type=float, default=0.0, help="fraction of entries to zero, in [0, 1]")
+    p.add_argument("--mask-scope", choices=["global", "tensor"], default="global", help="rank over all parameters or per tensor")
+    p.add_argument("--mask-score", choices=["fisher_delta", "fisher"], default="fisher_delta", help="rank by F*delta^2 or by F alone")
     p.set_defaults(run=_cmd_graft)
 
 

@@ -294,7 +294,10 @@ def graft(
             }
             projection = "identity" if project is None else getattr(project, "__name__", repr(project))
             inputs = {role: str(Path(p).resolve()) for role, p in paths.items()}
-            write_provenance(tmp, inputs, {"scale": scale, "projection": projection}, {"counts": counts})
+            extra = {"counts": counts}
+            if hasattr(project, "report"):  # masks say how many entries they zeroed, per tensor
+                extra["mask"] = project.report()
+            write_provenance(tmp, inputs, {"scale": scale, "projection": projection}, extra)
     finally:
         for model in models:
             model.close()

@@ -1,0 +1,114 @@
+"""Diagonal Fisher masks for grafting (DESIGN §3): zero the top-rho fraction of the update's entries by
+their predicted rise of the retention loss, `score_i = F_i * delta_i^2` (or `F_i` alone).
+
+A `DiagMask` is the `project` callable of `graftlab.graft.graft`: it receives each fp32 delta whole and
+returns it masked. Ranking is global over all parameters by default, per tensor as an option. The global
+threshold is exact (every score held at once, ties broken in the order tensors are grafted, so exactly
+round(rho * total) entries are masked) up to `exact_limit` entries; beyond it, the threshold is the
+quantile of a seeded random subsample and the count masked is whatever it gives, reported either way.
+"""
+
+import math
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from graftlab.models import GraftlabError, tensor_index, tensor_specs
+
+
+def load_diag_fisher(fisher_dir, post_dir) -> dict[str, torch.Tensor]:
+    """The Fisher of `fisher_dir/diag.safetensors`, checked against the post model's float tensors."""
+    path = Path(fisher_dir) / "diag.safetensors"
+    if not path.is_file():
+        raise GraftlabError(f"no diagonal Fisher at {path}")
+    with safe_open(str(path), framework="pt") as f:
+        fisher = {name: f.get_tensor(name).float() for name in f.keys()}
+    specs = {n: s for n, s in tensor_specs(post_dir).items() if s.dtype.is_floating_point}
+    missing, extra = sorted(specs.keys() - fisher.keys()), sorted(fisher.keys() - specs.keys())
+    shapes = [n for n in specs.keys() & fisher.keys() if tuple(fisher[n].shape) != tuple(specs[n].shape)]
+    if missing or extra or shapes:
+        raise GraftlabError(
+            f"Fisher {path} was computed for another architecture than {post_dir}: "
+            f"missing {missing[:3]}, unexpected {extra[:3]}, shapes differ for {sorted(shapes)[:3]}"
+        )
+    bad = [n for n, t in fisher.items() if not torch.isfinite(t).all()]
+    if bad:
+        raise GraftlabError(f"Fisher {path} holds NaN or Inf in {bad[:3]}")
+    return fisher
+
+
+class DiagMask:
+    """Zero the top-rho scored entries of each delta; `report()` says how many, per tensor."""
+
+    def __init__(self, fisher, rho: float, *, scope="global", score="fisher_delta", deltas=None,
+                 exact_limit: int = 2**28, sample: int = 2**22, seed: int = 0):
+        if not 0 <= rho <= 1:
+            raise GraftlabError(f"rho must be in [0, 1], got {rho}")
+        if scope not in ("global", "tensor") or score not in ("fisher_delta", "fisher"):
+            raise GraftlabError(f"unknown mask scope {scope!r} or score {score!r}")
+        self.fisher, self.rho, self.scope, self.score_kind = fisher, rho, scope, score
+        self.masked: dict[str, int] = {}
+        self.total = sum(f.numel() for f in fisher.values())
+        self.threshold, self.ties_left = None, 0
+        if scope == "global":
+            if score == "fisher_delta" and deltas is None:
+                raise GraftlabError("a global F * delta^2 ranking needs every delta up front (read_deltas)")
+            scores = {n: self.score(n, deltas[n]) for n in fisher} if score == "fisher_delta" else fisher
+            self._global_threshold(scores, exact_limit, sample, seed)
+
+    def score(self, name: str, delta: torch.Tensor) -> torch.Tensor:
+        return self.fisher[name] * delta.square() if self.score_kind == "fisher_delta" else self.fisher[name]
+
+    def _global_threshold(self, scores, exact_limit, sample, seed) -> None:
+        k = round(self.rho * self.total)
+        if k == 0:
+            self.threshold = math.inf
+            return
+        if self.total <= exact_limit:
+            flat = torch.cat([s.flatten() for s in scores.values()])
+            self.threshold = flat.kthvalue(self.total - k + 1).values.item()  # the k-th largest score
+            self.ties_left = k - int((flat > self.threshold).sum())
+            return
+        gen = torch.Generator().manual_seed(seed)
+        picks = [s.flatten()[torch.randint(s.numel(), (max(1, sample * s.numel() // self.total),), generator=gen)]
+                 for s in scores.values()]
+        self.threshold = torch.quantile(torch.cat(picks), 1 - self.rho).item()
+
+    def __call__(self, name: str, delta: torch.Tensor) -> torch.Tensor:
+        if name not in self.fisher:
+            raise GraftlabError(f"tensor {name} has no Fisher entry: refusing to graft it unmasked")
+        score = self.score(name, delta).flatten()
+        if self.scope == "tensor":
+            k = round(self.rho * score.numel())
+            drop = score.topk(k).indices if k else torch.empty(0, dtype=torch.long)
+        else:
+            above = score > self.threshold
+            ties = (score == self.threshold).nonzero()[:, 0][: self.ties_left]
+            self.ties_left -= len(ties)
+            drop = torch.cat([above.nonzero()[:, 0], ties])
+        delta.view(-1)[drop] = 0
+        self.masked[name] = len(drop)
+        return delta
+
+    def report(self) -> dict:
+        return {"kind": "diag", "rho": self.rho, "scope": self.scope, "score": self.score_kind,
+                "threshold": self.threshold, "masked": sum(self.masked.values()), "total": self.total,
+                "masked_per_tensor": self.masked}
+
+
+def read_deltas(donor, donor_tuned, names) -> dict[str, torch.Tensor]:
+    """fp32 `donor_tuned - donor` for the named tensors: the first pass of an exact global ranking."""
+    donor_index, tuned_index = tensor_index(donor), tensor_index(donor_tuned)
+    deltas = {}
+    for name in names:
+        with safe_open(str(tuned_index[name]), framework="pt") as t, safe_open(str(donor_index[name]), framework="pt") as d:
+            deltas[name] = t.get_tensor(name).float() - d.get_tensor(name).float()
+    return deltas
+
+
+def diag_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta") -> DiagMask:
+    """The mask for one graft, its Fisher checked against the post model."""
+    fisher = load_diag_fisher(fisher_dir, post)
+    deltas = read_deltas(donor, donor_tuned, fisher) if scope == "global" and score == "fisher_delta" else None
+    return DiagMask(fisher, rho, scope=scope, score=score, deltas=deltas)
