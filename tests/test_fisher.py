@@ -168,3 +168,21 @@ def test_subsampled_threshold_masks_about_rho_and_reports_the_exact_count():
     report = mask.report()
     assert report["masked"] == zeroed  # the count reported is the count zeroed
     assert abs(zeroed - 0.3 * report["total"]) <= 0.02 * report["total"]
+
+
+def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_path, capsys):
+    path = pico_model("m")
+    rollouts = _rollouts(4, 6)
+    frame = pl.DataFrame({"prompt_ids": [p for p, _ in rollouts], "completion_ids": [c for _, c in rollouts]})
+    frame.write_parquet(tmp_path / "r.parquet")
+    assert main(["fisher", "--model", str(path), "--rollouts", str(tmp_path / "r.parquet"), "--out", str(tmp_path / "f")]) == 0
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    expected = _loop_fisher(model, rollouts)
+    got = load_file(tmp_path / "f" / "diag.safetensors")
+    assert all((got[n] - expected[n]).abs().max() <= 1e-5 * expected[n].abs().max() for n in expected)
+    frame.drop("completion_ids").write_parquet(tmp_path / "bad.parquet")
+    capsys.readouterr()  # the progress bars of the good run
+    assert main(["fisher", "--model", str(path), "--rollouts", str(tmp_path / "bad.parquet"), "--out", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("graftlab: error:") and err.count("\n") == 1 and "missing ['completion_ids']" in err
+    assert not (tmp_path / "g").exists()

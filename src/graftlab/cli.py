@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 
 
-def _cmd_graft(args: argparse.Namespace) -> None:
-    if args.threads is not None:
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
         import torch
 
         # Rules run several jobs side by side; oversubscribed cores slow torch 7x (DESIGN §7).
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(threads)
+
+
+def _cmd_graft(args: argparse.Namespace) -> None:
+    _set_threads(args.threads)
     from graftlab.graft import graft
     from graftlab.models import GraftlabError
 
@@ -55,12 +60,37 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cmd_graft)
 
 
+def _cmd_fisher(args: argparse.Namespace) -> None:
+    _set_threads(args.threads)
+    from graftlab.fisher.diag import write_diag_fisher
+
+    write_diag_fisher(args.model, args.rollouts, Path(args.out), args.batch_size)
+    print(f"graftlab: wrote {args.out}/diag.safetensors")
+
+
+def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "fisher",
+        help="retention Fisher of a model on its own rollouts",
+        description="Diagonal Fisher F = (1/N) sum_n g_n^2 of the summed completion log-likelihood of each "
+        "rollout (a parquet with prompt_ids and completion_ids), saved as DIR/diag.safetensors.",
+    )
+    p.add_argument("--model", required=True, help="model directory (the post model)")
+    p.add_argument("--rollouts", required=True, help="parquet with list columns prompt_ids, completion_ids")
+    p.add_argument("--kind", choices=["diag"], default="diag", help="Fisher approximation")
+    p.add_argument("--out", required=True, help="output directory (written atomically)")
+    p.add_argument("--batch-size", type=int, default=16, help="rollouts per vmap batch")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.set_defaults(run=_cmd_fisher)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graftlab", description="Continual learning of post-trained LLMs by grafting donor updates."
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_graft(subparsers)
+    _add_fisher(subparsers)
     return parser
 
 
