@@ -12,12 +12,12 @@ import time
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from graftlab.fisher.diag import _batch, diag_fisher
+from graftlab.fisher.diag import diag_fisher, right_pad
 
 
 def plain_backward(model, rollouts, batch_size):
     for start in range(0, len(rollouts), batch_size):
-        ids, scored = _batch(rollouts[start : start + batch_size], 0)
+        ids, scored = right_pad(rollouts[start : start + batch_size], 0)
         model.zero_grad()
         logp = model(ids).logits[:, :-1].float().log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
         (logp * scored[:, 1:]).sum().backward()

@@ -29,7 +29,7 @@ def read_rollouts(path) -> list[tuple[list[int], list[int]]]:
     return list(zip(frame["prompt_ids"].to_list(), frame["completion_ids"].to_list()))
 
 
-def _batch(rollouts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def right_pad(rollouts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded token ids and a mask that is 1 where a token is a completion token to score."""
     length = max(len(p) + len(c) for p, c in rollouts)
     ids = torch.full((len(rollouts), length), pad_id, dtype=torch.long)
@@ -54,7 +54,7 @@ def diag_fisher(model, rollouts, batch_size: int = 16, pad_id: int = 0) -> dict[
     per_example = vmap(grad(loglik), in_dims=(None, 0, 0))
     fisher = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
     for start in tqdm(range(0, len(rollouts), batch_size), desc="diag Fisher", unit="batch"):
-        ids, scored = _batch(rollouts[start : start + batch_size], pad_id)
+        ids, scored = right_pad(rollouts[start : start + batch_size], pad_id)
         for name, g in per_example(params, ids, scored).items():
             fisher[name] += g.float().pow(2).sum(0)
     return {name: f / len(rollouts) for name, f in fisher.items()}
