@@ -1,1 +1,35 @@
-"""Retention Fisher of the post model on its own rollouts (diagonal; KFAC to come) and the masks built from it."""
+"""Retention Fisher of the post model on its own rollouts (diagonal or KFAC) and the graft masks built from it.
+
+`write_fisher` and `make_mask` are the two entry points the CLI and the workflow share; each kind lives in
+its own module (`diag`, `kfac`) and is imported only when asked for.
+"""
+
+from pathlib import Path
+
+KINDS = ("diag", "kfac")
+
+
+def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16) -> None:
+    """`out_dir/{kind}.safetensors` (format: docs/formats.md), written atomically."""
+    if kind == "diag":
+        from graftlab.fisher.diag import write_diag_fisher as write
+    elif kind == "kfac":
+        from graftlab.fisher.kfac import write_kfac_fisher as write
+    else:
+        from graftlab.models import GraftlabError
+
+        raise GraftlabError(f"unknown Fisher kind {kind!r}: expected one of {list(KINDS)}")
+    write(model_dir, rollouts_path, Path(out_dir), batch_size)
+
+
+def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta"):
+    """The `project` callable of `graftlab.graft.graft` for one masked graft; its `report()` goes to graftlab.json."""
+    if kind == "diag":
+        from graftlab.fisher.masks import diag_mask as build
+    elif kind == "kfac":
+        from graftlab.fisher.kfac_mask import kfac_mask as build
+    else:
+        from graftlab.models import GraftlabError
+
+        raise GraftlabError(f"unknown mask kind {kind!r}: expected one of {list(KINDS)}")
+    return build(fisher_dir, post, donor, donor_tuned, rho, scope, score)
