@@ -37,7 +37,8 @@ from graftlab.fisher.masks import load_diag_fisher
 from graftlab.models import GraftlabError, tensor_index, tensor_specs
 
 KINDS = ("attention", "mlp", "embedding", "norm", "other")
-METHODS = ("sft", "merge", "graft")  # the order of the plot's groups
+# The plot's groups left to right: the baseline first, then merging, then grafting from donors.
+METHODS = ("sft", "donor_sft", "merge", "graft", "post")
 _POS_INF_BITS = 0x7F800000  # the int32 bit pattern of +inf: every finite non-negative fp32 lies below
 
 
@@ -189,12 +190,12 @@ def _style(method: str, masked: bool) -> dict:
 
 def _groups(df: pl.DataFrame) -> Iterator[tuple[int, str, pl.DataFrame]]:
     """(x position, method, its rows) for every method present, in a fixed order."""
-    present = [m for m in STYLES if m in set(df["method"].to_list())]
+    present = [m for m in METHODS if m in set(df["method"].to_list())]
     for x, method in enumerate(present):
         yield x, method, df.filter(pl.col("method") == method)
 
 
-def _strip(ax, df: pl.DataFrame, column: str, baseline: float, baseline_label: str) -> None:
+def _strip(ax, df: pl.DataFrame, column: str, label: str, baseline: float, baseline_label: str) -> None:
     """One column of points per method, spread sideways so equal shares stay visible."""
     from matplotlib.ticker import PercentFormatter
 
@@ -210,13 +211,13 @@ def _strip(ax, df: pl.DataFrame, column: str, baseline: float, baseline_label: s
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_xlim(-0.6, len(names) - 0.4)
     ax.set_ylim(bottom=0)
+    ax.set_ylabel(label)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.grid(axis="y", alpha=0.3)
     ax.legend(loc="best", fontsize=8, framealpha=0.9)
 
 
 def _rise_vs_share(ax, df: pl.DataFrame) -> None:
-    from matplotlib.lines import Line2D
     from matplotlib.ticker import PercentFormatter
 
     for _, method, rows in _groups(df):
@@ -227,13 +228,19 @@ def _rise_vs_share(ax, df: pl.DataFrame) -> None:
     if (df["predicted_rise"] > 0).all():
         ax.set_yscale("log")
     ax.xaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set_xlabel("Fisher-weighted share in the top set")
+    ax.set_xlabel("Fisher-weighted share in the top set (left panel)")
     ax.set_ylabel("predicted retention-loss rise  ½ uᵀFu")
     ax.grid(alpha=0.3)
+
+
+def _method_legend(fig, df: pl.DataFrame) -> None:
+    """One legend for all panels, below them, where it hides no point."""
+    from matplotlib.lines import Line2D
+
     handles = [Line2D([], [], ls="", marker=STYLES[m]["marker"], color=STYLES[m]["color"], label=STYLES[m]["label"])
                for _, m, _ in _groups(df)]
     handles.append(Line2D([], [], ls="", marker="o", mfc="none", color="0.3", label="Fisher-masked (hollow)"))
-    ax.legend(handles=handles, loc="best", fontsize=8, framealpha=0.9)
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
 
 
 def plot_sensitivity(table: str | Path | pl.DataFrame, out_png: str | Path, title: str | None = None) -> None:
@@ -249,17 +256,18 @@ def plot_sensitivity(table: str | Path | pl.DataFrame, out_png: str | Path, titl
     df = df.filter(pl.col("fisher_share").is_not_null())
     if df.height == 0:
         raise ValueError("plot_sensitivity: no run with a non-zero update to plot")
-    top = df["top"][0]
-    fig = Figure(figsize=(16, 5.2))
+    top = f"{100 * df['top'][0]:g}%"
+    fig = Figure(figsize=(16, 5.5))
     ax_f, ax_sq, ax_rise = fig.subplots(1, 3)
-    _strip(ax_f, df, "fisher_share", df["fisher_top_mass"][0], "update of equal magnitude everywhere")
-    ax_f.set_title(f"Fisher-weighted update share, top {top:g} of F", fontsize=10)
-    _strip(ax_sq, df, "sq_share", top, f"uniform placement ({top:.1%})")
-    ax_sq.set_title(f"plain squared-norm share, top {top:g} of F", fontsize=10)
+    _strip(ax_f, df, "fisher_share", "share of  uᵀFu", df["fisher_top_mass"][0], "update of equal magnitude everywhere")
+    ax_f.set_title(f"Fisher-weighted update in the top {top} of F", fontsize=10)
+    _strip(ax_sq, df, "sq_share", "share of  ||u||²", df["top"][0], f"uniform placement ({top})")
+    ax_sq.set_title(f"plain squared update in the top {top} of F", fontsize=10)
     _rise_vs_share(ax_rise, df)
-    ax_rise.set_title("predicted forgetting vs sensitive share", fontsize=10)
+    ax_rise.set_title("predicted forgetting against the sensitive share", fontsize=10)
+    _method_legend(fig, df)
     fig.suptitle(title or "Update written to the most Fisher-sensitive weights")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
