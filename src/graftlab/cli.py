@@ -27,11 +27,13 @@ def _cmd_graft(args: argparse.Namespace) -> None:
 
     project = None
     if args.mask != "none":
-        from graftlab.fisher.masks import diag_mask
+        from graftlab.fisher import make_mask
 
         if args.fisher is None:
             raise GraftlabError(f"--mask {args.mask} needs --fisher DIR")
-        project = diag_mask(args.fisher, args.post, args.donor, args.donor_tuned, args.rho, args.mask_scope, args.mask_score)
+        project = make_mask(
+            args.mask, args.fisher, args.post, args.donor, args.donor_tuned, args.rho, args.mask_scope, args.mask_score
+        )
     counts = graft(
         args.post, args.donor, args.donor_tuned, args.scale, args.out, chunk_bytes=args.chunk_mb << 20, project=project
     )
@@ -52,9 +54,10 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output model directory (written atomically)")
     p.add_argument("--chunk-mb", type=int, default=64, help="fp32 row-block size for large tensors (MiB)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--fisher", help="directory with the post model's retention Fisher (diag.safetensors)")
-    p.add_argument("--mask", choices=["none", "diag"], default="none", help="zero the most Fisher-sensitive entries")
-    p.add_argument("--rho", type=float, default=0.0, help="fraction of entries to zero, in [0, 1]")
+    p.add_argument("--fisher", help="directory with the post model's retention Fisher ({diag,kfac}.safetensors)")
+    p.add_argument("--mask", choices=["none", "diag", "kfac"], default="none",
+                   help="zero the most Fisher-sensitive entries (diag) or Kronecker eigen-directions (kfac)")
+    p.add_argument("--rho", type=float, default=0.0, help="fraction of entries / directions to zero, in [0, 1]")
     p.add_argument("--mask-scope", choices=["global", "tensor"], default="global", help="rank over all parameters or per tensor")
     p.add_argument("--mask-score", choices=["fisher_delta", "fisher"], default="fisher_delta", help="rank by F*delta^2 or by F alone")
     p.set_defaults(run=_cmd_graft)
@@ -62,22 +65,27 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_fisher(args: argparse.Namespace) -> None:
     _set_threads(args.threads)
-    from graftlab.fisher.diag import write_diag_fisher
+    from graftlab.fisher import write_fisher
 
-    write_diag_fisher(args.model, args.rollouts, Path(args.out), args.batch_size)
-    print(f"graftlab: wrote {args.out}/diag.safetensors")
+    options = {"max_dim": args.max_dim, "ekfac": args.ekfac} if args.kind == "kfac" else {}
+    write_fisher(args.kind, args.model, args.rollouts, args.out, args.batch_size, **options)
+    print(f"graftlab: wrote {args.out}/{args.kind}.safetensors")
 
 
 def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "fisher",
         help="retention Fisher of a model on its own rollouts",
-        description="Diagonal Fisher F = (1/N) sum_n g_n^2 of the summed completion log-likelihood of each "
-        "rollout (a parquet with prompt_ids and completion_ids), saved as DIR/diag.safetensors.",
+        description="Retention Fisher of the summed completion log-likelihood of each rollout (a parquet with "
+        "prompt_ids and completion_ids): diag, F = (1/N) sum_n g_n^2, saved as DIR/diag.safetensors; or kfac, "
+        "Kronecker factors A and G of every linear layer with their eigendecompositions, the diagonal for the "
+        "other parameters, saved as DIR/kfac.safetensors (format: docs/formats.md).",
     )
     p.add_argument("--model", required=True, help="model directory (the post model)")
     p.add_argument("--rollouts", required=True, help="parquet with list columns prompt_ids, completion_ids")
-    p.add_argument("--kind", choices=["diag"], default="diag", help="Fisher approximation")
+    p.add_argument("--kind", choices=["diag", "kfac"], default="diag", help="Fisher approximation")
+    p.add_argument("--ekfac", action="store_true", help="kfac: re-fit the diagonal in the eigenbasis (a second pass)")
+    p.add_argument("--max-dim", type=int, default=8192, help="kfac: linear layers wider than this get the diagonal")
     p.add_argument("--out", required=True, help="output directory (written atomically)")
     p.add_argument("--batch-size", type=int, default=16, help="rollouts per vmap batch")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

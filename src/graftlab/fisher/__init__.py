@@ -9,8 +9,9 @@ from pathlib import Path
 KINDS = ("diag", "kfac")
 
 
-def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16) -> None:
-    """`out_dir/{kind}.safetensors` (format: docs/formats.md), written atomically."""
+def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16, **kfac_options) -> None:
+    """`out_dir/{kind}.safetensors` (format: docs/formats.md), written atomically. `kfac_options`:
+    `max_dim` (wider linear layers get the diagonal) and `ekfac` (re-fit the diagonal in the eigenbasis)."""
     if kind == "diag":
         from graftlab.fisher.diag import write_diag_fisher as write
     elif kind == "kfac":
@@ -19,7 +20,11 @@ def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int =
         from graftlab.models import GraftlabError
 
         raise GraftlabError(f"unknown Fisher kind {kind!r}: expected one of {list(KINDS)}")
-    write(model_dir, rollouts_path, Path(out_dir), batch_size)
+    if kfac_options and kind != "kfac":
+        from graftlab.models import GraftlabError
+
+        raise GraftlabError(f"options {sorted(kfac_options)} apply to kind kfac only, not {kind}")
+    write(model_dir, rollouts_path, Path(out_dir), batch_size, **kfac_options)
 
 
 def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta"):

@@ -1,7 +1,8 @@
-"""Diagonal Fisher masks for grafting (DESIGN §3): zero the top-rho fraction of the update's entries by
-their predicted rise of the retention loss, `score_i = F_i * delta_i^2` (or `F_i` alone).
+"""Fisher masks for grafting (DESIGN §3): zero the top-rho fraction of the update's entries by their
+predicted rise of the retention loss, here the diagonal one, `score_i = F_i * delta_i^2` (or `F_i` alone);
+the KFAC one (graftlab.fisher.kfac_mask) shares the ranking.
 
-A `DiagMask` is the `project` callable of `graftlab.graft.graft`: it receives each fp32 delta whole and
+A mask is the `project` callable of `graftlab.graft.graft`: it receives each fp32 delta whole and
 returns it masked. Ranking is global over all parameters by default, per tensor as an option. The global
 threshold is exact (every score held at once, ties broken in the order tensors are grafted, so exactly
 round(rho * total) entries are masked) up to `exact_limit` entries; beyond it, the threshold is the
@@ -38,27 +39,36 @@ def load_diag_fisher(fisher_dir, post_dir) -> dict[str, torch.Tensor]:
     return fisher
 
 
-class DiagMask:
-    """Zero the top-rho scored entries of each delta; `report()` says how many, per tensor."""
+class FisherMask:
+    """Zero the top-rho scored entries of each delta; `report()` says how many, per tensor.
 
-    def __init__(self, fisher, rho: float, *, scope="global", score="fisher_delta", deltas=None,
+    Subclasses say how a tensor is scored (`_score`, flat scores and whatever `_apply` needs again) and
+    how the dropped entries leave the delta (`_apply`); ranking, ties and counting are shared.
+    """
+
+    kind = ""
+
+    def __init__(self, sizes: dict[str, int], rho: float, *, scope="global", score="fisher_delta", deltas=None,
                  exact_limit: int = 2**28, sample: int = 2**22, seed: int = 0):
         if not 0 <= rho <= 1:
             raise GraftlabError(f"rho must be in [0, 1], got {rho}")
         if scope not in ("global", "tensor") or score not in ("fisher_delta", "fisher"):
             raise GraftlabError(f"unknown mask scope {scope!r} or score {score!r}")
-        self.fisher, self.rho, self.scope, self.score_kind = fisher, rho, scope, score
+        self.sizes, self.rho, self.scope, self.score_kind = sizes, rho, scope, score
         self.masked: dict[str, int] = {}
-        self.total = sum(f.numel() for f in fisher.values())
+        self.total = sum(sizes.values())
         self.threshold, self.ties_left = None, 0
         if scope == "global":
             if score == "fisher_delta" and deltas is None:
                 raise GraftlabError("a global F * delta^2 ranking needs every delta up front (read_deltas)")
-            scores = {n: self.score(n, deltas[n]) for n in fisher} if score == "fisher_delta" else fisher
+            scores = {n: self._score(n, None if deltas is None else deltas[n])[0] for n in sizes}
             self._global_threshold(scores, exact_limit, sample, seed)
 
-    def score(self, name: str, delta: torch.Tensor) -> torch.Tensor:
-        return self.fisher[name] * delta.square() if self.score_kind == "fisher_delta" else self.fisher[name]
+    def _score(self, name: str, delta: torch.Tensor | None) -> tuple[torch.Tensor, object]:
+        raise NotImplementedError
+
+    def _apply(self, name: str, delta: torch.Tensor, state, drop: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def _global_threshold(self, scores, exact_limit, sample, seed) -> None:
         k = round(self.rho * self.total)
@@ -76,9 +86,10 @@ class DiagMask:
         self.threshold = torch.quantile(torch.cat(picks), 1 - self.rho).item()
 
     def __call__(self, name: str, delta: torch.Tensor) -> torch.Tensor:
-        if name not in self.fisher:
+        if name not in self.sizes:
             raise GraftlabError(f"tensor {name} has no Fisher entry: refusing to graft it unmasked")
-        score = self.score(name, delta).flatten()
+        score, state = self._score(name, delta)
+        score = score.flatten()
         if self.scope == "tensor":
             k = round(self.rho * score.numel())
             drop = score.topk(k).indices if k else torch.empty(0, dtype=torch.long)
@@ -87,14 +98,30 @@ class DiagMask:
             ties = (score == self.threshold).nonzero()[:, 0][: self.ties_left]
             self.ties_left -= len(ties)
             drop = torch.cat([above.nonzero()[:, 0], ties])
-        delta.view(-1)[drop] = 0
         self.masked[name] = len(drop)
-        return delta
+        return self._apply(name, delta, state, drop) if len(drop) else delta
 
     def report(self) -> dict:
-        return {"kind": "diag", "rho": self.rho, "scope": self.scope, "score": self.score_kind,
+        return {"kind": self.kind, "rho": self.rho, "scope": self.scope, "score": self.score_kind,
                 "threshold": self.threshold, "masked": sum(self.masked.values()), "total": self.total,
                 "masked_per_tensor": self.masked}
+
+
+class DiagMask(FisherMask):
+    """`score_i = F_i * delta_i^2` (or `F_i`); the dropped entries of the delta are zeroed."""
+
+    kind = "diag"
+
+    def __init__(self, fisher: dict[str, torch.Tensor], rho: float, **options):
+        self.fisher = fisher
+        super().__init__({n: f.numel() for n, f in fisher.items()}, rho, **options)
+
+    def _score(self, name, delta):
+        return (self.fisher[name] * delta.square() if self.score_kind == "fisher_delta" else self.fisher[name]), None
+
+    def _apply(self, name, delta, state, drop):
+        delta.view(-1)[drop] = 0
+        return delta
 
 
 def read_deltas(donor, donor_tuned, names) -> dict[str, torch.Tensor]:

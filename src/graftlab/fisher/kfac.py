@@ -1,0 +1,230 @@
+"""KFAC retention Fisher (DESIGN §3): for every linear layer `s = W a`, Kronecker factors
+
+    A = mean over completion tokens of a a^T              (d_in x d_in)
+    G = (1/N) sum_n sum_t d_{n,t} d_{n,t}^T               (d_out x d_out)
+
+with `d_{n,t}` the gradient of rollout n's summed completion log-likelihood with respect to `s` at token t
+(the "expand" flavour of KFAC for sequences), and their eigendecompositions. "Completion tokens" are the
+positions whose next-token prediction is scored. Every other parameter (norms, embeddings, a linear layer
+whose weight is shared, e.g. a tied lm_head, or one wider than `max_dim`, whose G would not fit) gets the
+exact diagonal Fisher `(1/N) sum_n g_n^2` over all positions, as `graftlab.fisher.diag` computes it.
+With `ekfac`, a second pass re-fits the diagonal in the Kronecker eigenbasis (George et al., 2018):
+`E = (1/N) sum_n (U_G^T g_n U_A)^2`.
+
+One batched forward and one `torch.autograd.grad` per batch of rollouts: forward hooks keep each
+module's input, the gradients are taken with respect to each module's output, never the weights, so no
+weight gradient is ever formed for a KFAC layer. File format: docs/formats.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from graftlab.fisher.diag import read_rollouts, right_pad
+
+FORMAT = "graftlab-kfac/1"
+FACTORS = ("A", "G", "A_eigvals", "A_eigvecs", "G_eigvals", "G_eigvecs")
+# Per-example gradients of diagonal parameters are materialised this many floats at a time.
+CHUNK_FLOATS = 2**25
+
+
+@dataclass
+class _Calls:
+    """What one batch's forward recorded: per module, its inputs and its output (one entry per call)."""
+
+    modules: dict[str, nn.Module]
+    inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+
+def parameter_owners(model: nn.Module) -> dict[str, list[tuple[str, str]]]:
+    """Each parameter's name (as `named_parameters` gives it) -> the (module, attribute) pairs that use it;
+    more than one pair means a shared (tied) weight."""
+    canonical = {id(p): name for name, p in model.named_parameters()}
+    owners: dict[str, list[tuple[str, str]]] = {name: [] for name in canonical.values()}
+    for module_name, module in model.named_modules():
+        for attr, p in module.named_parameters(recurse=False):
+            owners[canonical[id(p)]].append((module_name, attr))
+    return owners
+
+
+def kfac_layers(model: nn.Module, max_dim: int) -> dict[str, str]:
+    """Weight name -> linear module name, for the layers that get Kronecker factors."""
+    modules = dict(model.named_modules())
+    layers = {}
+    for name, users in parameter_owners(model).items():
+        (module_name, attr), *shared = users
+        module = modules[module_name]
+        if not shared and attr == "weight" and isinstance(module, nn.Linear):
+            if max(module.in_features, module.out_features) <= max_dim:
+                layers[name] = module_name
+    return layers
+
+
+def _record(model: nn.Module, calls: _Calls) -> list:
+    def hook(name):
+        def save(module, args, output):
+            calls.inputs.setdefault(name, []).append(args[0].detach())
+            calls.outputs.setdefault(name, []).append(output)
+
+        return save
+
+    return [module.register_forward_hook(hook(name)) for name, module in calls.modules.items()]
+
+
+def _batch_gradients(model, ids, scored) -> tuple[_Calls, dict[str, list[torch.Tensor]]]:
+    """One forward over the batch and the gradient of the summed completion log-likelihood with respect
+    to every recorded module output. Rollouts are independent in the batch, so the gradient at row n is
+    rollout n's own."""
+    users = {m for owners in parameter_owners(model).values() for m, _ in owners}
+    calls = _Calls({name: mod for name, mod in model.named_modules() if name in users})
+    handles = _record(model, calls)
+    try:
+        logits = model(ids).logits[:, :-1].float()
+    finally:
+        for h in handles:
+            h.remove()
+    loglik = (logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0] * scored[:, 1:]).sum()
+    flat = [(name, i) for name, outs in calls.outputs.items() for i in range(len(outs))]
+    grads = torch.autograd.grad(loglik, [calls.outputs[n][i] for n, i in flat], allow_unused=True)
+    d_out: dict[str, list[torch.Tensor]] = {}
+    for (name, i), g in zip(flat, grads):
+        out = calls.outputs[name][i]
+        d_out.setdefault(name, []).append(torch.zeros_like(out) if g is None else g.detach())
+    calls.outputs.clear()
+    return calls, d_out
+
+
+def _per_example(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Rollout-wise gradient of one parameter from one call of its module, [rows, *param.shape], fp32."""
+    if isinstance(module, nn.Linear):
+        return torch.einsum("bto,bti->boi", d.float(), x.float()) if attr == "weight" else d.float().sum(1)
+    if isinstance(module, nn.Embedding):
+        vocab, rows = module.num_embeddings, x.shape[0]
+        d = d.float()
+        if module.padding_idx is not None:  # torch never updates the padding row
+            d = d * (x != module.padding_idx)[..., None]
+        index = (torch.arange(rows)[:, None] * vocab + x).flatten()
+        out = torch.zeros(rows * vocab, module.embedding_dim).index_add_(0, index, d.flatten(0, 1))
+        return out.view(rows, vocab, module.embedding_dim)
+    # Norms and anything else: the module's own vector-Jacobian product, once per rollout.
+    from torch.func import functional_call, vjp, vmap
+
+    param = getattr(module, attr)
+
+    def one(x_n, d_n):
+        _, pull = vjp(lambda p: functional_call(module, {attr: p}, (x_n[None],)), param)
+        return pull(d_n[None].to(param.dtype))[0]
+
+    return vmap(one)(x, d).float()
+
+
+def _add_diagonal(fisher, owners, modules, calls, d_out, batch: int) -> None:
+    """fisher[name] += sum over the batch's rollouts of g_n^2, g_n summed over every use of the weight."""
+    for name, users in owners.items():
+        numel = modules[users[0][0]].get_parameter(users[0][1]).numel()
+        step = max(1, CHUNK_FLOATS // numel)
+        for start in range(0, batch, step):
+            rows = slice(start, min(batch, start + step))
+            g = sum(
+                _per_example(modules[m], attr, x[rows], d[rows])
+                for m, attr in users
+                for x, d in zip(calls.inputs.get(m, []), d_out.get(m, []))
+            )
+            if isinstance(g, torch.Tensor):  # else the weight was not used by this forward
+                fisher[name] += g.square().sum(0)
+
+
+def _add_factors(sums, layers, calls, d_out, predicts) -> None:
+    """Kronecker sums over completion positions; q/k/v (and gate/up) share an input, so A once per input."""
+    seen: dict[tuple, torch.Tensor] = {}
+    for name, m in layers.items():
+        for a, d in zip(calls.inputs[m], d_out[m]):
+            key = (a.data_ptr(), tuple(a.shape))
+            if key not in seen:
+                a_m = a[predicts].float()
+                seen[key] = a_m.T @ a_m
+            d_m = d[predicts].float()
+            sums[f"{name}.A"] += seen[key]
+            sums[f"{name}.G"] += d_m.T @ d_m
+
+
+def _eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # fp64: the small eigenvalues decide the mask's ranking, and fp32 eigh smears them. PSD by construction,
+    # so negative eigenvalues are rounding and are clamped.
+    vals, vecs = torch.linalg.eigh(matrix.double())
+    return vals.clamp_min(0).float(), vecs.float().contiguous()
+
+
+def _batches(rollouts, batch_size: int, pad_id: int, desc: str):
+    for start in tqdm(range(0, len(rollouts), batch_size), desc=desc, unit="batch"):
+        ids, scored = right_pad(rollouts[start : start + batch_size], pad_id)
+        # Position t predicts token t+1: a and d count where that prediction is scored.
+        predicts = torch.zeros_like(scored, dtype=torch.bool)
+        predicts[:, :-1] = scored[:, 1:] > 0
+        yield ids, scored, predicts
+
+
+def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=False) -> dict[str, torch.Tensor]:
+    """The KFAC file's tensors (docs/formats.md): `{weight}.A`, `.G`, their eigen-pairs (and `.ekfac`)
+    for KFAC layers, `{param}.diag` for every other parameter; fp32."""
+    modules = dict(model.named_modules())
+    layers = kfac_layers(model, max_dim)
+    diag_owners = {n: users for n, users in parameter_owners(model).items() if n not in layers}
+    sums = {}
+    for name, m in layers.items():
+        sums[f"{name}.A"] = torch.zeros(modules[m].in_features, modules[m].in_features)
+        sums[f"{name}.G"] = torch.zeros(modules[m].out_features, modules[m].out_features)
+    diag = {n: torch.zeros(model.get_parameter(n).shape) for n in diag_owners}
+    tokens = 0
+    for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC factors"):
+        calls, d_out = _batch_gradients(model, ids, scored)
+        _add_factors(sums, layers, calls, d_out, predicts)
+        _add_diagonal(diag, diag_owners, modules, calls, d_out, len(ids))
+        tokens += int(predicts.sum())
+    out = {}
+    for name in layers:
+        A, G = sums[f"{name}.A"] / max(tokens, 1), sums[f"{name}.G"] / len(rollouts)
+        out |= {f"{name}.A": A, f"{name}.G": G}
+        out[f"{name}.A_eigvals"], out[f"{name}.A_eigvecs"] = _eigh(A)
+        out[f"{name}.G_eigvals"], out[f"{name}.G_eigvecs"] = _eigh(G)
+    out |= {f"{n}.diag": f / len(rollouts) for n, f in diag.items()}
+    if ekfac:
+        out |= _ekfac(model, rollouts, batch_size, pad_id, layers, out)
+    return out
+
+
+def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, torch.Tensor]:
+    """`{weight}.ekfac = (1/N) sum_n (U_G^T g_n U_A)^2`, g_n rollout n's whole gradient of the weight."""
+    fit = {name: torch.zeros(factors[f"{name}.G"].shape[0], factors[f"{name}.A"].shape[0]) for name in layers}
+    for ids, scored, _ in _batches(rollouts, batch_size, pad_id, "EKFAC diagonal"):
+        calls, d_out = _batch_gradients(model, ids, scored)
+        for name, m in layers.items():
+            u_a, u_g = factors[f"{name}.A_eigvecs"], factors[f"{name}.G_eigvecs"]
+            g = sum(torch.einsum("bto,bti->boi", d.float() @ u_g, a.float() @ u_a)
+                    for a, d in zip(calls.inputs[m], d_out[m]))
+            fit[name] += g.square().sum(0)
+    return {f"{name}.ekfac": f / len(rollouts) for name, f in fit.items()}
+
+
+def write_kfac_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int = 16, *,
+                      max_dim: int = 8192, ekfac: bool = False) -> None:
+    """`out_dir/kfac.safetensors`: the KFAC Fisher of the model at `model_dir` on its rollouts."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from graftlab.models import atomic_dir, write_provenance
+
+    rollouts = read_rollouts(rollouts_path)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac)
+    meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower()}
+    with atomic_dir(out_dir) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "kfac.safetensors", metadata=meta)
+        params = {"kind": "kfac", "rollouts": len(rollouts), "max_dim": max_dim, "ekfac": ekfac}
+        write_provenance(tmp, {"model": model_dir, "rollouts": rollouts_path}, params)

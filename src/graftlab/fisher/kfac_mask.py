@@ -1,0 +1,94 @@
+"""KFAC masks for grafting (DESIGN §3): rotate a linear layer's update into the Kronecker eigenbasis,
+`D = U_G^T dW U_A`, score each direction by its predicted rise of the retention loss
+`l_G[i] * l_A[j] * D_ij^2` (or by the EKFAC diagonal re-fitted in that basis, when the file has it; or by
+the curvature `l_G[i] * l_A[j]` alone), zero the top-rho directions and map back `dW' = U_G (M * D) U_A^T`.
+Parameters the KFAC file holds a diagonal for (norms, embeddings, tied or very wide layers) are masked
+entry-wise as with the diagonal Fisher, in the same global ranking.
+"""
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from graftlab.fisher.kfac import FACTORS, FORMAT
+from graftlab.fisher.masks import FisherMask, read_deltas
+from graftlab.models import GraftlabError, tensor_specs
+
+
+def load_kfac_fisher(fisher_dir, post_dir) -> dict[str, dict[str, torch.Tensor]]:
+    """Per parameter of the post model, its KFAC tensors (`A_eigvals`, ..., maybe `ekfac`) or `{"diag": F}`."""
+    path = Path(fisher_dir) / "kfac.safetensors"
+    if not path.is_file():
+        raise GraftlabError(f"no KFAC Fisher at {path}")
+    with safe_open(str(path), framework="pt") as f:
+        if (f.metadata() or {}).get("format") != FORMAT:
+            raise GraftlabError(f"{path} is not a {FORMAT} file (metadata format: {(f.metadata() or {}).get('format')})")
+        entries: dict[str, dict[str, torch.Tensor]] = {}
+        for key in f.keys():
+            name, part = key.rsplit(".", 1)  # "<parameter>.<part>", e.g. "...q_proj.weight.A_eigvecs"
+            entries.setdefault(name, {})[part] = f.get_tensor(key).float()
+    specs = {n: s for n, s in tensor_specs(post_dir).items() if s.dtype.is_floating_point}
+    missing, extra = sorted(specs.keys() - entries.keys()), sorted(entries.keys() - specs.keys())
+    shapes = [n for n in specs.keys() & entries.keys() if _shape(entries[n]) != tuple(specs[n].shape)]
+    if missing or extra or shapes:
+        raise GraftlabError(
+            f"Fisher {path} was computed for another architecture than {post_dir}: "
+            f"missing {missing[:3]}, unexpected {extra[:3]}, shapes differ for {sorted(shapes)[:3]}"
+        )
+    bad = [f"{n}.{p}" for n, parts in entries.items() for p, t in parts.items() if not torch.isfinite(t).all()]
+    if bad:
+        raise GraftlabError(f"Fisher {path} holds NaN or Inf in {bad[:3]}")
+    return entries
+
+
+def _shape(parts: dict[str, torch.Tensor]) -> tuple[int, ...]:
+    """The weight shape an entry describes; a KFAC entry missing a factor describes none."""
+    if "diag" in parts:
+        return tuple(parts["diag"].shape)
+    if not all(p in parts for p in FACTORS):
+        return ()
+    return parts["G"].shape[0], parts["A"].shape[0]
+
+
+class KfacMask(FisherMask):
+    kind = "kfac"
+
+    def __init__(self, entries: dict[str, dict[str, torch.Tensor]], rho: float, **options):
+        self.entries = entries
+        self.ekfac = any("ekfac" in e for e in entries.values())
+        sizes = {n: (e["diag"].numel() if "diag" in e else e["G"].shape[0] * e["A"].shape[0]) for n, e in entries.items()}
+        super().__init__(sizes, rho, **options)
+
+    def _curvature(self, e: dict[str, torch.Tensor]) -> torch.Tensor:
+        return e["ekfac"] if "ekfac" in e else torch.outer(e["G_eigvals"], e["A_eigvals"])
+
+    def _score(self, name, delta):
+        e = self.entries[name]
+        if "diag" in e:
+            return (e["diag"] * delta.square() if self.score_kind == "fisher_delta" else e["diag"]), None
+        if self.score_kind == "fisher":
+            return self._curvature(e), None
+        rotated = e["G_eigvecs"].T @ delta @ e["A_eigvecs"]
+        return self._curvature(e) * rotated.square(), rotated
+
+    def _apply(self, name, delta, rotated, drop):
+        e = self.entries[name]
+        if "diag" in e:
+            delta.view(-1)[drop] = 0
+            return delta
+        if rotated is None:  # ranked by curvature alone: the update was not rotated yet
+            rotated = e["G_eigvecs"].T @ delta @ e["A_eigvecs"]
+        rotated.view(-1)[drop] = 0
+        return e["G_eigvecs"] @ rotated @ e["A_eigvecs"].T
+
+    def report(self) -> dict:
+        # For a KFAC layer, an entry masked is one eigen-direction (i, j) of the Kronecker basis.
+        return super().report() | {"ekfac": self.ekfac}
+
+
+def kfac_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta") -> KfacMask:
+    """The KFAC mask for one graft, its Fisher checked against the post model."""
+    entries = load_kfac_fisher(fisher_dir, post)
+    deltas = read_deltas(donor, donor_tuned, entries) if scope == "global" and score == "fisher_delta" else None
+    return KfacMask(entries, rho, scope=scope, score=score, deltas=deltas)

@@ -1,0 +1,181 @@
+"""KFAC factors against a direct computation, and KFAC masks against their definition (DESIGN §3)."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from graftlab.cli import main
+from graftlab.fisher import make_mask, write_fisher
+from graftlab.fisher.diag import diag_fisher
+from graftlab.fisher.kfac import kfac_fisher
+from graftlab.graft import graft
+from test_fisher import _rollouts
+
+
+def _captured(model, prompt, completion):
+    """One rollout alone, no padding: each linear layer's input a and output gradient d (autograd's
+    `retain_grad`, not graftlab's hooks), and the whole gradient of every weight."""
+    seen = {}
+
+    def keep(name):
+        def hook(module, args, out):
+            out.retain_grad()
+            seen[name] = (args[0].detach()[0], out)
+
+        return hook
+
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    handles = [m.register_forward_hook(keep(n)) for n, m in linears.items()]
+    model.zero_grad()
+    ids = torch.tensor([prompt + completion])
+    logp = model(ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+    logp[len(prompt) - 1 :].sum().backward()
+    for h in handles:
+        h.remove()
+    grads = {n: m.weight.grad.clone() for n, m in linears.items()}
+    return {n: (a, out.grad[0]) for n, (a, out) in seen.items()}, grads
+
+
+def _direct_factors(model, rollouts):
+    """A = mean over completion positions of a a^T; G = (1/N) sum_n sum_t d d^T; positions that predict a
+    completion token are len(prompt)-1 .. len-2."""
+    A, G, E, tokens = {}, {}, {}, 0
+    for prompt, completion in rollouts:
+        captured, grads = _captured(model, prompt, completion)
+        rows = slice(len(prompt) - 1, len(prompt) + len(completion) - 1)
+        tokens += len(completion)
+        for name, (a, d) in captured.items():
+            A[name] = A.get(name, 0) + a[rows].T @ a[rows]
+            G[name] = G.get(name, 0) + d[rows].T @ d[rows]
+            E.setdefault(name, []).append(grads[name])
+    return {n: A[n] / tokens for n in A}, {n: G[n] / len(rollouts) for n in G}, E
+
+
+def _close(x, y, rel=1e-5):
+    return (x - y).abs().max() <= rel * y.abs().max()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_kfac_factors_equal_a_direct_computation(pico_model, tied):
+    model = AutoModelForCausalLM.from_pretrained(pico_model("m", tie_word_embeddings=tied)).eval()
+    rollouts = _rollouts(0, 9)  # uneven lengths, batches of 4 with a short last one
+    got = kfac_fisher(model, rollouts, batch_size=4, ekfac=True)
+    A, G, grads = _direct_factors(model, rollouts)
+    layers = [n for n in A if not (tied and n == "lm_head")]  # a tied lm_head shares the embedding
+    assert {k.rsplit(".", 2)[0] for k in got if k.endswith(".A")} == set(layers)
+    for n in layers:
+        w = f"{n}.weight"
+        assert _close(got[f"{w}.A"], A[n]) and _close(got[f"{w}.G"], G[n]), n
+        for f in ("A", "G"):  # the eigendecomposition reconstructs its factor
+            vals, vecs = got[f"{w}.{f}_eigvals"], got[f"{w}.{f}_eigvecs"]
+            assert _close(vecs @ torch.diag(vals) @ vecs.T, got[f"{w}.{f}"], 1e-4), (n, f)
+        uG, uA = got[f"{w}.G_eigvecs"], got[f"{w}.A_eigvecs"]
+        ekfac = torch.stack([(uG.T @ g @ uA).square() for g in grads[n]]).mean(0)
+        assert _close(got[f"{w}.ekfac"], ekfac, 1e-4), n
+    # Every other parameter gets the exact diagonal, as the per-example diag Fisher computes it.
+    eager = AutoModelForCausalLM.from_pretrained(model.name_or_path, attn_implementation="eager").eval()
+    diag = diag_fisher(eager, rollouts, 4)
+    got_e = kfac_fisher(model, rollouts, batch_size=4, max_dim=0)  # every linear too wide: all diagonal
+    assert {k.removesuffix(".diag") for k in got_e} == diag.keys()
+    assert all(_close(got_e[f"{n}.diag"], diag[n]) for n in diag)
+
+
+# --- masks ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def kfac_trio(pico_model, tmp_path):
+    """post, donor and tuned pico models (tied embeddings: a diagonal entry in the KFAC file) and the
+    post model's KFAC Fisher, written by the CLI."""
+    import polars as pl
+
+    post = pico_model("post", seed=0, tie_word_embeddings=True)
+    donor = pico_model("donor", seed=1, tie_word_embeddings=True)
+    tuned = pico_model("tuned", base=donor, noise=0.05, seed=2)
+    rollouts = _rollouts(5, 12)
+    pl.DataFrame({"prompt_ids": [p for p, _ in rollouts], "completion_ids": [c for _, c in rollouts]}).write_parquet(
+        tmp_path / "r.parquet"
+    )
+    assert main(["fisher", "--model", str(post), "--rollouts", str(tmp_path / "r.parquet"), "--kind", "kfac",
+                 "--out", str(tmp_path / "fisher")]) == 0
+    return post, donor, tuned, tmp_path / "fisher"
+
+
+def _weights(path):
+    return load_file(path / "model.safetensors")
+
+
+def test_kfac_rho_zero_is_the_plain_graft_and_rho_one_keeps_post(kfac_trio, tmp_path):
+    post, donor, tuned, fisher = kfac_trio
+    graft(post, donor, tuned, 0.5, tmp_path / "plain")
+    for rho, expected in ((0.0, _weights(tmp_path / "plain")), (1.0, _weights(post))):
+        out = tmp_path / f"rho{rho}"
+        graft(post, donor, tuned, 0.5, out, project=make_mask("kfac", fisher, post, donor, tuned, rho))
+        got = _weights(out)
+        assert all(torch.equal(got[n], expected[n]) for n in expected), rho
+
+
+@pytest.mark.parametrize("scope", ["global", "tensor"])
+def test_kfac_mask_zeroes_the_top_scored_eigen_directions(kfac_trio, tmp_path, scope):
+    post, donor, tuned, fisher = kfac_trio
+    mask = make_mask("kfac", fisher, post, donor, tuned, 0.3, scope=scope)
+    graft(post, donor, tuned, 1.0, tmp_path / "out", project=mask)
+    report = json.loads((tmp_path / "out" / "graftlab.json").read_text())["mask"]
+    out, p, d, t = (_weights(x) for x in (tmp_path / "out", post, donor, tuned))
+    f = load_file(fisher / "kfac.safetensors")
+    kept, dropped, total = [], [], 0
+    for name in p:
+        delta, applied = t[name] - d[name], out[name] - p[name]
+        if f"{name}.diag" in f:  # entry-wise, as the diagonal mask
+            score, zeroed = f[f"{name}.diag"] * delta.square(), applied == 0
+        else:  # in the eigenbasis: the applied update has exactly the masked directions removed
+            uG, uA = f[f"{name}.G_eigvecs"], f[f"{name}.A_eigvecs"]
+            rotated, rotated_out = uG.T @ delta @ uA, uG.T @ applied @ uA
+            score = torch.outer(f[f"{name}.G_eigvals"], f[f"{name}.A_eigvals"]) * rotated.square()
+            zeroed = rotated_out.abs() <= 1e-5 * rotated.abs().max()
+            assert torch.allclose(rotated_out[~zeroed], rotated[~zeroed], atol=1e-5 * rotated.abs().max())
+        assert int(zeroed.sum()) == report["masked_per_tensor"][name], name
+        if scope == "tensor":
+            assert report["masked_per_tensor"][name] == round(0.3 * score.numel())
+            assert score[zeroed].min() >= score[~zeroed].max()
+        kept.append(score[~zeroed]), dropped.append(score[zeroed])
+        total += score.numel()
+    assert report["total"] == total and report["kind"] == "kfac"
+    if scope == "global":
+        assert report["masked"] == round(0.3 * total)
+        assert torch.cat(dropped).min() >= torch.cat(kept).max()
+
+
+def _kfac_cli(post, donor, tuned, out, fisher, rho="0.5"):
+    return main(["graft", "--post", str(post), "--donor", str(donor), "--donor-tuned", str(tuned), "--scale", "1",
+                 "--out", str(out), "--fisher", str(fisher), "--mask", "kfac", "--rho", rho])
+
+
+def test_bad_kfac_input_is_a_one_line_error_without_output(kfac_trio, tmp_path, pico_model, capsys):
+    post, donor, tuned, fisher = kfac_trio
+    capsys.readouterr()
+    assert _kfac_cli(post, donor, tuned, tmp_path / "o1", fisher, rho="-0.1") == 2
+    assert "rho must be in [0, 1], got -0.1" in capsys.readouterr().err
+    with safe_open(str(fisher / "kfac.safetensors"), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    broken = {
+        "nan": {**tensors, "model.layers.0.mlp.up_proj.weight.G_eigvals": torch.full((32,), float("nan"))},
+        "missing": {k: v for k, v in tensors.items() if not k.startswith("model.norm.weight")},
+    }
+    for case, content in broken.items():
+        (tmp_path / case).mkdir()
+        save_file(content, tmp_path / case / "kfac.safetensors", metadata=meta)
+    messages = {"nan": "holds NaN or Inf", "missing": "missing ['model.norm.weight']"}
+    for i, case in enumerate(broken, start=2):
+        assert _kfac_cli(post, donor, tuned, tmp_path / f"o{i}", tmp_path / case) == 2
+        err = capsys.readouterr().err
+        assert messages[case] in err and err.count("\n") == 1, err
+    other = pico_model("other", hidden_size=32, head_dim=16, tie_word_embeddings=True)
+    assert _kfac_cli(other, other, other, tmp_path / "o4", fisher) == 2
+    assert "computed for another architecture" in capsys.readouterr().err
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
