@@ -1,6 +1,7 @@
 from pathlib import Path
 
 from graftlab.config import ConfigError, load_schema, resolve
+from graftlab.fisher import KINDS as FISHER_KINDS
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
 # leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).
@@ -32,6 +33,9 @@ wildcard_constraints:
     lr="[^/]+",
     e="[0-9]+",
     lam="[^/]+",
+    kind="|".join(FISHER_KINDS),
+    mask="|".join(("none",) + FISHER_KINDS),
+    rho="[^/]+",
 
 
 def xcfg(wildcards, *keys):
@@ -47,6 +51,26 @@ def model_dir(name):
     return f"{WORLD}/post" if name == "post" else f"{WORLD}/ladder/{name}"
 
 
+def method_of(donor):
+    """The config section of a graft of `donor`: grafting, or merging when the donor is the post model."""
+    return "merge" if donor == "post" else "graft"
+
+
+def graft_keys(x, method):
+    """(epoch, lam, mask, rho) of one method's grafts: unmasked first, then every mask kind x rho."""
+    section, masks = x[method], x[method]["masks"]
+    epochs = section["epochs"] or range(1, x["sft"]["epochs"] + 1)
+    plain = [(e, lam, "none", "0") for e in epochs for lam in section["lam"]]
+    masked = [
+        (e, lam, kind, rho)
+        for kind in masks["kinds"]
+        for rho in masks["rho"]
+        for e in masks["epochs"] or epochs
+        for lam in masks["lam"] or section["lam"]
+    ]
+    return plain + masked
+
+
 def runs(exp):
     """Every evaluated model of an experiment, as its key path under results/{exp}/."""
     x = config["experiments"][exp]
@@ -56,15 +80,32 @@ def runs(exp):
         for lr in x["sft"]["lr"]
         for e in range(1, x["sft"]["epochs"] + 1)
     ]
-    all_epochs = list(range(1, x["sft"]["epochs"] + 1))
     grafts = [
-        f"graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0"
-        for donor, method in [(d, "graft") for d in x["donors"]] + [("post", "merge")]
+        f"graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}"
+        for donor in x["donors"] + ["post"]
         for lr in x["sft"]["lr"]
-        for e in x[method]["epochs"] or all_epochs
-        for lam in x[method]["lam"]
+        for e, lam, mask, rho in graft_keys(x, method_of(donor))
     ]
     return ["post"] + sft + grafts
+
+
+def graft_fisher(wildcards):
+    """The Fisher a masked graft ranks by; none for an unmasked one."""
+    if wildcards.mask == "none":
+        if wildcards.rho != "0":
+            raise WorkflowError(
+                f"an unmasked graft is mask~none/rho~0, not rho~{wildcards.rho}"
+            )
+        return []
+    return f"results/{wildcards.exp}/fisher/post/{wildcards.mask}"
+
+
+def mask_settings(wildcards):
+    # Only masked grafts see the ranking settings: changing them must not re-run unmasked grafts.
+    if wildcards.mask == "none":
+        return {}
+    masks = xcfg(wildcards, method_of(wildcards.donor), "masks")
+    return {"scope": masks["scope"], "score": masks["score"]}
 
 
 def eval_model(wildcards):

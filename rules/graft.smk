@@ -1,4 +1,5 @@
-# Grafting: post + lam * (donor_tuned - donor). With donor = post this is model merging.
+# Grafting: post + lam * M(donor_tuned - donor), M the identity (mask~none/rho~0) or a retention-Fisher
+# mask zeroing the top-rho fraction of the update. With donor = post this is model merging.
 # Grafted models are temporary: evaluated, then deleted.
 
 
@@ -7,19 +8,23 @@ rule graft:
         post=model_dir("post"),
         donor=lambda w: model_dir(w.donor),
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
+        fisher=graft_fisher,
     output:
         temp(
             directory(
-                "results/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0/model"
+                "results/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}/model"
             )
         ),
     log:
-        "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~none/rho~0.log",
+        "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}.log",
     conda:
         "../envs/cpu.yaml"
     threads: config["threads"]["sample"]
     params:
         epoch=lambda w: w.e,
         lam=lambda w: w.lam,
+        mask=lambda w: w.mask,
+        rho=lambda w: w.rho,
+        mask_settings=mask_settings,
     script:
         "../workflow_scripts/graft.py"

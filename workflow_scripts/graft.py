@@ -1,14 +1,20 @@
-"""Graft one donor update onto the post model (merging when the donor is the post model)."""
+"""Graft one donor update onto the post model (merging when the donor is the post model), masked by the
+post model's retention Fisher unless the mask is `none`."""
 
+from graftlab.fisher import make_mask
 from graftlab.graft import graft
 from graftlab.joblog import job_log
 
-p = snakemake.params
+p, inp = snakemake.params, snakemake.input
+tuned = f"{inp.tuned}/epoch~{p.epoch}"
 with job_log(snakemake.log[0], snakemake.threads):
     graft(
-        post=snakemake.input.post,
-        donor=snakemake.input.donor,
-        donor_tuned=f"{snakemake.input.tuned}/epoch~{p.epoch}",
+        post=inp.post,
+        donor=inp.donor,
+        donor_tuned=tuned,
         scale=float(p.lam),
         out=snakemake.output[0],
+        project=None
+        if p.mask == "none"
+        else make_mask(p.mask, inp.fisher, inp.post, inp.donor, tuned, float(p.rho), **p.mask_settings),
     )

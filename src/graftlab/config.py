@@ -77,13 +77,30 @@ def _check_semantics(config: dict) -> None:
         key = f"experiments.{name}"
         checks.append((exp["mining"]["heldout"] < world["candidates"], f"{key}.mining.heldout", f"leaves no training problems of world.candidates = {world['candidates']}"))
         for method in ("graft", "merge"):
-            late = [e for e in exp[method]["epochs"] or [] if e > exp["sft"]["epochs"]]
-            checks.append((not late, f"{key}.{method}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
+            for where, epochs in ((method, exp[method]["epochs"]), (f"{method}.masks", exp[method]["masks"]["epochs"])):
+                late = [e for e in epochs or [] if e > exp["sft"]["epochs"]]
+                checks.append((not late, f"{key}.{where}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
+            wide = [r for r in exp[method]["masks"]["rho"] if float(r) > 1]
+            checks.append((not wide, f"{key}.{method}.masks.rho", f"{wide} outside [0, 1]: rho is the fraction of the update masked"))
         for donor in exp["donors"]:
             checks.append((int(donor.split("~")[1]) in ladder, f"{key}.donors", f"{donor} is not on world.pretrain.ladder {ladder}"))
+        checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
     for ok, where, problem in checks:
         if not ok:
             raise ConfigError(f"config key {where}: {problem}")
+
+
+def _rollout_checks(world: dict, rollouts: int, where: str) -> list[tuple[bool, str, str]]:
+    """Retention prompts are distinct old-task problems outside the benchmarks: each task must have enough."""
+    from graftlab.fisher.rollouts import per_task_counts
+    from graftlab.world.arith import distinct_problems
+
+    tasks = world["old_tasks"]
+    return [
+        (k <= distinct_problems(task) - world["benchmark_size"], where,
+         f"asks {k} {task} prompts; only {distinct_problems(task) - world['benchmark_size']} lie outside its benchmark")
+        for task, k in zip(tasks, per_task_counts(tasks, rollouts))
+    ]  # fmt: skip
 
 
 _NO_DEFAULT = object()

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+# One sample as the exact token ids: the prompt as the model read it (no padding) and the completion as
+# generated, ending with the end-of-turn token when the model produced one. The Fisher scores these ids.
+Sample = tuple[list[int], list[int]]
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -39,8 +43,14 @@ def generate(model_dir, prompts: list[str], cfg: SamplingConfig, backend: str = 
     return load_sampler(model_dir, backend)(prompts, cfg)
 
 
+def generate_ids(model_dir, prompts: list[str], cfg: SamplingConfig, backend: str = "auto") -> list[list[Sample]]:
+    """`cfg.n` samples per prompt as token ids `(prompt_ids, completion_ids)`, for stages that score them."""
+    return load_sampler(model_dir, backend).sample_ids(prompts, cfg)
+
+
 def load_sampler(model_dir, backend: str = "auto"):
-    """A callable `(prompts, cfg) -> completions` holding the model, for stages that sample repeatedly."""
+    """A callable `(prompts, cfg) -> completions` holding the model, for stages that sample repeatedly;
+    its `sample_ids(prompts, cfg)` gives the same samples as token ids."""
     if backend == "auto":
         backend = "vllm" if vllm_available() else "transformers"
     if backend == "vllm":
@@ -62,7 +72,7 @@ class VllmSampler:
 
         self.llm = LLM(model=str(model_dir))
 
-    def __call__(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
+    def _generate(self, prompts: list[str], cfg: SamplingConfig):
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -73,7 +83,17 @@ class VllmSampler:
             seed=cfg.seed,
             skip_special_tokens=False,
         )
-        return [[c.text for c in o.outputs] for o in self.llm.generate(prompts, params)]
+        return self.llm.generate(prompts, params)
+
+    def __call__(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
+        return [[c.text for c in o.outputs] for o in self._generate(prompts, cfg)]
+
+    def sample_ids(self, prompts: list[str], cfg: SamplingConfig) -> list[list[Sample]]:
+        eos = self.llm.get_tokenizer().eos_token_id
+        return [
+            [(list(o.prompt_token_ids), _vllm_completion_ids(c, eos)) for c in o.outputs]
+            for o in self._generate(prompts, cfg)
+        ]
 
 
 class HfSampler:
@@ -86,16 +106,20 @@ class HfSampler:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(self.device)
 
     def __call__(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
+        decode = self.tok.decode
+        return [[decode(c, skip_special_tokens=False) for _, c in cs] for cs in self.sample_ids(prompts, cfg)]
+
+    def sample_ids(self, prompts: list[str], cfg: SamplingConfig) -> list[list[Sample]]:
         import torch
 
         torch.manual_seed(cfg.seed)
-        out: list[list[str]] = []
+        out: list[list[Sample]] = []
         batches = range(0, len(prompts), cfg.batch_size)
         for start in tqdm(batches, desc="sampling", unit="batch", disable=len(batches) < 2):
             out.extend(self._batch(prompts[start : start + cfg.batch_size], cfg))
         return out
 
-    def _batch(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
+    def _batch(self, prompts: list[str], cfg: SamplingConfig) -> list[list[Sample]]:
         import torch
 
         tok, greedy = self.tok, cfg.temperature == 0
@@ -114,13 +138,22 @@ class HfSampler:
                 eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id,
             )
-        texts = [_decode(tok, row) for row in ids[:, batch["input_ids"].shape[1] :].tolist()]
-        return [texts[i : i + n] * (cfg.n // n) for i in range(0, len(texts), n)]
+        # Left padding: a prompt's own ids are where the attention mask is set.
+        prompt_ids = [row[mask.bool()].tolist() for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+        completions = [_until_eos(row, tok.eos_token_id) for row in ids[:, batch["input_ids"].shape[1] :].tolist()]
+        samples = [(prompt_ids[i // n], c) for i, c in enumerate(completions)]
+        return [samples[i : i + n] * (cfg.n // n) for i in range(0, len(samples), n)]
 
 
-def _decode(tok, ids: list[int]) -> str:
-    # Cut at the end of turn ourselves: decoding with skip_special_tokens would also drop the <think>
-    # tags that grading needs.
-    if tok.eos_token_id in ids:
-        ids = ids[: ids.index(tok.eos_token_id) + 1]
-    return tok.decode(ids, skip_special_tokens=False)
+def _until_eos(ids: list[int], eos: int) -> list[int]:
+    # A finished row is padded up to the longest one: cut after the end of turn ourselves (decoding with
+    # skip_special_tokens would also drop the <think> tags that grading needs).
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
+
+
+def _vllm_completion_ids(completion, eos: int) -> list[int]:
+    """vLLM keeps a stop token in `token_ids`; should a version leave the end of turn out, put it back
+    (finish_reason "stop" with no stop_reason means the EOS ended the sample), so both backends agree."""
+    ids = list(completion.token_ids)
+    ended_by_eos = completion.finish_reason == "stop" and completion.stop_reason is None
+    return ids + [eos] if ended_by_eos and ids[-1:] != [eos] else ids

@@ -1,4 +1,8 @@
-"""The Pareto figure: old- against new-task accuracy of every evaluated model of an experiment."""
+"""The Pareto figure: old- against new-task accuracy of every evaluated model of an experiment.
+
+Colour says the method; for grafts and merges the marker also says the Fisher mask, masked runs drawn
+hollow in their method's colour, so a masked graft sits visibly beside its unmasked twin.
+"""
 
 import os
 from pathlib import Path
@@ -10,6 +14,7 @@ from graftlab.analysis.summary import pareto_front
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 # One look per method; donor SFTs are drawn faint: they are ingredients of grafts, not candidates.
 STYLES = {
@@ -25,6 +30,9 @@ STYLES = {
     },
     "post": {"marker": "*", "color": "black", "s": 220, "zorder": 5, "label": "post (reference)"},
 }
+# Hollow markers per mask kind; a kind not listed here (a new one) takes the next spare marker.
+MASK_MARKERS = {"diag": "D", "kfac": "P"}
+SPARE_MARKERS = ("v", "<", ">", "h", "p")
 MAX_FRONT_LABELS = 12
 
 
@@ -56,13 +64,33 @@ def _label_front(ax: "Axes", front: pl.DataFrame) -> None:
         )
 
 
-def plot_pareto(
-    summary: str | Path | pl.DataFrame, out_png: str | Path, title: str | None = None
-) -> None:
-    """Scatter new-task (x) against old-task (y) accuracy per method; the frontier as a step line.
+def _series(df: pl.DataFrame) -> list[tuple[pl.DataFrame, dict]]:
+    """(points, scatter keywords) per method, and per mask kind within a method."""
+    mask = pl.col("mask").fill_null("none") if "mask" in df.columns else pl.lit("none")
+    df = df.with_columns(mask.alias("_mask"))
+    kinds = sorted(set(df["_mask"].to_list()) - {"none"})
+    spare = iter(SPARE_MARKERS * len(kinds))
+    markers = {k: MASK_MARKERS[k] if k in MASK_MARKERS else next(spare) for k in kinds}
+    series = []
+    for method, style in STYLES.items():
+        pts = df.filter(pl.col("method") == method)
+        plain = pts.filter(pl.col("_mask") == "none")
+        if plain.height:
+            series.append((plain, {"s": 40, "alpha": 0.85, "zorder": 3} | style))
+        for kind in kinds:
+            masked = pts.filter(pl.col("_mask") == kind)
+            if masked.height:
+                hollow = {"facecolors": "none", "edgecolors": style["color"], "linewidths": 1.3}
+                label = f"{method} + {kind} mask"
+                series.append((masked, {"s": 40, "alpha": 0.9, "zorder": 3, "marker": markers[kind], "label": label} | hollow))
+    return series
 
-    The frontier is taken over every candidate (post, sft, merge, graft); donor SFTs are left out of
-    it, since their old-task score belongs to another model line.
+
+def pareto_figure(summary: str | Path | pl.DataFrame, title: str | None = None) -> "Figure":
+    """Scatter new-task (x) against old-task (y) accuracy per method and mask; the frontier as a step line.
+
+    The frontier is taken over every candidate (post, sft, merge, graft, masked or not); donor SFTs are
+    left out of it, since their old-task score belongs to another model line.
     """
     # A bare Figure renders through Agg without pyplot: no global backend is switched and no figure
     # is left registered in a notebook or a long-lived process.
@@ -80,20 +108,9 @@ def plot_pareto(
 
     fig = Figure(figsize=(7, 5.5))
     ax = fig.add_subplot()
-    ax.step(
-        front["new"],
-        front["old"],
-        where="pre",
-        color="tab:red",
-        lw=1.5,
-        alpha=0.8,
-        label="Pareto frontier",
-        zorder=4,
-    )
-    for method, style in STYLES.items():
-        pts = df.filter(pl.col("method") == method)
-        if pts.height:
-            ax.scatter(pts["new"], pts["old"], **({"s": 40, "alpha": 0.85, "zorder": 3} | style))
+    ax.step(front["new"], front["old"], where="pre", color="tab:red", lw=1.5, alpha=0.8, label="Pareto frontier", zorder=4)
+    for pts, style in _series(df):
+        ax.scatter(pts["new"], pts["old"], **style)
     _label_front(ax, front)
     ax.set_xlabel("new-task accuracy (Acc@n)")
     ax.set_ylabel("old-task accuracy (mean Acc@n over old benchmarks)")
@@ -102,6 +119,12 @@ def plot_pareto(
     ax.margins(0.06)
     ax.legend(loc="best", fontsize=8, framealpha=0.9)
     fig.tight_layout()
+    return fig
+
+
+def plot_pareto(summary: str | Path | pl.DataFrame, out_png: str | Path, title: str | None = None) -> None:
+    """`pareto_figure` written as a PNG, atomically."""
+    fig = pareto_figure(summary, title)
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")

@@ -1,0 +1,45 @@
+# Retention Fisher of the post model (DESIGN §3): its own rollouts on fresh old-task prompts, then the
+# Fisher of each kind a masked graft asks for, computed once per experiment and kind and kept.
+
+
+rule rollouts:
+    input:
+        model=model_dir("post"),
+        benchmarks=expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
+    output:
+        "results/{exp}/fisher/post/rollouts.parquet",
+    log:
+        "logs/{exp}/fisher/post/rollouts.log",
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["sample"]
+    params:
+        tasks=OLD_TASKS,
+        # Only what sampling uses: a new Fisher batch size must not re-sample the rollouts.
+        rollouts=lambda w: {
+            k: v for k, v in xcfg(w, "fisher").items() if k != "batch_size"
+        },
+        seed=config["seed"],
+        backend=config["sampling_backend"],
+    script:
+        "../workflow_scripts/rollouts.py"
+
+
+rule fisher:
+    input:
+        model=model_dir("post"),
+        rollouts="results/{exp}/fisher/post/rollouts.parquet",
+    output:
+        directory("results/{exp}/fisher/post/{kind}"),
+    log:
+        "logs/{exp}/fisher/post/{kind}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/fisher/post/{kind}.tsv"
+    conda:
+        "../envs/train.yaml"
+    threads: config["threads"]["train"]
+    params:
+        kind=lambda w: w.kind,
+        batch_size=lambda w: xcfg(w, "fisher", "batch_size"),
+    script:
+        "../workflow_scripts/fisher.py"

@@ -1,0 +1,8 @@
+"""Retention Fisher of the post model on its rollouts (kind: diag or kfac)."""
+
+from graftlab.fisher import write_fisher
+from graftlab.joblog import job_log
+
+p, inp = snakemake.params, snakemake.input
+with job_log(snakemake.log[0], snakemake.threads):
+    write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], p.batch_size)

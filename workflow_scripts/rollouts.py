@@ -1,0 +1,15 @@
+"""Retention rollouts: the post model's own samples on fresh old-task prompts, as token ids."""
+
+from graftlab.fisher.rollouts import RolloutConfig, write_rollouts
+from graftlab.joblog import job_log
+
+p, inp = snakemake.params, snakemake.input
+with job_log(snakemake.log[0], snakemake.threads):
+    write_rollouts(
+        inp.model,
+        list(inp.benchmarks),
+        p.tasks,
+        RolloutConfig(**p.rollouts, seed=p.seed),
+        snakemake.output[0],
+        p.backend,
+    )
