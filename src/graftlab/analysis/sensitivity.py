@@ -210,7 +210,7 @@ def _strip(ax, df: pl.DataFrame, column: str, label: str, baseline: float, basel
     ax.axhline(baseline, color="tab:red", ls="--", lw=1.2, label=baseline_label)
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_xlim(-0.6, len(names) - 0.4)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(-0.03 * ax.get_ylim()[1], ax.get_ylim()[1])  # a masked run's share of 0 stays whole
     ax.set_ylabel(label)
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.grid(axis="y", alpha=0.3)
