@@ -1,4 +1,7 @@
-"""Diagonal Fisher cost as a ratio to a plain batched forward+backward over the same rollouts.
+"""Diagonal Fisher and KFAC statistics cost as a ratio to a plain batched forward+backward over the same
+rollouts. "KFAC statistics" is the pass over the rollouts (factors A and G, the diagonal of the other
+parameters); the eigendecompositions are a one-off cost per layer, independent of the rollouts, and the
+EKFAC re-fit a second pass: both are timed on their own rows.
 
     python benchmarks/fisher_bench.py --hidden 128 --layers 2 --rollouts 256 --batch 16
 
@@ -13,6 +16,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from graftlab.fisher.diag import diag_fisher, right_pad
+from graftlab.fisher.kfac import kfac_fisher, kfac_statistics
 
 
 def plain_backward(model, rollouts, batch_size):
@@ -47,9 +51,16 @@ def main():
         (torch.randint(1, a.vocab, (prompt,)).tolist(), torch.randint(1, a.vocab, (a.length - prompt - i % 7,)).tolist())
         for i in range(a.rollouts)
     ]
-    times = {"plain forward+backward": [], "diag Fisher (vmap)": []}
+    runs = {
+        "plain forward+backward": plain_backward,
+        "diag Fisher (vmap)": diag_fisher,
+        "KFAC statistics": kfac_statistics,
+        "KFAC statistics + eigh": kfac_fisher,
+        "KFAC + EKFAC pass": lambda m, r, b: kfac_fisher(m, r, b, ekfac=True),
+    }
+    times = {name: [] for name in runs}
     for _ in range(a.repeats):
-        for name, run in (("plain forward+backward", plain_backward), ("diag Fisher (vmap)", diag_fisher)):
+        for name, run in runs.items():
             start = time.perf_counter()
             run(model, rollouts, a.batch)
             times[name].append(time.perf_counter() - start)

@@ -77,12 +77,11 @@ def _record(model: nn.Module, calls: _Calls) -> list:
     return [module.register_forward_hook(hook(name)) for name, module in calls.modules.items()]
 
 
-def _batch_gradients(model, ids, scored) -> tuple[_Calls, dict[str, list[torch.Tensor]]]:
+def _batch_gradients(model, modules, ids, scored) -> tuple[_Calls, dict[str, list[torch.Tensor]]]:
     """One forward over the batch and the gradient of the summed completion log-likelihood with respect
-    to every recorded module output. Rollouts are independent in the batch, so the gradient at row n is
-    rollout n's own."""
-    users = {m for owners in parameter_owners(model).values() for m, _ in owners}
-    calls = _Calls({name: mod for name, mod in model.named_modules() if name in users})
+    to the output of every module in `modules`. Rollouts are independent in the batch, so the gradient
+    at row n is rollout n's own."""
+    calls = _Calls(modules)
     handles = _record(model, calls)
     try:
         logits = model(ids).logits[:, :-1].float()
@@ -170,30 +169,37 @@ def _batches(rollouts, batch_size: int, pad_id: int, desc: str):
         yield ids, scored, predicts
 
 
-def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=False) -> dict[str, torch.Tensor]:
-    """The KFAC file's tensors (docs/formats.md): `{weight}.A`, `.G`, their eigen-pairs (and `.ekfac`)
-    for KFAC layers, `{param}.diag` for every other parameter; fp32."""
+def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192) -> dict[str, torch.Tensor]:
+    """The pass over the rollouts: normalised `{weight}.A`, `{weight}.G` of the KFAC layers and
+    `{param}.diag` of every other parameter, fp32."""
     modules = dict(model.named_modules())
     layers = kfac_layers(model, max_dim)
-    diag_owners = {n: users for n, users in parameter_owners(model).items() if n not in layers}
+    owners = parameter_owners(model)
+    diag_owners = {n: users for n, users in owners.items() if n not in layers}
+    users = {m for pairs in owners.values() for m, _ in pairs}
     sums = {}
     for name, m in layers.items():
         sums[f"{name}.A"] = torch.zeros(modules[m].in_features, modules[m].in_features)
         sums[f"{name}.G"] = torch.zeros(modules[m].out_features, modules[m].out_features)
     diag = {n: torch.zeros(model.get_parameter(n).shape) for n in diag_owners}
     tokens = 0
-    for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC factors"):
-        calls, d_out = _batch_gradients(model, ids, scored)
+    for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics"):
+        calls, d_out = _batch_gradients(model, {m: modules[m] for m in users}, ids, scored)
         _add_factors(sums, layers, calls, d_out, predicts)
         _add_diagonal(diag, diag_owners, modules, calls, d_out, len(ids))
         tokens += int(predicts.sum())
-    out = {}
+    out = {k: v / (max(tokens, 1) if k.endswith(".A") else len(rollouts)) for k, v in sums.items()}
+    return out | {f"{n}.diag": f / len(rollouts) for n, f in diag.items()}
+
+
+def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=False) -> dict[str, torch.Tensor]:
+    """The KFAC file's tensors (docs/formats.md): `{weight}.A`, `.G`, their eigen-pairs (and `.ekfac`)
+    for KFAC layers, `{param}.diag` for every other parameter; fp32."""
+    out = kfac_statistics(model, rollouts, batch_size, pad_id, max_dim)
+    layers = kfac_layers(model, max_dim)
     for name in layers:
-        A, G = sums[f"{name}.A"] / max(tokens, 1), sums[f"{name}.G"] / len(rollouts)
-        out |= {f"{name}.A": A, f"{name}.G": G}
-        out[f"{name}.A_eigvals"], out[f"{name}.A_eigvecs"] = _eigh(A)
-        out[f"{name}.G_eigvals"], out[f"{name}.G_eigvecs"] = _eigh(G)
-    out |= {f"{n}.diag": f / len(rollouts) for n, f in diag.items()}
+        for f in ("A", "G"):
+            out[f"{name}.{f}_eigvals"], out[f"{name}.{f}_eigvecs"] = _eigh(out[f"{name}.{f}"])
     if ekfac:
         out |= _ekfac(model, rollouts, batch_size, pad_id, layers, out)
     return out
@@ -202,8 +208,9 @@ def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=Fa
 def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, torch.Tensor]:
     """`{weight}.ekfac = (1/N) sum_n (U_G^T g_n U_A)^2`, g_n rollout n's whole gradient of the weight."""
     fit = {name: torch.zeros(factors[f"{name}.G"].shape[0], factors[f"{name}.A"].shape[0]) for name in layers}
+    modules = {m: model.get_submodule(m) for m in layers.values()}
     for ids, scored, _ in _batches(rollouts, batch_size, pad_id, "EKFAC diagonal"):
-        calls, d_out = _batch_gradients(model, ids, scored)
+        calls, d_out = _batch_gradients(model, modules, ids, scored)
         for name, m in layers.items():
             u_a, u_g = factors[f"{name}.A_eigvecs"], factors[f"{name}.G_eigvecs"]
             g = sum(torch.einsum("bto,bti->boi", d.float() @ u_g, a.float() @ u_a)

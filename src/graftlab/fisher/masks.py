@@ -102,8 +102,10 @@ class FisherMask:
         return self._apply(name, delta, state, drop) if len(drop) else delta
 
     def report(self) -> dict:
+        # JSON has no infinity: "nothing masked" (rho = 0) is a null threshold, as per-tensor ranking's.
+        threshold = self.threshold if self.threshold is not None and math.isfinite(self.threshold) else None
         return {"kind": self.kind, "rho": self.rho, "scope": self.scope, "score": self.score_kind,
-                "threshold": self.threshold, "masked": sum(self.masked.values()), "total": self.total,
+                "threshold": threshold, "masked": sum(self.masked.values()), "total": self.total,
                 "masked_per_tensor": self.masked}
 
 
