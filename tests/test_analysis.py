@@ -189,3 +189,26 @@ def test_pareto_front_matches_brute_force() -> None:
         gt = (pts[None, :, :] > pts[:, None, :]).any(-1)
         expected = ~(ge & gt).any(1)
         assert front_of([tuple(p) for p in pts.tolist()]) == expected.tolist()
+
+
+def test_pareto_figure_draws_masked_runs_hollow_with_a_marker_per_kind() -> None:
+    from graftlab.analysis.pareto import pareto_figure
+
+    scores = {
+        "post": (0.0, 0.9),
+        GRAFT: (0.2, 0.5),
+        GRAFT.replace("mask~none/rho~0", "mask~diag/rho~0.01"): (0.15, 0.6),
+        GRAFT.replace("mask~none/rho~0", "mask~kfac/rho~0.01"): (0.1, 0.7),
+        MERGE: (0.3, 0.2),  # a diag-masked merge
+        MERGE.replace("mask~diag", "mask~eigen"): (0.05, 0.3),  # a kind the plot has no marker for yet
+    }
+    df = pl.DataFrame([{"run": r} | parse_run(r) | {"new": n, "old": o} for r, (n, o) in scores.items()])
+    series = {c.get_label(): c for c in pareto_figure(df).axes[0].collections}
+    masked = ["graft + diag mask", "graft + kfac mask", "merge + diag mask", "merge + eigen mask"]
+    assert set(masked) | {"graft", "post (reference)"} == set(series)
+    assert all(len(series[name].get_facecolor()) == 0 for name in masked)  # hollow
+    assert len(series["graft"].get_facecolor()) == 1
+    shapes = [series[name].get_paths()[0].vertices.tolist() for name in masked]
+    assert shapes[0] == shapes[2] and shapes[0] != shapes[1] and shapes[3] not in shapes[:2]
+    # Colour is the method: a masked graft keeps the graft's colour.
+    assert (series["graft + diag mask"].get_edgecolor()[0][:3] == series["graft"].get_facecolor()[0][:3]).all()

@@ -38,12 +38,47 @@ def test_shipped_configs_validate(name):
             {"experiments": {"x": {"sft": {"epochs": 2}, "graft": {"epochs": [3]}}}},
             "config key experiments.x.graft.epochs: [3] exceed sft.epochs = 2",
         ),
+        (
+            {"experiments": {"x": {"graft": {"masks": {"rho": ["0.01", "1.5"]}}}}},
+            "config key experiments.x.graft.masks.rho: ['1.5'] outside [0, 1]",
+        ),
+        ({"experiments": {"x": {"merge": {"masks": {"rho": ["-0.1"]}}}}}, "config key experiments.x.merge.masks.rho.0: '-0.1' is invalid"),
+        (
+            {"experiments": {"x": {"graft": {"masks": {"kinds": ["diag", "eigen"]}}}}},
+            "config key experiments.x.graft.masks.kinds.1: 'eigen' is not one of ['diag', 'kfac']",
+        ),
+        ({"experiments": {"x": {"graft": {"masks": {"scope": "layer"}}}}}, "config key experiments.x.graft.masks.scope: 'layer' is not one of"),
+        (
+            {"experiments": {"x": {"sft": {"epochs": 2}, "merge": {"masks": {"epochs": [1, 4]}}}}},
+            "config key experiments.x.merge.masks.epochs: [4] exceed sft.epochs = 2",
+        ),
+        ({"experiments": {"x": {"fisher": {"rollouts": 0}}}}, "config key experiments.x.fisher.rollouts: 0 is less than the minimum of 1"),
+        (
+            {"world": {"old_tasks": ["sub"]}, "experiments": {"x": {"fisher": {"rollouts": 5000}}}},
+            "config key experiments.x.fisher.rollouts: asks 5000 sub prompts; only 4950 lie outside its benchmark",
+        ),
+        ({"experiments": {"x": {"fisher": {"temperature": 0}}}}, "config key experiments.x.fisher.temperature: 0 is less than or equal to"),
     ],
 )
 def test_bad_config_names_the_key(config, message):
     with pytest.raises(ConfigError) as err:
         resolve(config)
     assert str(err.value).startswith(message)
+
+
+def test_masks_and_fisher_defaults():
+    x = resolve({})["experiments"]["expert"]
+    # No masked runs unless asked for; when asked, the paper's setting: global F * delta^2 ranking.
+    assert x["graft"]["masks"] == {"kinds": [], "rho": ["0.01"], "scope": "global", "score": "fisher_delta", "lam": None, "epochs": None}
+    assert x["merge"]["masks"]["kinds"] == []
+    assert x["fisher"] == {"rollouts": 256, "temperature": 1.0, "max_new_tokens": 48, "batch_size": 16}
+
+
+def test_schema_mask_kinds_are_the_fisher_kinds():
+    from graftlab.fisher import KINDS
+
+    kinds = load_schema()["$defs"]["masks"]["properties"]["kinds"]["items"]["enum"]
+    assert tuple(kinds) == KINDS
 
 
 def test_readme_config_reference_is_generated_from_the_schema():

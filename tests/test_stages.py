@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.models import GraftlabError
-from graftlab.sampling import SamplingConfig, generate
+from graftlab.sampling import SamplingConfig, generate, generate_ids
 from graftlab.synth.mining import MiningConfig, split_hard
 from graftlab.synth.traces import expert_traces
 from graftlab.tasks import chat_prompt
@@ -40,6 +40,15 @@ def test_generate_returns_n_decoded_completions_and_greedy_is_deterministic(worl
     first = generate(world_model, prompts, greedy)
     assert first == generate(world_model, prompts, greedy)
     assert all(len(set(cs)) == 1 and len(cs) == 3 for cs in first)  # n greedy samples are one answer
+
+
+def test_generate_ids_are_the_samples_generate_decodes(world_model):
+    tok = AutoTokenizer.from_pretrained(world_model)
+    prompts = [chat_prompt(tok, p) for p in ("1+2=", "compare 13 40")]  # unequal lengths: left padding
+    cfg = SamplingConfig(2, 1.0, 1.0, 10, seed=5)
+    texts, ids = generate(world_model, prompts, cfg), generate_ids(world_model, prompts, cfg)
+    assert [[tok.decode(c, skip_special_tokens=False) for _, c in samples] for samples in ids] == texts
+    assert [[tok.decode(p) for p, _ in samples] for samples in ids] == [[q, q] for q in prompts]
 
 
 def test_unknown_backend_is_an_error(world_model):

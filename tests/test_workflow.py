@@ -1,6 +1,6 @@
 """The workflow end to end on configs/smoke.yaml, and what its caching promises: a no-op re-run
-schedules nothing, a new lambda schedules only its grafts and evaluations, a new SFT learning rate
-only that SFT and what depends on it."""
+schedules nothing, a new lambda or rho schedules only its grafts and evaluations, a new SFT learning rate
+only that SFT and what depends on it, a Fisher is computed once per kind however many grafts use it."""
 
 import json
 import subprocess
@@ -56,9 +56,13 @@ def smoke(tmp_path_factory) -> Path:
 def test_smoke_run_writes_summary_and_plot(smoke):
     exp = smoke / "results" / "expert"
     summary = pl.read_parquet(exp / "summary.parquet")
-    # post; SFT of post and of donor step~20 at 2 epochs; graft lam 1 and merge lam 0.5 at 2 epochs.
-    assert summary.height == 1 + 4 + 4
-    assert Counter(summary["method"]) == {"post": 1, "sft": 2, "donor_sft": 2, "graft": 2, "merge": 2}
+    # post; SFT of post and of donor step~20 at 2 epochs; graft lam 1 and merge lam 0.5 at 2 epochs;
+    # diag-masked at rho 0.1: the grafts at both epochs, the merge at epoch 2 (merge.masks.epochs).
+    assert summary.height == 1 + 4 + 4 + 3
+    assert Counter(summary["method"]) == {"post": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3}
+    masked = summary.filter(pl.col("mask") == "diag")
+    assert Counter(masked["method"]) == {"graft": 2, "merge": 1} and set(masked["rho"]) == {"0.1"}
+    assert set(summary.filter(pl.col("mask") == "none")["rho"]) == {"0"}
     assert summary["old"].is_between(0, 1).all() and summary["new"].is_between(0, 1).all()
     from matplotlib.image import imread
 
@@ -86,6 +90,36 @@ def test_evaluation_records_and_metrics(smoke):
     assert metrics["old"] == pytest.approx(sum(old) / 3)
 
 
+def test_rollouts_are_chat_completions_of_fresh_old_task_prompts(smoke):
+    from transformers import AutoTokenizer
+
+    from graftlab.fisher.diag import read_rollouts
+    from graftlab.tasks import chat_prompt
+
+    rollouts = pl.read_parquet(smoke / "results/expert/fisher/post/rollouts.parquet")
+    assert Counter(rollouts["task"]) == {"add": 8, "sub": 8, "compare": 8}
+    benchmark_ids = set(pl.concat([pl.read_parquet(f) for f in (smoke / "results/world/benchmarks").glob("*.parquet")])["id"])
+    assert not set(rollouts["problem_id"]) & benchmark_ids and rollouts["problem_id"].n_unique() == 24
+    tok = AutoTokenizer.from_pretrained(smoke / "results/world/post")
+    for row in rollouts.iter_rows(named=True):
+        assert tok.decode(row["prompt_ids"], skip_special_tokens=False) == chat_prompt(tok, row["prompt"])
+        assert tok.decode(row["completion_ids"], skip_special_tokens=False) == row["completion"]
+        assert 1 <= len(row["completion_ids"]) <= 40 and tok.eos_token_id not in row["completion_ids"][:-1]
+    assert len(read_rollouts(smoke / "results/expert/fisher/post/rollouts.parquet")) == 24
+
+
+def test_fisher_is_kept_and_masked_grafts_are_evaluated(smoke):
+    from safetensors import safe_open
+
+    fisher = smoke / "results/expert/fisher/post"
+    assert sorted(p.name for p in fisher.iterdir()) == ["diag", "rollouts.parquet"]  # no kfac: no graft asks for it
+    with safe_open(str(fisher / "diag" / "diag.safetensors"), framework="pt") as f:
+        assert any("mlp" in name for name in f.keys())
+    run = smoke / "results/expert/eval/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
+    assert json.loads((run / "metrics.json").read_text())["run"] == "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
+    assert not (smoke / "results/expert/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1/model").exists()
+
+
 def test_every_job_has_a_log(smoke):
     logs = {p.relative_to(smoke / "logs").as_posix() for p in (smoke / "logs").rglob("*.log")}
     assert {"world/pretrain.log", "world/posttrain.log", "expert/mine.log", "expert/sft/post/lr~1e-3.log"} <= logs
@@ -106,13 +140,38 @@ def test_second_run_schedules_nothing(smoke):
 
 def test_new_lambda_schedules_only_its_grafts_and_evaluations(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "lam", {"graft": {"lam": ["1", "2"]}}))
+    # Unmasked and diag-masked (masks.lam follows graft.lam) at both epochs.
+    assert jobs == {"graft": 4, "evaluate": 4, "summary": 1, "pareto": 1, "all": 1}
+
+
+def test_new_rho_schedules_only_its_masked_grafts_not_the_fisher(smoke, tmp_path):
+    jobs = planned_jobs(smoke, overlay(tmp_path, "rho", {"graft": {"masks": {"rho": ["0.1", "0.2", "0.5"]}}}))
+    assert jobs == {"graft": 4, "evaluate": 4, "summary": 1, "pareto": 1, "all": 1}  # 2 rho x 2 epochs
+
+
+def test_new_mask_kind_computes_its_fisher_once_from_the_same_rollouts(smoke, tmp_path):
+    both = {"kinds": ["diag", "kfac"]}
+    jobs = planned_jobs(smoke, overlay(tmp_path, "kfac", {"graft": {"masks": both}, "merge": {"masks": both}}))
+    assert jobs == {"fisher": 1, "graft": 3, "evaluate": 3, "summary": 1, "pareto": 1, "all": 1}
+
+
+def test_mask_settings_rerun_masked_grafts_only(smoke, tmp_path):
+    jobs = planned_jobs(smoke, overlay(tmp_path, "scope", {"graft": {"masks": {"scope": "tensor"}}}))
     assert jobs == {"graft": 2, "evaluate": 2, "summary": 1, "pareto": 1, "all": 1}
+
+
+def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
+    masks = {"kinds": ["diag", "kfac"], "rho": ["0.01", "0.1", "0.5"]}
+    jobs = planned_jobs(tmp_path, overlay(tmp_path, "sweep", {"graft": {"lam": ["0.5", "1"], "masks": masks}, "merge": {"masks": masks}}))
+    # Masked: 2 kinds x 3 rho x (2 epochs x 2 graft lam + 1 merge epoch x 1 merge lam); unmasked 4 + 2.
+    assert jobs["fisher"] == 2 and jobs["rollouts"] == 1 and jobs["graft"] == 6 * (4 + 1) + 4 + 2
 
 
 def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "lr", {"sft": {"lr": ["2e-3"]}}))
-    # SFT of post and of the donor; per epoch one graft and one merge; every new model evaluated.
-    assert jobs == {"sft": 2, "graft": 4, "evaluate": 8, "summary": 1, "pareto": 1, "all": 1}
+    # SFT of post and of the donor; per epoch one graft and one merge, the grafts masked too, the merge
+    # masked at epoch 2; every new model evaluated. The Fisher belongs to the post model: kept.
+    assert jobs == {"sft": 2, "graft": 4 + 3, "evaluate": 4 + 7, "summary": 1, "pareto": 1, "all": 1}
 
 
 def test_a_configfile_replaces_the_default_experiments(tmp_path):
@@ -126,8 +185,8 @@ def test_a_configfile_replaces_the_default_experiments(tmp_path):
 
 def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
     jobs = planned_jobs(tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}))
-    # One donor at epoch 2 only; merging still uses both epochs. Post + 4 SFT checkpoints + 3 grafts.
-    assert jobs["graft"] == 1 + 2 and jobs["evaluate"] == 1 + 4 + 3
+    # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2.
+    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 4 + 5
 
 
 @pytest.mark.parametrize(
@@ -136,6 +195,8 @@ def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
         ({"grafts": {"lam": ["1"]}}, "config key experiments.expert: Additional properties are not allowed ('grafts'"),
         ({"graft": {"lam": ["-1"]}}, "config key experiments.expert.graft.lam.0: '-1' is invalid: A non-negative"),
         ({"donors": ["step~7"]}, "config key experiments.expert.donors: step~7 is not on world.pretrain.ladder"),
+        ({"graft": {"masks": {"rho": ["1.5"]}}}, "config key experiments.expert.graft.masks.rho: ['1.5'] outside [0, 1]"),
+        ({"merge": {"masks": {"kinds": ["fim"]}}}, "config key experiments.expert.merge.masks.kinds.0: 'fim' is not one of"),
     ],
 )
 def test_bad_config_is_one_clear_error(tmp_path, experiment, message):

@@ -1,0 +1,112 @@
+"""Retention rollouts on a pico world model: fresh old-task prompts, the exact token ids the model sampled,
+and a parquet the Fisher reads back."""
+
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from graftlab.fisher.diag import ROLLOUT_COLUMNS, read_rollouts
+from graftlab.fisher.rollouts import RolloutConfig, retention_problems, write_rollouts
+from graftlab.models import GraftlabError
+from graftlab.sampling import HfSampler, SamplingConfig, _vllm_completion_ids
+from graftlab.tasks import chat_prompt
+from graftlab.world import build
+from graftlab.world.tokenizer import build_tokenizer
+
+ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=128)
+TASKS = ["add", "sub", "compare"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("rollout-world")
+    tok = build_tokenizer()
+    build.init_model(tok, ARCH, seed=0).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    build.make_benchmarks(TASKS, 20, 0, root / "benchmarks")
+    return root
+
+
+def benchmarks(world: Path) -> list[Path]:
+    return sorted((world / "benchmarks").glob("*.parquet"))
+
+
+def test_prompts_are_fresh_spread_evenly_and_seeded(world, tmp_path):
+    problems = retention_problems(TASKS, 10, 0, benchmarks(world))
+    assert Counter(p["task"] for p in problems) == {"add": 4, "sub": 3, "compare": 3}
+    assert len({p["id"] for p in problems}) == 10
+    assert problems == retention_problems(TASKS, 10, 0, benchmarks(world))
+    assert problems != retention_problems(TASKS, 10, 1, benchmarks(world))
+    # A benchmark holding exactly the problems the stream would draw first: every one of them is skipped.
+    first = retention_problems(TASKS, 30, 0, [])
+    pl.DataFrame({"id": [p["id"] for p in first]}).write_parquet(tmp_path / "taken.parquet")
+    fresh = retention_problems(TASKS, 30, 0, [tmp_path / "taken.parquet"])
+    assert not {p["id"] for p in fresh} & {p["id"] for p in first}
+
+
+def test_rollouts_hold_the_exact_ids_the_model_generated(world, tmp_path):
+    out = tmp_path / "rollouts.parquet"
+    # Greedy, so every completion token must be the model's argmax after the prompt and the tokens before it.
+    frame = write_rollouts(world / "model", benchmarks(world), TASKS, RolloutConfig(9, 0.0, 12), out, "transformers")
+    stored = pl.read_parquet(out)
+    assert stored.equals(frame) and set(ROLLOUT_COLUMNS) <= set(stored.columns)
+    assert stored.schema["prompt_ids"] == pl.List(pl.Int64) and stored.height == 9
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    model = AutoModelForCausalLM.from_pretrained(world / "model").eval()
+    for row in stored.iter_rows(named=True):
+        prompt, completion = row["prompt_ids"], row["completion_ids"]
+        assert tok.decode(prompt, skip_special_tokens=False) == chat_prompt(tok, row["prompt"])  # no padding kept
+        assert tok.decode(completion, skip_special_tokens=False) == row["completion"]
+        assert 1 <= len(completion) <= 12 and tok.eos_token_id not in completion[:-1]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0]
+        assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == completion
+    assert read_rollouts(out) == list(zip(stored["prompt_ids"].to_list(), stored["completion_ids"].to_list()))
+
+
+def test_sampled_rollouts_are_reproducible(world, tmp_path):
+    cfg = RolloutConfig(6, 1.0, 8, seed=3)
+    first = write_rollouts(world / "model", benchmarks(world), TASKS, cfg, tmp_path / "a.parquet", "transformers")
+    again = write_rollouts(world / "model", benchmarks(world), TASKS, cfg, tmp_path / "b.parquet", "transformers")
+    assert first.equals(again)
+
+
+def test_too_many_rollouts_is_one_line_error_and_no_file(world, tmp_path):
+    with pytest.raises(GraftlabError, match=r"^retention rollouts: task 'sub' has fewer than 5050 distinct problems"):
+        write_rollouts(world / "model", benchmarks(world), ["sub"], RolloutConfig(5050), tmp_path / "r.parquet", "transformers")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_completion_ids_end_at_the_end_of_turn_without_padding(world, monkeypatch):
+    sampler = HfSampler(world / "model")
+    eos, pad = sampler.tok.eos_token_id, sampler.tok.pad_token_id
+    tails = torch.tensor([[5, eos, pad, pad], [6, 7, 8, 9]])  # one finished (then padded), one cut by the budget
+
+    def generate(input_ids, **kwargs):
+        return torch.cat([input_ids, tails], 1)
+
+    monkeypatch.setattr(sampler.model, "generate", generate)
+    prompts = [chat_prompt(sampler.tok, "1+2="), chat_prompt(sampler.tok, "compare 10 20")]
+    samples = sampler.sample_ids(prompts, SamplingConfig(1, 1.0, 1.0, 4))
+    assert [c for (_, c), in samples] == [[5, eos], [6, 7, 8, 9]]
+    assert [p for (p, _), in samples] == [sampler.tok(q)["input_ids"] for q in prompts]  # left padding dropped
+    assert sampler(prompts, SamplingConfig(1, 1.0, 1.0, 4))[0][0].endswith("<|im_end|>")
+
+
+@pytest.mark.parametrize(
+    "ids, finish, stop, expected",
+    [
+        ([4, 5, 2], "stop", None, [4, 5, 2]),  # the end of turn kept in token_ids
+        ([4, 5], "stop", None, [4, 5, 2]),  # ended by the end of turn, left out: put back
+        ([4, 5], "length", None, [4, 5]),  # cut by the budget
+        ([4, 5], "stop", "</answer>", [4, 5]),  # ended by a stop string, not the end of turn
+    ],
+)
+def test_vllm_completion_ids_agree_with_transformers_on_the_end_of_turn(ids, finish, stop, expected):
+    completion = SimpleNamespace(token_ids=ids, finish_reason=finish, stop_reason=stop)
+    assert _vllm_completion_ids(completion, eos=2) == expected
