@@ -8,13 +8,7 @@ from graftlab.joblog import job_log
 p, inp = snakemake.params, snakemake.input
 tuned = f"{inp.tuned}/epoch~{p.epoch}"
 with job_log(snakemake.log[0], snakemake.threads):
-    graft(
-        post=inp.post,
-        donor=inp.donor,
-        donor_tuned=tuned,
-        scale=float(p.lam),
-        out=snakemake.output[0],
-        project=None
-        if p.mask == "none"
-        else make_mask(p.mask, inp.fisher, inp.post, inp.donor, tuned, float(p.rho), **p.mask_settings),
-    )
+    mask = None
+    if p.mask != "none":
+        mask = make_mask(p.mask, inp.fisher, inp.post, inp.donor, tuned, float(p.rho), **p.mask_settings)
+    graft(inp.post, inp.donor, tuned, float(p.lam), snakemake.output[0], project=mask)
