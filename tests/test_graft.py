@@ -174,6 +174,23 @@ def test_projection_receives_whole_tensors(fp32_trio, tmp_path):
     assert all(torch.equal(got[n], post[n]) for n in post)
 
 
+def test_projection_runs_with_the_callers_threads_which_are_restored(fp32_trio, tmp_path):
+    # The elementwise work runs on one thread; a projection (matrix products) must not be starved.
+    previous = torch.get_num_threads()
+    seen = set()
+
+    def identity(name: str, delta: torch.Tensor) -> torch.Tensor:
+        seen.add(torch.get_num_threads())
+        return delta
+
+    torch.set_num_threads(2)
+    try:
+        graft(*fp32_trio, 1.0, tmp_path / "out", project=identity)
+        assert seen == {2} and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+
+
 def run_cli(capsys, *args: str) -> tuple[int, str]:
     capsys.readouterr()  # drop what building the fixtures printed (progress bars)
     code = main(["graft", *args])
@@ -368,3 +385,50 @@ def test_integer_buffers_are_copied_from_post(tmp_path):
     assert counts["tensors_grafted"] == 1
     assert same_bits(got["ids"], load_model(post)["ids"])
     torch.testing.assert_close(got["w"], want["w"], rtol=0, atol=1e-6)
+
+
+def test_scalars_empty_tensors_and_mixed_dtypes_in_row_blocks(tmp_path):
+    # The graft reads raw bytes at header offsets itself: every dtype width, a 0-d and an empty tensor
+    # must land exactly where safetensors put them.
+    def model(name: str, seed: int) -> Path:
+        g = torch.Generator().manual_seed(seed)
+        tensors = {
+            "scalar": torch.randn((), generator=g),
+            "empty": torch.empty(0, 3),
+            "half": torch.randn(5, 3, generator=g).half(),
+            "mask": torch.rand(4, generator=g) > 0.5,
+            "bf16": torch.randn(7, 5, generator=g).bfloat16(),
+            "double": torch.randn(3, 2, generator=g).double(),
+        }
+        (tmp_path / name).mkdir()
+        save_file(tensors, tmp_path / name / "model.safetensors", metadata={"format": "pt"})
+        return tmp_path / name
+
+    post, donor, tuned = model("post", 0), model("donor", 1), model("tuned", 2)
+    graft(post, donor, tuned, 0.7, tmp_path / "out", chunk_bytes=16)
+    got, want, stored = load_model(tmp_path / "out"), expected_graft(post, donor, tuned, 0.7), load_model(post)
+    assert same_bits(got["mask"], stored["mask"])
+    for name in ("scalar", "empty", "half", "bf16", "double"):
+        assert same_bits(got[name], want[name].to(stored[name].dtype)), name
+
+
+def write_raw_safetensors(path: Path, header: dict, data: bytes) -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+
+
+@pytest.mark.parametrize(
+    ("offsets", "data", "message"),
+    [
+        ([0, 12], bytes(16), r"tensor w spans bytes 0-12, but F32 \[2, 2\] needs 16"),
+        ([0, 16], bytes(10), r"tensor w ends at byte 16 of a 10-byte data section \(truncated\?\)"),
+    ],
+)
+def test_corrupt_or_truncated_shard_is_refused_before_writing(tmp_path, offsets, data, message):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    header = {"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": offsets}}
+    write_raw_safetensors(bad / "model.safetensors", header, data)
+    with pytest.raises(GraftlabError, match=message):
+        graft(bad, bad, bad, 1.0, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

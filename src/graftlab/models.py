@@ -73,6 +73,7 @@ class TensorSpec:
     dtype: torch.dtype
     shape: tuple[int, ...]
     offset: int = 0  # start of its bytes in the file's data section; orders reads front to back
+    file_offset: int = 0  # start of its bytes in the file itself: where an explicit read seeks to
 
     @property
     def numel(self) -> int:
@@ -124,7 +125,11 @@ def tensor_index(model_dir: str | Path) -> dict[str, Path]:
 def read_header(file: str | Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (dtype, shape, data_offsets per tensor, plus
     ``__metadata__``); reads only the header bytes, never tensor data."""
-    file = Path(file)
+    return _read_header(Path(file))[0]
+
+
+def _read_header(file: Path) -> tuple[dict[str, Any], int, int]:
+    """The header, the file offset where the data section starts, and the data section's length."""
     try:
         with open(file, "rb") as f:
             prefix = f.read(8)
@@ -134,6 +139,7 @@ def read_header(file: str | Path) -> dict[str, Any]:
             if size > _MAX_HEADER_BYTES:
                 raise GraftlabError(f"{file}: header length {size} is implausible; not a safetensors file")
             raw = f.read(size)
+            file_size = os.fstat(f.fileno()).st_size
     except FileNotFoundError:
         raise GraftlabError(f"safetensors file not found: {file}") from None
     except OSError as e:
@@ -144,28 +150,45 @@ def read_header(file: str | Path) -> dict[str, Any]:
         raise GraftlabError(f"{file}: safetensors header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise GraftlabError(f"{file}: safetensors header is not a JSON object")
-    return header
+    return header, 8 + size, file_size - 8 - size
 
 
 def tensor_specs(model_dir: str | Path, index: dict[str, Path] | None = None) -> dict[str, TensorSpec]:
-    """dtype and shape of every tensor of a model directory, from headers alone."""
+    """dtype, shape and byte position of every tensor of a model directory, from headers alone.
+
+    Each tensor's byte range is checked against its dtype, shape and the file's length, so a reader
+    that seeks to ``file_offset`` (the graft does) can trust it without the safetensors library."""
     index = tensor_index(model_dir) if index is None else index
     specs: dict[str, TensorSpec] = {}
     for file in sorted(set(index.values())):
-        for name, entry in read_header(file).items():
+        header, data_start, data_length = _read_header(file)
+        for name, entry in header.items():
             if name != "__metadata__" and index.get(name) == file:
-                dtype, shape, offset = (
-                    torch_dtype(entry["dtype"]),
-                    tuple(entry["shape"]),
-                    entry["data_offsets"][0],
-                )
-                specs[name] = TensorSpec(dtype, shape, offset)
+                specs[name] = _spec(file, name, entry, data_start, data_length)
     missing = sorted(set(index) - set(specs))
     if missing:
         raise GraftlabError(
             f"tensor {missing[0]} is listed in the index of {model_dir} but absent from its shard"
         )
     return specs
+
+
+def _spec(file: Path, name: str, entry: Any, data_start: int, data_length: int) -> TensorSpec:
+    try:
+        dtype, shape, (start, end) = torch_dtype(entry["dtype"]), tuple(entry["shape"]), entry["data_offsets"]
+    except (KeyError, TypeError, ValueError):
+        raise GraftlabError(f"{file}: header entry of tensor {name} lacks a dtype, shape or data_offsets") from None
+    spec = TensorSpec(dtype, shape, start, data_start + start)
+    if end - start != spec.nbytes or start < 0:
+        raise GraftlabError(
+            f"{file}: tensor {name} spans bytes {start}-{end}, "
+            f"but {entry['dtype']} {list(shape)} needs {spec.nbytes}"
+        )
+    if end > data_length:
+        raise GraftlabError(
+            f"{file}: tensor {name} ends at byte {end} of a {data_length}-byte data section (truncated?)"
+        )
+    return spec
 
 
 class SafetensorsWriter:
