@@ -52,7 +52,7 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--donor-tuned", required=True, help="donor model directory, after fine-tuning")
     p.add_argument("--scale", required=True, type=float, help="lambda, the update's scale (>= 0)")
     p.add_argument("--out", required=True, help="output model directory (written atomically)")
-    p.add_argument("--chunk-mb", type=int, default=64, help="fp32 row-block size for large tensors (MiB)")
+    p.add_argument("--chunk-mb", type=int, default=4, help="fp32 row-block size for large tensors (MiB); cache-sized is fastest")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--fisher", help="directory with the post model's retention Fisher ({diag,kfac}.safetensors)")
     p.add_argument("--mask", choices=["none", "diag", "kfac"], default="none",
