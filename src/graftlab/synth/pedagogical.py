@@ -1,0 +1,296 @@
+"""Pedagogical RL (DESIGN §3; paper appendix B): a teacher, a copy of the post model, sees the problem and
+its reference solution and writes a trace; GRPO trains it on reward = correctness x learnability, where
+learnability is judged by the fixed student (the post model) seeing the problem only.
+
+Learnability. Over the trace tokens y_t the student's surprise gap is
+`d_t = log pS(argmax_t) - log pS(y_t) >= 0` (zero where the trace says what the student would have said).
+The gaps are pooled by a soft maximum with temperature beta,
+`S_beta = (1/beta) * log(mean_t exp(beta * d_t))`: beta = 0 is the mean gap exactly, beta -> inf the
+largest gap, and S_beta never decreases as beta grows (a power mean of exp(d_t)). The paper names beta
+and a strength lambda but leaves the exact form open; ours, the documented default, is
+`learnability = exp(-lambda * S_beta)` in (0, 1], so reward = correct * exp(-lambda * S_beta).
+
+Training uses TRL's `GRPOTrainer`, checked to run on the CPU here (pico Qwen3, char tokenizer, a custom
+reward callable: about 13 steps/s at 8 completions of 24 tokens per step, one thread). Two details of
+TRL 1.16 matter: the `completions` it passes to reward functions are decoded with special tokens
+skipped, which drops `</think>`, so the reward decodes `completion_ids` itself; and reward functions get
+a `log_metric` callback, through which every reward component is logged per step.
+"""
+
+import json
+import math
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from graftlab.models import GraftlabError
+from graftlab.tasks import chat_prompt, is_correct
+
+# Only characters of the tiny world's tokenizer, so the char-level models read every one of them.
+TEACHER_TEMPLATE = "{problem}\nReference solution: {solution}\nSolve it yourself; do not copy the reference."
+REFERENCE_MARKER = "reference"
+COMPONENTS = ("correct", "tokens", "gap_mean", "gap_max", "soft_gap", "learnability", "reward")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    beta: float = 1.0  # soft-max temperature: 0 = mean gap, inf = largest gap
+    strength: float = 1.0  # lambda
+
+    def __post_init__(self):
+        if not self.beta >= 0 or not self.strength >= 0:
+            raise GraftlabError(
+                f"pedagogical reward needs beta >= 0 and strength >= 0 (got {self.beta}, {self.strength})"
+            )
+
+
+def reference_solution(problem: dict) -> str:
+    """What the teacher is shown: the problem's `solution` where the data has one (real data: a written
+    reference solution), else its final answer. Never the expert `thinking`: the paper's teacher sees the
+    reference solution but no thinking trace."""
+    return str(problem.get("solution") or problem["answer"])
+
+
+def teacher_prompt(problem: str, solution: str, template: str = TEACHER_TEMPLATE) -> str:
+    """The teacher's user turn: the problem, the reference solution, and the instruction to solve it
+    independently."""
+    return template.format(problem=problem, solution=solution)
+
+
+def soft_max_gap(gaps: torch.Tensor, beta: float) -> float:
+    """`S_beta` of one trace's gaps; 0 for a trace of no tokens (such a trace is never correct)."""
+    if gaps.numel() == 0:
+        return 0.0
+    d = gaps.double()
+    if beta == 0:
+        return d.mean().item()
+    if math.isinf(beta):
+        return d.max().item()
+    # logsumexp, so a large beta * d_t cannot overflow exp.
+    return ((torch.logsumexp(beta * d, 0) - math.log(d.numel())) / beta).item()
+
+
+def learnability(soft_gap: float, strength: float) -> float:
+    return math.exp(-strength * soft_gap)
+
+
+def gaps_from_ids(
+    student, prompt_ids: list[list[int]], completion_ids: list[list[int]], batch_size: int = 16
+) -> list[torch.Tensor]:
+    """Per-token surprise gaps of the student over each completion, given the exact token ids."""
+    if any(not p for p in prompt_ids):
+        raise GraftlabError("surprise gaps need a non-empty prompt: the first trace token is predicted from it")
+    out: list[torch.Tensor] = []
+    for start in range(0, len(prompt_ids), batch_size):
+        stop = start + batch_size
+        out.extend(_gap_batch(student, prompt_ids[start:stop], completion_ids[start:stop]))
+    return out
+
+
+def _gap_batch(student, prompts: list[list[int]], completions: list[list[int]]) -> list[torch.Tensor]:
+    seqs = [list(p) + list(c) for p, c in zip(prompts, completions)]
+    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    # Right padding: a causal model's logits at real positions never see the padding after them.
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+    device = next(student.parameters()).device
+    with torch.no_grad():
+        logits = student(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+    gaps = []
+    for row, (p, c) in enumerate(zip(prompts, completions)):
+        # The logits at position i predict token i + 1: the completion is read from one position earlier.
+        logp = logits[row, len(p) - 1 : len(p) + len(c) - 1].float().log_softmax(-1)
+        y = torch.tensor(list(c), dtype=torch.long, device=logp.device)
+        gaps.append((logp.max(-1).values - logp.gather(-1, y[:, None]).squeeze(-1)).cpu())
+    return gaps
+
+
+def surprise_gaps(
+    student, tokenizer, prompts: list[str], completions: list[str], batch_size: int = 16
+) -> list[torch.Tensor]:
+    """Gaps `d_t` over each completion's tokens (end of turn included, as SFT trains on it), the student
+    reading the chat-formatted problem `prompts[i]` (the user turn: problem only, no solution)."""
+    enc = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt_ids = [enc(chat_prompt(tokenizer, p)) for p in prompts]
+    return gaps_from_ids(student, prompt_ids, [enc(c) for c in completions], batch_size)
+
+
+def reward_components(gaps: Sequence[torch.Tensor], correct: Sequence[bool], cfg: RewardConfig) -> list[dict]:
+    """Per sample: correct, token count, mean / largest / soft-max gap, learnability and the reward."""
+    rows = []
+    for d, ok in zip(gaps, correct, strict=True):
+        soft = soft_max_gap(d, cfg.beta)
+        learn = learnability(soft, cfg.strength)
+        rows.append({
+            "correct": bool(ok),
+            "tokens": d.numel(),
+            "gap_mean": d.double().mean().item() if d.numel() else 0.0,
+            "gap_max": d.max().item() if d.numel() else 0.0,
+            "soft_gap": soft,
+            "learnability": learn,
+            "reward": float(ok) * learn,
+        })
+    return rows
+
+
+def pedagogical_reward(student, tokenizer, prompts: list[str], answers: list[str], completions: list[str],
+                       cfg: RewardConfig, batch_size: int = 16) -> list[dict]:
+    """Reward components of teacher `completions` to problems `prompts` (user text, no solution) with
+    reference `answers`; the student is frozen and only scores."""
+    gaps = surprise_gaps(student, tokenizer, prompts, completions, batch_size)
+    return reward_components(gaps, [is_correct(c, a) for c, a in zip(completions, answers)], cfg)
+
+
+def group_advantages(rewards: Sequence[float] | torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
+    """GRPO advantages `(r - mean r) / (std r + eps)` within consecutive groups of `group_size` samples of
+    one prompt; std is the sample std (Bessel-corrected) and eps 1e-4, as in TRL's GRPOTrainer."""
+    r = torch.as_tensor(rewards, dtype=torch.float64)
+    if group_size < 2 or r.numel() % group_size:
+        raise GraftlabError(f"GRPO needs groups of >= 2 samples; got {r.numel()} rewards in groups of {group_size}")
+    g = r.view(-1, group_size)
+    return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)).view(-1)
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    group_size: int = 8  # GRPO samples per prompt
+    prompts_per_step: int = 4
+    steps: int = 50
+    lr: float = 1e-5
+    temperature: float = 1.0
+    max_new_tokens: int = 64
+    kl: float = 0.0  # GRPO's k3 KL coefficient to the initial teacher; 0 loads no reference model
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    seed: int = 0
+    threads: int = 1
+
+
+def make_reward_func(student, tokenizer, cfg: RewardConfig):
+    """A reward function for TRL's GRPOTrainer over a dataset with `student_prompt` (the chat-formatted
+    problem alone) and `answer` columns; logs the mean of every component per step."""
+
+    def pedagogical(prompts, completions, completion_ids, student_prompt, answer, log_metric=None, **_):
+        # TRL's `completions` skip special tokens, `</think>` among them; grading needs the exact text.
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
+        p_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in student_prompt]
+        rows = reward_components(gaps_from_ids(student, p_ids, completion_ids),
+                                 [is_correct(t, a) for t, a in zip(texts, answer)], cfg)
+        if log_metric is not None:
+            for key in COMPONENTS:
+                log_metric(f"pedagogical/{key}", sum(float(r[key]) for r in rows) / len(rows))
+        return [r["reward"] for r in rows]
+
+    return pedagogical
+
+
+def teacher_dataset(tokenizer, problems):
+    """GRPO's prompts (problem + reference solution) with the student's view and the answer beside them."""
+    from datasets import Dataset
+
+    from graftlab.synth.star import require_problems
+
+    return Dataset.from_list([
+        {"prompt": chat_prompt(tokenizer, teacher_prompt(p["prompt"], reference_solution(p))),
+         "student_prompt": chat_prompt(tokenizer, p["prompt"]), "answer": str(p["answer"])}
+        for p in require_problems(problems, "pedagogical RL")
+    ])
+
+
+def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out) -> None:
+    """GRPO-train a copy of the post model at `post_dir` as the teacher on the problems parquet; write the
+    teacher to `out_dir` (atomically, with provenance) and the per-step log, reward components
+    included, as JSON lines to `log_out`."""
+    import polars as pl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from graftlab.models import atomic_dir, write_provenance
+
+    torch.set_num_threads(cfg.threads)
+    tok = AutoTokenizer.from_pretrained(post_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    student = AutoModelForCausalLM.from_pretrained(post_dir).eval().requires_grad_(False).to(device)
+    dataset = teacher_dataset(tok, pl.read_parquet(problems))
+    with atomic_dir(out_dir) as tmp:
+        trainer = GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(post_dir),
+            reward_funcs=[make_reward_func(student, tok, cfg.reward)],
+            args=_grpo_args(cfg, tmp / ".trainer"),
+            train_dataset=dataset,
+            processing_class=tok,
+        )
+        trainer.train()
+        trainer.model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        shutil.rmtree(tmp / ".trainer", ignore_errors=True)
+        inputs = {"post": str(post_dir), "problems": str(problems)}
+        write_provenance(tmp, inputs, asdict(cfg), extra={"problems": len(dataset)})
+    steps = [h for h in trainer.state.log_history if "pedagogical/reward" in h]
+    Path(log_out).write_text("".join(json.dumps(h) + "\n" for h in steps))
+
+
+def _grpo_args(cfg: TeacherConfig, work: Path):
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(work),
+        per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size,
+        num_generations=cfg.group_size,
+        max_completion_length=cfg.max_new_tokens,
+        max_steps=cfg.steps,
+        learning_rate=cfg.lr,
+        temperature=cfg.temperature,
+        beta=cfg.kl,
+        seed=cfg.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+
+
+def teacher_traces(sampler, tokenizer, problems, cfg) -> tuple:
+    """(traces, stats) of the trained teacher: STaR's rounds (`cfg` a `StarConfig`, rationalization
+    unused) over the teacher prompts, the first verified completion kept per problem. The stored prompt
+    is the problem alone, and a completion that mentions the reference (`REFERENCE_MARKER`) is not kept:
+    the student who learns from the trace never sees a solution."""
+    import polars as pl
+
+    from graftlab.sampling import SamplingConfig
+    from graftlab.synth.star import first_verified, require_problems, star_stats
+
+    rows = require_problems(problems, "pedagogical RL teacher traces")
+    prompts = [chat_prompt(tokenizer, teacher_prompt(r["prompt"], reference_solution(r))) for r in rows]
+
+    def accept(i: int, completion: str) -> bool:
+        return is_correct(completion, str(rows[i]["answer"])) and REFERENCE_MARKER.lower() not in completion.lower()
+
+    scfg = SamplingConfig(1, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
+    found, drawn = first_verified(sampler, prompts, accept, cfg.attempts, cfg.attempts_per_round, scfg)
+    if not found:
+        raise GraftlabError(f"the teacher verified none of {len(rows)} problems in {cfg.attempts} attempts: no traces")
+    traces = [{"id": r["id"], "task": r.get("task"), "prompt": r["prompt"], "completion": found[i].completion,
+               "attempts": found[i].attempt} for i, r in enumerate(rows) if i in found]
+    return pl.DataFrame(traces), star_stats(len(rows), found, {}, drawn, 0, cfg)
+
+
+def write_teacher_traces(teacher_dir, problems, cfg, out, stats_out, backend: str = "auto") -> dict:
+    """Sample the trained teacher at `teacher_dir` on the problems parquet; write traces and stats JSON."""
+    import polars as pl
+    from transformers import AutoTokenizer
+
+    from graftlab.sampling import load_sampler
+
+    traces, stats = teacher_traces(
+        load_sampler(teacher_dir, backend), AutoTokenizer.from_pretrained(teacher_dir), pl.read_parquet(problems), cfg
+    )
+    Path(stats_out).write_text(json.dumps(stats, indent=2) + "\n")
+    traces.write_parquet(out)
+    return stats

@@ -1,0 +1,176 @@
+"""STaR (rejection sampling): the model's own verified traces on the mined training problems.
+
+Up to K attempts per problem (paper: K = 32), stopping at the first completion whose answer equals the
+reference; one trace kept per solved problem. Sampling runs in rounds over the problems still unsolved,
+`attempts_per_round` samples each, so one sampler call serves every open problem at once. A problem's
+attempts used is the position of its first verified sample; samples drawn after it in the same round are
+wasted compute and counted apart (`samples_drawn`).
+
+Rationalization (optional): a problem still unsolved after K attempts is asked again with its answer as a
+hint (`HINT_TEMPLATE`, a line after the prompt). "Never leaks the hint" means two checks on what is
+stored: the stored prompt is the problem's original prompt, never the hinted one; and a rationalized
+completion is kept only if it verifies and does not mention the hint (no `HINT_MARKER`, case-insensitive)
+— the answer itself necessarily appears, as in any correct completion. A rationalized trace's `attempts`
+counts its hinted attempts.
+"""
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import polars as pl
+
+from graftlab.models import GraftlabError
+from graftlab.sampling import SamplingConfig
+from graftlab.tasks import chat_prompt, is_correct
+
+HINT_MARKER = "Hint"
+HINT_TEMPLATE = "{prompt}\nHint: the answer is {answer}."
+
+
+@dataclass(frozen=True)
+class StarConfig:
+    attempts: int = 32  # K
+    attempts_per_round: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    rationalize: bool = False
+    rationalize_attempts: int = 4  # attempts with the hint, for problems unsolved after K
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.attempts < 1 or self.attempts_per_round < 1 or self.rationalize_attempts < 1:
+            raise GraftlabError("star: attempts, attempts_per_round and rationalize_attempts must be >= 1")
+        if self.temperature <= 0:
+            raise GraftlabError(
+                f"star.temperature must be > 0 (got {self.temperature}): greedy repeats one attempt K times"
+            )
+
+
+@dataclass(frozen=True)
+class Found:
+    """The first verified sample of a problem: its completion and its 1-based attempt number."""
+
+    completion: str
+    attempt: int
+
+
+def first_verified(
+    sampler, prompts: list[str], accept: Callable[[int, str], bool], attempts: int, per_round: int, scfg: SamplingConfig
+) -> tuple[dict[int, Found], int]:
+    """Sample the chat-formatted `prompts` in rounds until each has a completion `accept(i, completion)`
+    takes or has used `attempts`; returns ({prompt index: Found}, samples drawn in all)."""
+    found: dict[int, Found] = {}
+    used, drawn = 0, 0
+    for round_no in range((attempts + per_round - 1) // per_round):
+        open_ = [i for i in range(len(prompts)) if i not in found]
+        n = min(per_round, attempts - used)
+        if not open_ or n <= 0:
+            break
+        # A fresh seed per round: the same seed would redraw the same samples for the same prompts.
+        outs = sampler([prompts[i] for i in open_], replace(scfg, n=n, seed=scfg.seed + round_no))
+        if len(outs) != len(open_) or any(len(cs) != n for cs in outs):
+            got = [len(cs) for cs in outs]
+            raise GraftlabError(f"sampler returned {got} completions for {len(open_)} prompts x {n}")
+        drawn += n * len(open_)
+        for i, completions in zip(open_, outs):
+            hit = next((k for k, c in enumerate(completions) if accept(i, c)), None)
+            if hit is not None:
+                found[i] = Found(completions[hit], used + hit + 1)
+        used += n
+    return found, drawn
+
+
+def require_problems(problems: pl.DataFrame, stage: str) -> list[dict]:
+    """The problems as rows; a clear error when there are none or a required column is missing."""
+    missing = {"id", "prompt", "answer"} - set(problems.columns)
+    if missing:
+        raise GraftlabError(f"{stage}: problems lack column(s) {sorted(missing)}")
+    if problems.is_empty():
+        raise GraftlabError(f"{stage}: no training problems to sample")
+    return problems.to_dicts()
+
+
+def hint_prompt(prompt: str, answer: str) -> str:
+    return HINT_TEMPLATE.format(prompt=prompt, answer=answer)
+
+
+def mentions_hint(completion: str) -> bool:
+    return HINT_MARKER.lower() in completion.lower()
+
+
+def star_traces(sampler, tokenizer, problems: pl.DataFrame, cfg: StarConfig) -> tuple[pl.DataFrame, dict]:
+    """(traces, stats): one verified trace per solved problem, with the problem's original prompt."""
+    rows = require_problems(problems, "star")
+    answers = [str(r["answer"]) for r in rows]
+    scfg = SamplingConfig(1, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
+    prompts = [chat_prompt(tokenizer, r["prompt"]) for r in rows]
+    found, drawn = first_verified(
+        sampler, prompts, lambda i, c: is_correct(c, answers[i]), cfg.attempts, cfg.attempts_per_round, scfg
+    )
+    rationalized, r_drawn = _rationalize(sampler, tokenizer, rows, found, cfg, scfg) if cfg.rationalize else ({}, 0)
+    traces = [
+        {"id": r["id"], "task": r.get("task"), "prompt": r["prompt"], "completion": f.completion,
+         "attempts": f.attempt, "rationalized": i in rationalized}
+        for i, r in enumerate(rows)
+        if (f := found.get(i) or rationalized.get(i)) is not None
+    ]
+    stats = star_stats(len(rows), found, rationalized, drawn, r_drawn, cfg)
+    if not traces:
+        raise GraftlabError(
+            f"star solved none of {len(rows)} problems in {cfg.attempts} attempts"
+            f"{' nor by rationalization' if cfg.rationalize else ''}: no traces to train on"
+        )
+    return pl.DataFrame(traces), stats
+
+
+def _rationalize(sampler, tokenizer, rows, found, cfg: StarConfig, scfg: SamplingConfig) -> tuple[dict, int]:
+    """The unsolved problems asked again with the answer as a hint; keyed by index into `rows`."""
+    unsolved = [i for i in range(len(rows)) if i not in found]
+    prompts = [chat_prompt(tokenizer, hint_prompt(rows[i]["prompt"], str(rows[i]["answer"]))) for i in unsolved]
+
+    def accept(j: int, completion: str) -> bool:
+        return is_correct(completion, str(rows[unsolved[j]]["answer"])) and not mentions_hint(completion)
+
+    # Seeds past those of the plain rounds, so the hinted rounds draw fresh noise.
+    seeded = replace(scfg, seed=scfg.seed + cfg.attempts)
+    hits, drawn = first_verified(sampler, prompts, accept, cfg.rationalize_attempts, cfg.attempts_per_round, seeded)
+    return {unsolved[j]: f for j, f in hits.items()}, drawn
+
+
+def star_stats(problems: int, found: dict, rationalized: dict, drawn: int, r_drawn: int, cfg: StarConfig) -> dict:
+    attempts = [f.attempt for f in found.values()]
+    solved = len(found) + len(rationalized)
+    return {
+        "problems": problems,
+        "solved": solved,
+        "solve_rate": solved / problems,
+        "solved_by_sampling": len(found),
+        "solved_by_rationalization": len(rationalized),
+        "unsolved": problems - solved,
+        "attempts_mean": sum(attempts) / len(attempts) if attempts else None,
+        "attempts_histogram": {str(k): v for k, v in sorted(Counter(attempts).items())},
+        "samples_drawn": drawn,
+        "rationalization_samples_drawn": r_drawn,
+        "config": asdict(cfg),
+    }
+
+
+def write_star(model_dir, problems, cfg: StarConfig, out, stats_out, backend: str = "auto") -> dict:
+    """Sample the model at `model_dir` on the training problems parquet; write the traces parquet and the
+    stats JSON. Nothing is written when no problem is solved."""
+    from transformers import AutoTokenizer
+
+    from graftlab.sampling import load_sampler
+
+    traces, stats = star_traces(
+        load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), pl.read_parquet(problems), cfg
+    )
+    print(f"star: solved {stats['solved']} of {stats['problems']} ({stats['solved_by_rationalization']} by "
+          f"rationalization); mean attempts {stats['attempts_mean']}")
+    Path(stats_out).write_text(json.dumps(stats, indent=2) + "\n")
+    traces.write_parquet(out)
+    return stats
