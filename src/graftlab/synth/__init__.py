@@ -1,1 +1,1 @@
-"""Data synthesis: hard-problem mining and training traces (teacher; STaR and Pedagogical RL later)."""
+"""Data synthesis: hard-problem mining and training traces: teacher (`traces`), STaR (`star`), Pedagogical RL (`pedagogical`)."""
