@@ -15,9 +15,10 @@ rule rollouts:
     threads: config["threads"]["sample"]
     params:
         tasks=OLD_TASKS,
-        # Only what sampling uses: a new Fisher batch size must not re-sample the rollouts.
+        # Only what sampling uses: a new Fisher batch size or EKFAC must not re-sample the rollouts.
         rollouts=lambda w: {
-            k: v for k, v in xcfg(w, "fisher").items() if k != "batch_size"
+            k: xcfg(w, "fisher", k)
+            for k in ("rollouts", "temperature", "max_new_tokens")
         },
         seed=config["seed"],
         backend=config["sampling_backend"],
@@ -41,5 +42,9 @@ rule fisher:
     params:
         kind=lambda w: w.kind,
         batch_size=lambda w: xcfg(w, "fisher", "batch_size"),
+        # Options of one kind only: switching EKFAC on must not recompute the diagonal Fisher.
+        options=lambda w: (
+            {"ekfac": xcfg(w, "fisher", "ekfac")} if w.kind == "kfac" else {}
+        ),
     script:
         "../workflow_scripts/fisher.py"

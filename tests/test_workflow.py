@@ -160,6 +160,12 @@ def test_mask_settings_rerun_masked_grafts_only(smoke, tmp_path):
     assert jobs == {"graft": 2, "evaluate": 2, "summary": 1, "pareto": 1, "all": 1}
 
 
+def test_fisher_settings_rerun_the_fisher_they_shape_and_never_the_rollouts(smoke, tmp_path):
+    assert planned_jobs(smoke, overlay(tmp_path, "ekfac", {"fisher": {"ekfac": True}})) == Counter()  # no KFAC in use
+    jobs = planned_jobs(smoke, overlay(tmp_path, "batch", {"fisher": {"batch_size": 4}}))
+    assert jobs == {"fisher": 1, "graft": 3, "evaluate": 3, "summary": 1, "pareto": 1, "all": 1}
+
+
 def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
     masks = {"kinds": ["diag", "kfac"], "rho": ["0.01", "0.1", "0.5"]}
     jobs = planned_jobs(tmp_path, overlay(tmp_path, "sweep", {"graft": {"lam": ["0.5", "1"], "masks": masks}, "merge": {"masks": masks}}))

@@ -5,4 +5,4 @@ from graftlab.joblog import job_log
 
 p, inp = snakemake.params, snakemake.input
 with job_log(snakemake.log[0], snakemake.threads):
-    write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], p.batch_size)
+    write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], p.batch_size, **p.options)
