@@ -9,6 +9,7 @@ include: "rules/fisher.smk"
 include: "rules/graft.smk"
 include: "rules/evaluate.smk"
 include: "rules/analysis.smk"
+include: "rules/sensitivity.smk"
 
 
 rule all:
@@ -16,3 +17,4 @@ rule all:
     input:
         expand("results/{exp}/pareto.png", exp=EXPERIMENTS),
         expand("results/{exp}/summary.parquet", exp=EXPERIMENTS),
+        expand("results/{exp}/sensitivity.png", exp=EXPERIMENTS),

@@ -1,5 +1,6 @@
 from pathlib import Path
 
+from graftlab.analysis.summary import parse_run
 from graftlab.config import ConfigError, load_schema, resolve
 from graftlab.fisher import KINDS as FISHER_KINDS
 
@@ -121,4 +122,26 @@ def eval_model(wildcards):
         return path, path
     raise WorkflowError(
         f"no model for evaluation key {run!r}: expected post, sft/... or graft/..."
+    )
+
+
+def sensitivity_updates(wildcards):
+    """Run key -> directory of the updated model, for every SFT of post and every graft/merge run."""
+    updates = {}
+    for run in runs(wildcards.exp):
+        method = parse_run(run)["method"]
+        if method == "sft":
+            updates[run] = f"results/{wildcards.exp}/{run}"
+        elif method in ("graft", "merge"):
+            updates[run] = f"results/{wildcards.exp}/{run}/model"
+    return updates
+
+
+def sensitivity_inputs(wildcards):
+    """What rules produce: an SFT run is one directory per lr holding a checkpoint per epoch."""
+    return sorted(
+        {
+            str(Path(path).parent) if run.startswith("sft/") else path
+            for run, path in sensitivity_updates(wildcards).items()
+        }
     )
