@@ -29,6 +29,11 @@ def read_rollouts(path) -> list[tuple[list[int], list[int]]]:
     return list(zip(frame["prompt_ids"].to_list(), frame["completion_ids"].to_list()))
 
 
+def fisher_device() -> torch.device:
+    """The GPU when there is one (the workflow gives Fisher jobs `gpu: 1`), else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def right_pad(rollouts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded token ids and a mask that is 1 where a token is a completion token to score."""
     length = max(len(p) + len(c) for p, c in rollouts)
@@ -54,7 +59,7 @@ def diag_fisher(model, rollouts, batch_size: int = 16, pad_id: int = 0) -> dict[
     per_example = vmap(grad(loglik), in_dims=(None, 0, 0))
     fisher = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
     for start in tqdm(range(0, len(rollouts), batch_size), desc="diag Fisher", unit="batch"):
-        ids, scored = right_pad(rollouts[start : start + batch_size], pad_id)
+        ids, scored = (t.to(model.device) for t in right_pad(rollouts[start : start + batch_size], pad_id))
         for name, g in per_example(params, ids, scored).items():
             fisher[name] += g.float().pow(2).sum(0)
     return {name: f / len(rollouts) for name, f in fisher.items()}
@@ -69,9 +74,9 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
 
     rollouts = read_rollouts(rollouts_path)
     # Eager attention: its backward has vmap batching rules; SDPA's CPU backward falls back to a loop.
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval().to(fisher_device())
     pad_id = model.config.pad_token_id or 0
     fisher = diag_fisher(model, rollouts, batch_size, pad_id)
     with atomic_dir(out_dir) as tmp:
-        save_file({k: v.contiguous() for k, v in fisher.items()}, tmp / "diag.safetensors")
+        save_file({k: v.cpu().contiguous() for k, v in fisher.items()}, tmp / "diag.safetensors")
         write_provenance(tmp, {"model": model_dir, "rollouts": rollouts_path}, {"kind": "diag", "rollouts": len(rollouts)})

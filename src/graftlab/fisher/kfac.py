@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from graftlab.fisher.diag import read_rollouts, right_pad
+from graftlab.fisher.diag import fisher_device, read_rollouts, right_pad
 
 FORMAT = "graftlab-kfac/1"
 FACTORS = ("A", "G", "A_eigvals", "A_eigvecs", "G_eigvals", "G_eigvecs")
@@ -108,8 +108,8 @@ def _per_example(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor)
         d = d.float()
         if module.padding_idx is not None:  # torch never updates the padding row
             d = d * (x != module.padding_idx)[..., None]
-        index = (torch.arange(rows)[:, None] * vocab + x).flatten()
-        out = torch.zeros(rows * vocab, module.embedding_dim).index_add_(0, index, d.flatten(0, 1))
+        index = (torch.arange(rows, device=x.device)[:, None] * vocab + x).flatten()
+        out = d.new_zeros(rows * vocab, module.embedding_dim).index_add_(0, index, d.flatten(0, 1))
         return out.view(rows, vocab, module.embedding_dim)
     # Norms and anything else: the module's own vector-Jacobian product, once per rollout.
     from torch.func import functional_call, vjp, vmap
@@ -160,9 +160,9 @@ def _eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return vals.clamp_min(0).float(), vecs.float().contiguous()
 
 
-def _batches(rollouts, batch_size: int, pad_id: int, desc: str):
+def _batches(rollouts, batch_size: int, pad_id: int, desc: str, device):
     for start in tqdm(range(0, len(rollouts), batch_size), desc=desc, unit="batch"):
-        ids, scored = right_pad(rollouts[start : start + batch_size], pad_id)
+        ids, scored = (t.to(device) for t in right_pad(rollouts[start : start + batch_size], pad_id))
         # Position t predicts token t+1: a and d count where that prediction is scored.
         predicts = torch.zeros_like(scored, dtype=torch.bool)
         predicts[:, :-1] = scored[:, 1:] > 0
@@ -177,13 +177,14 @@ def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192) -> d
     owners = parameter_owners(model)
     diag_owners = {n: users for n, users in owners.items() if n not in layers}
     users = {m for pairs in owners.values() for m, _ in pairs}
+    device = model.device
     sums = {}
     for name, m in layers.items():
-        sums[f"{name}.A"] = torch.zeros(modules[m].in_features, modules[m].in_features)
-        sums[f"{name}.G"] = torch.zeros(modules[m].out_features, modules[m].out_features)
-    diag = {n: torch.zeros(model.get_parameter(n).shape) for n in diag_owners}
+        sums[f"{name}.A"] = torch.zeros(modules[m].in_features, modules[m].in_features, device=device)
+        sums[f"{name}.G"] = torch.zeros(modules[m].out_features, modules[m].out_features, device=device)
+    diag = {n: torch.zeros(model.get_parameter(n).shape, device=device) for n in diag_owners}
     tokens = 0
-    for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics"):
+    for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics", device):
         calls, d_out = _batch_gradients(model, {m: modules[m] for m in users}, ids, scored)
         _add_factors(sums, layers, calls, d_out, predicts)
         _add_diagonal(diag, diag_owners, modules, calls, d_out, len(ids))
@@ -207,9 +208,9 @@ def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=Fa
 
 def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, torch.Tensor]:
     """`{weight}.ekfac = (1/N) sum_n (U_G^T g_n U_A)^2`, g_n rollout n's whole gradient of the weight."""
-    fit = {name: torch.zeros(factors[f"{name}.G"].shape[0], factors[f"{name}.A"].shape[0]) for name in layers}
+    fit = {name: factors[f"{name}.G"].new_zeros(factors[f"{name}.G"].shape[0], factors[f"{name}.A"].shape[0]) for name in layers}
     modules = {m: model.get_submodule(m) for m in layers.values()}
-    for ids, scored, _ in _batches(rollouts, batch_size, pad_id, "EKFAC diagonal"):
+    for ids, scored, _ in _batches(rollouts, batch_size, pad_id, "EKFAC diagonal", model.device):
         calls, d_out = _batch_gradients(model, modules, ids, scored)
         for name, m in layers.items():
             u_a, u_g = factors[f"{name}.A_eigvecs"], factors[f"{name}.G_eigvecs"]
@@ -228,10 +229,10 @@ def write_kfac_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from graftlab.models import atomic_dir, write_provenance
 
     rollouts = read_rollouts(rollouts_path)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(fisher_device())
     tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac)
     meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower()}
     with atomic_dir(out_dir) as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp / "kfac.safetensors", metadata=meta)
+        save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, tmp / "kfac.safetensors", metadata=meta)
         params = {"kind": "kfac", "rollouts": len(rollouts), "max_dim": max_dim, "ekfac": ekfac}
         write_provenance(tmp, {"model": model_dir, "rollouts": rollouts_path}, params)
