@@ -125,23 +125,10 @@ def eval_model(wildcards):
     )
 
 
-def sensitivity_updates(wildcards):
-    """Run key -> directory of the updated model, for every SFT of post and every graft/merge run."""
-    updates = {}
-    for run in runs(wildcards.exp):
-        method = parse_run(run)["method"]
-        if method == "sft":
-            updates[run] = f"results/{wildcards.exp}/{run}"
-        elif method in ("graft", "merge"):
-            updates[run] = f"results/{wildcards.exp}/{run}/model"
-    return updates
-
-
-def sensitivity_inputs(wildcards):
-    """What rules produce: an SFT run is one directory per lr holding a checkpoint per epoch."""
-    return sorted(
-        {
-            str(Path(path).parent) if run.startswith("sft/") else path
-            for run, path in sensitivity_updates(wildcards).items()
-        }
-    )
+def sensitivity_runs(exp):
+    """The runs whose update the sensitivity analysis measures: SFT of post, every graft and merge."""
+    return [
+        run
+        for run in runs(exp)
+        if run != "post" and parse_run(run)["method"] in ("sft", "graft", "merge")
+    ]

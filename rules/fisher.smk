@@ -41,10 +41,11 @@ rule fisher:
     threads: config["threads"]["train"]
     params:
         kind=lambda w: w.kind,
-        batch_size=lambda w: xcfg(w, "fisher", "batch_size"),
         # Options of one kind only: switching EKFAC on must not recompute the diagonal Fisher.
         options=lambda w: (
             {"ekfac": xcfg(w, "fisher", "ekfac")} if w.kind == "kfac" else {}
         ),
+    # The batch size is memory, not results (the sums are the same up to rounding): the script reads it
+    # from the config, so changing it never recomputes a Fisher, nor the grafts and analyses built on one.
     script:
         "../workflow_scripts/fisher.py"

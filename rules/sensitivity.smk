@@ -1,13 +1,35 @@
 # Sensitive-weight analysis (grafting paper §7): the share of each update (SFT of post, and every graft
 # or merge, as grafted model - post) written to the top 1% of coordinates by the post model's retention
-# Fisher. Grafted models are temp(): as inputs here they are kept until this rule has run.
+# Fisher. One job per update, run while a temp() grafted model exists (beside its evaluation), so adding
+# a run never rebuilds grafts already analysed; then one table and figure per experiment.
+
+
+rule sensitivity_update:
+    input:
+        fisher="results/{exp}/fisher/post/diag",
+        post=model_dir("post"),
+        model=lambda w: eval_model(w)[0],
+    output:
+        "results/{exp}/sensitivity/{run}/share.parquet",
+    log:
+        "logs/{exp}/sensitivity/{run}.log",
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["threads"]["sample"]
+    params:
+        run=lambda w: w.run,
+        model=lambda w: eval_model(w)[1],
+        top=0.01,
+    script:
+        "../workflow_scripts/sensitivity_update.py"
 
 
 rule sensitivity:
     input:
-        fisher="results/{exp}/fisher/post/diag",
-        post=model_dir("post"),
-        updates=sensitivity_inputs,
+        lambda w: [
+            f"results/{w.exp}/sensitivity/{run}/share.parquet"
+            for run in sensitivity_runs(w.exp)
+        ],
     output:
         parquet="results/{exp}/sensitivity.parquet",
         png=report(
@@ -20,9 +42,5 @@ rule sensitivity:
         "logs/{exp}/sensitivity.log",
     conda:
         "../envs/cpu.yaml"
-    threads: config["threads"]["sample"]
-    params:
-        updates=sensitivity_updates,
-        top=0.01,
     script:
         "../workflow_scripts/sensitivity.py"

@@ -14,12 +14,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conftest import build_pico_model
+from graftlab.atomic import atomic_dir
 from graftlab.cli import main
 from graftlab.graft import graft
 from graftlab.models import (
     GraftlabError,
     SafetensorsWriter,
-    atomic_dir,
     copy_model_files,
     read_header,
     tensor_index,
@@ -324,6 +324,22 @@ def test_atomic_dir_leaves_nothing_on_error_and_replaces_on_success(tmp_path):
         (tmp / "new").write_text("new")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert [p.name for p in out.iterdir()] == ["new"]
+
+
+def test_atomic_file_leaves_nothing_on_error_and_replaces_on_success(tmp_path):
+    from graftlab.atomic import atomic_file
+
+    out = tmp_path / "sub" / "table.parquet"
+    with pytest.raises(RuntimeError):
+        with atomic_file(out) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    assert list((tmp_path / "sub").iterdir()) == []
+    for text in ("first", "second"):
+        with atomic_file(out) as tmp:
+            assert tmp.parent == out.parent and tmp.name != out.name
+            tmp.write_text(text)
+    assert [p.name for p in out.parent.iterdir()] == ["table.parquet"] and out.read_text() == "second"
 
 
 def test_copy_model_files_skips_weights_provenance_and_trainer_state(tmp_path):

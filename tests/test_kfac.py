@@ -10,7 +10,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from graftlab.cli import main
-from graftlab.fisher import make_mask, write_fisher
+from graftlab.fisher import make_mask
 from graftlab.fisher.diag import diag_fisher
 from graftlab.fisher.kfac import kfac_fisher
 from graftlab.graft import graft

@@ -14,7 +14,9 @@ from graftlab.analysis.sensitivity import (
     plot_sensitivity,
     sensitivity_table,
     top_threshold,
+    collect_sensitivity,
     write_sensitivity,
+    write_update_sensitivity,
 )
 from graftlab.models import GraftlabError
 
@@ -219,3 +221,18 @@ def test_write_sensitivity_writes_the_table_and_a_png(pico_model, post, tmp_path
     assert sorted(p.name for p in out.iterdir()) == ["sensitivity.parquet", "sensitivity.png"]  # no temporaries
     with pytest.raises(ValueError, match="unknown method"):
         plot_sensitivity(table.with_columns(method=pl.lit("opsd")), out / "bad.png")
+
+
+def test_rows_written_one_update_at_a_time_collect_into_the_whole_table(pico_model, post, tmp_path):
+    """The workflow measures each update on its own job (while its temporary graft exists)."""
+    fisher = random_fisher(post, tmp_path)
+    updates = {SFT: pico_model("sft", seed=1, base=post, noise=0.01), GRAFT: pico_model("graft", seed=2, base=post, noise=0.003)}
+    rows = []
+    for i, (run, model) in enumerate(updates.items()):
+        rows.append(tmp_path / "rows" / f"{i}.parquet")
+        write_update_sensitivity(fisher, post, run, model, rows[-1])
+    table = collect_sensitivity(rows[::-1], tmp_path / "s.parquet", tmp_path / "s.png")
+    assert table.equals(sensitivity_table(fisher, post, updates))
+    assert pl.read_parquet(tmp_path / "s.parquet").equals(table) and (tmp_path / "s.png").stat().st_size > 10_000
+    with pytest.raises(GraftlabError, match="no updates"):
+        collect_sensitivity([], tmp_path / "t.parquet", tmp_path / "t.png")

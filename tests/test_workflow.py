@@ -141,29 +141,37 @@ def test_second_run_schedules_nothing(smoke):
 def test_new_lambda_schedules_only_its_grafts_and_evaluations(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "lam", {"graft": {"lam": ["1", "2"]}}))
     # Unmasked and diag-masked (masks.lam follows graft.lam) at both epochs.
-    assert jobs == {"graft": 4, "evaluate": 4, "summary": 1, "pareto": 1, "all": 1}
+    # Each new update is also measured for the sensitive-weight analysis, while its graft exists.
+    assert jobs == {"graft": 4, "evaluate": 4, "sensitivity_update": 4, "summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
 
 
 def test_new_rho_schedules_only_its_masked_grafts_not_the_fisher(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "rho", {"graft": {"masks": {"rho": ["0.1", "0.2", "0.5"]}}}))
-    assert jobs == {"graft": 4, "evaluate": 4, "summary": 1, "pareto": 1, "all": 1}  # 2 rho x 2 epochs
+    expected = {"graft": 4, "evaluate": 4, "sensitivity_update": 4}  # 2 rho x 2 epochs
+    assert jobs == expected | {"summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
 
 
 def test_new_mask_kind_computes_its_fisher_once_from_the_same_rollouts(smoke, tmp_path):
     both = {"kinds": ["diag", "kfac"]}
     jobs = planned_jobs(smoke, overlay(tmp_path, "kfac", {"graft": {"masks": both}, "merge": {"masks": both}}))
-    assert jobs == {"fisher": 1, "graft": 3, "evaluate": 3, "summary": 1, "pareto": 1, "all": 1}
+    expected = {"fisher": 1, "graft": 3, "evaluate": 3, "sensitivity_update": 3}
+    assert jobs == expected | {"summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
 
 
 def test_mask_settings_rerun_masked_grafts_only(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "scope", {"graft": {"masks": {"scope": "tensor"}}}))
-    assert jobs == {"graft": 2, "evaluate": 2, "summary": 1, "pareto": 1, "all": 1}
+    expected = {"graft": 2, "evaluate": 2, "sensitivity_update": 2}
+    assert jobs == expected | {"summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
 
 
 def test_fisher_settings_rerun_the_fisher_they_shape_and_never_the_rollouts(smoke, tmp_path):
     assert planned_jobs(smoke, overlay(tmp_path, "ekfac", {"fisher": {"ekfac": True}})) == Counter()  # no KFAC in use
-    jobs = planned_jobs(smoke, overlay(tmp_path, "batch", {"fisher": {"batch_size": 4}}))
-    assert jobs == {"fisher": 1, "graft": 3, "evaluate": 3, "summary": 1, "pareto": 1, "all": 1}
+    # The batch size is memory, not results: nothing re-runs.
+    assert planned_jobs(smoke, overlay(tmp_path, "batch", {"fisher": {"batch_size": 4}})) == Counter()
+    # More rollouts: new rollouts, a new Fisher, its masked grafts, and every update's sensitivity (the
+    # temporary grafts are rebuilt for it, and so re-evaluated).
+    jobs = planned_jobs(smoke, overlay(tmp_path, "more", {"fisher": {"rollouts": 30}}))
+    assert jobs["rollouts"] == 1 and jobs["fisher"] == 1 and jobs["sensitivity_update"] == 9 and jobs["graft"] == 7
 
 
 def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
@@ -177,7 +185,8 @@ def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_pa
     jobs = planned_jobs(smoke, overlay(tmp_path, "lr", {"sft": {"lr": ["2e-3"]}}))
     # SFT of post and of the donor; per epoch one graft and one merge, the grafts masked too, the merge
     # masked at epoch 2; every new model evaluated. The Fisher belongs to the post model: kept.
-    assert jobs == {"sft": 2, "graft": 4 + 3, "evaluate": 4 + 7, "summary": 1, "pareto": 1, "all": 1}
+    expected = {"sft": 2, "graft": 4 + 3, "evaluate": 4 + 7, "sensitivity_update": 2 + 7}  # SFT of post + grafts
+    assert jobs == expected | {"summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
 
 
 def test_a_configfile_replaces_the_default_experiments(tmp_path):

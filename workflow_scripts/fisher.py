@@ -4,5 +4,6 @@ from graftlab.fisher import write_fisher
 from graftlab.joblog import job_log
 
 p, inp = snakemake.params, snakemake.input
+batch_size = snakemake.config["experiments"][snakemake.wildcards.exp]["fisher"]["batch_size"]
 with job_log(snakemake.log[0], snakemake.threads):
-    write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], p.batch_size, **p.options)
+    write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], batch_size, **p.options)

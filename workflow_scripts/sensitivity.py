@@ -1,17 +1,13 @@
-"""Share of each update (SFT of post, every graft and merge) in the top 1% of the post model's
-retention-Fisher coordinates: a table and its figure."""
+"""The sensitive-weight table of an experiment, one row per update, and its figure."""
 
-from graftlab.analysis.sensitivity import write_sensitivity
+from graftlab.analysis.sensitivity import collect_sensitivity
 from graftlab.joblog import job_log
 
-inp, out, p = snakemake.input, snakemake.output, snakemake.params
+out = snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):
-    write_sensitivity(
-        inp.fisher,
-        inp.post,
-        p.updates,
+    collect_sensitivity(
+        list(snakemake.input),
         out.parquet,
         out.png,
-        top=p.top,
         title=f"{snakemake.wildcards.exp}: update written to the most Fisher-sensitive weights",
     )

@@ -21,13 +21,13 @@ from typing import Any
 
 import torch
 
+from graftlab.atomic import atomic_dir
 from graftlab.models import (
     INDEX_NAME,
     SINGLE_NAME,
     GraftlabError,
     SafetensorsWriter,
     TensorSpec,
-    atomic_dir,
     copy_model_files,
     read_config,
     tensor_index,

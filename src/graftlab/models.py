@@ -7,7 +7,6 @@ start-up time is a measurable share of a graft (DESIGN §7).
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -17,7 +16,7 @@ import platform
 import shutil
 import struct
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -273,32 +272,6 @@ class SafetensorsWriter:
             # The caller's exception is the story; the file is garbage that atomic_dir removes.
             self._file.close()
             self._file = None
-
-
-@contextlib.contextmanager
-def atomic_dir(out: str | Path) -> Iterator[Path]:
-    """Yield a temporary sibling of ``out`` to fill; rename it to ``out`` on success (replacing an
-    existing ``out``), delete it on any exception. A directory named ``out`` is thus always complete."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)  # left by a killed earlier run with a recycled pid
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        # A directory cannot be renamed over a non-empty one: move the old one aside first, so the
-        # window in which `out` is absent is two renames long and never shows a partial directory.
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
 
 
 def _package_versions() -> dict[str, str | None]:

@@ -16,12 +16,12 @@ Bad input is refused, or skipped out loud, never silently:
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import polars as pl
 
+from graftlab.atomic import atomic_file
 from graftlab.models import GraftlabError
 from graftlab.tasks_registry import get_task
 
@@ -212,20 +212,13 @@ def load_problems(src: ProblemSource) -> tuple[pl.DataFrame, dict]:
     return pl.DataFrame(rows, schema={k: pl.String for k in rows[0]}), stats
 
 
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    write(tmp)
-    tmp.rename(path)
-
-
 def write_problems(src: ProblemSource, out, stats_out) -> dict:
     """Write the problems of `src` to the parquet `out` and its stats to the JSON `stats_out`; the parquet
     is written last, so its presence means both are complete."""
     problems, stats = load_problems(src)
-    out, stats_out = Path(out), Path(stats_out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stats_out.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(stats_out, lambda p: p.write_text(json.dumps(stats, indent=2)))
-    _atomic_write(out, problems.write_parquet)
+    with atomic_file(stats_out) as tmp:
+        tmp.write_text(json.dumps(stats, indent=2))
+    with atomic_file(out) as tmp:
+        problems.write_parquet(tmp)
     print(f"dataset {src.name}: {stats['kept']} problems of {stats['rows']} rows; skipped {stats['skipped']}")
     return stats

@@ -4,13 +4,13 @@ Colour says the method; for grafts and merges the marker also says the Fisher ma
 hollow in their method's colour, so a masked graft sits visibly beside its unmasked twin.
 """
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import polars as pl
 
 from graftlab.analysis.summary import pareto_front
+from graftlab.atomic import atomic_file
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -125,8 +125,5 @@ def pareto_figure(summary: str | Path | pl.DataFrame, title: str | None = None) 
 def plot_pareto(summary: str | Path | pl.DataFrame, out_png: str | Path, title: str | None = None) -> None:
     """`pareto_figure` written as a PNG, atomically."""
     fig = pareto_figure(summary, title)
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, dpi=150, format="png")
-    os.replace(tmp, out)
+    with atomic_file(out_png) as tmp:
+        fig.savefig(tmp, dpi=150, format="png")

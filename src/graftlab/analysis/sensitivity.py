@@ -23,7 +23,6 @@ Memory: the Fisher is held (fp32, the size of one model); the threshold is found
 """
 
 import contextlib
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from safetensors import safe_open
 
 from graftlab.analysis.pareto import STYLES
 from graftlab.analysis.summary import parse_run
+from graftlab.atomic import atomic_file
 from graftlab.fisher.masks import load_diag_fisher
 from graftlab.models import GraftlabError, tensor_index, tensor_specs
 
@@ -268,21 +268,34 @@ def plot_sensitivity(table: str | Path | pl.DataFrame, out_png: str | Path, titl
     _method_legend(fig, df)
     fig.suptitle(title or "Update written to the most Fisher-sensitive weights")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    fig.savefig(tmp, dpi=150, format="png")
-    os.replace(tmp, out)
+    with atomic_file(out_png) as tmp:
+        fig.savefig(tmp, dpi=150, format="png")
 
 
 def write_sensitivity(fisher_dir, post_dir, updates: Mapping[str, str | Path], out_parquet: str | Path,
                       out_png: str | Path, top: float = 0.01, title: str | None = None) -> pl.DataFrame:
     """The table as parquet and its figure as PNG, each written atomically; the table is returned."""
     table = sensitivity_table(fisher_dir, post_dir, updates, top)
-    out = Path(out_parquet)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    table.write_parquet(tmp)
-    os.replace(tmp, out)
+    with atomic_file(out_parquet) as tmp:
+        table.write_parquet(tmp)
+    plot_sensitivity(table, out_png, title)
+    return table
+
+
+def write_update_sensitivity(fisher_dir, post_dir, run: str, model_dir, out_parquet, top: float = 0.01) -> None:
+    """One update's row, for the workflow: computed while a temporary grafted model still exists, so a new
+    run never has to rebuild the grafts that were already analysed."""
+    table = sensitivity_table(fisher_dir, post_dir, {run: model_dir}, top)
+    with atomic_file(out_parquet) as tmp:
+        table.write_parquet(tmp)
+
+
+def collect_sensitivity(rows: list[str | Path], out_parquet, out_png, title: str | None = None) -> pl.DataFrame:
+    """The rows of `write_update_sensitivity` as one table (parquet) and its figure (PNG)."""
+    if not rows:
+        raise GraftlabError("sensitivity: no updates to collect")
+    table = pl.concat([pl.read_parquet(r) for r in rows], how="diagonal_relaxed").sort("run")
+    with atomic_file(out_parquet) as tmp:
+        table.write_parquet(tmp)
     plot_sensitivity(table, out_png, title)
     return table

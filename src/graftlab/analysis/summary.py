@@ -13,12 +13,13 @@ Hyperparameter values stay strings, as in the paths, so `1e-3` is never reformat
 """
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from graftlab.atomic import atomic_file
 
 POST = "post"
 KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
@@ -116,11 +117,8 @@ def write_summary(
 ) -> pl.DataFrame:
     """Summarise and write the table as parquet, atomically: a killed job leaves no partial file."""
     summary = summarize(metrics_files, exp)
-    out = Path(out_parquet)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    summary.write_parquet(tmp)
-    os.replace(tmp, out)
+    with atomic_file(out_parquet) as tmp:
+        summary.write_parquet(tmp)
     return summary
 
 

@@ -5,12 +5,12 @@ Writes one parquet of per-sample records per benchmark and, last, `metrics.json`
 """
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
+from graftlab.atomic import atomic_file
 from graftlab.evaluate.metrics import benchmark_metrics
 from graftlab.sampling import SamplingConfig, load_sampler
 from graftlab.tasks import sample_and_grade
@@ -46,7 +46,6 @@ def evaluate(model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_di
     for role in ("old", "new"):
         accs = [m["acc@n"] for m in per_bench.values() if m["role"] == role]
         metrics[role] = sum(accs) / len(accs) if accs else None
-    tmp = out_dir / f".metrics.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(metrics, indent=2))
-    tmp.rename(out_dir / "metrics.json")
+    with atomic_file(out_dir / "metrics.json") as tmp:
+        tmp.write_text(json.dumps(metrics, indent=2))
     return metrics

@@ -70,7 +70,8 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from graftlab.models import atomic_dir, write_provenance
+    from graftlab.atomic import atomic_dir
+    from graftlab.models import write_provenance
 
     rollouts = read_rollouts(rollouts_path)
     # Eager attention: its backward has vmap batching rules; SDPA's CPU backward falls back to a loop.

@@ -226,7 +226,8 @@ def write_kfac_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from graftlab.models import atomic_dir, write_provenance
+    from graftlab.atomic import atomic_dir
+    from graftlab.models import write_provenance
 
     rollouts = read_rollouts(rollouts_path)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(fisher_device())

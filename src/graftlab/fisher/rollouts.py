@@ -7,10 +7,9 @@ as the exact token ids the model read and wrote (`prompt_ids`, `completion_ids`)
 beside them are for people, not for the Fisher.
 """
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from graftlab.atomic import atomic_file
 from graftlab.sampling import SamplingConfig
 from graftlab.tasks import chat_prompt, is_correct
 from graftlab.world import arith
@@ -94,9 +93,6 @@ def write_rollouts(model_dir, benchmark_files, tasks: list[str], cfg: RolloutCon
     length = frame["completion_ids"].list.len().mean()
     print(f"{frame.height} rollouts over {tasks}: mean completion {length:.1f} tokens, "
           f"{frame['correct'].mean():.3f} correct")  # fmt: skip
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    frame.write_parquet(tmp)
-    os.replace(tmp, out)
+    with atomic_file(out) as tmp:
+        frame.write_parquet(tmp)
     return frame

@@ -209,7 +209,8 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out) -> N
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from graftlab.models import atomic_dir, write_provenance
+    from graftlab.atomic import atomic_dir
+    from graftlab.models import write_provenance
 
     torch.set_num_threads(cfg.threads)
     tok = AutoTokenizer.from_pretrained(post_dir)
