@@ -186,3 +186,16 @@ def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_p
     err = capsys.readouterr().err
     assert err.startswith("graftlab: error:") and err.count("\n") == 1 and "missing ['completion_ids']" in err
     assert not (tmp_path / "g").exists()
+
+
+def test_cli_exact_limit_switches_to_the_subsampled_threshold_and_reports_the_count(trio, tmp_path):
+    post, donor, tuned, fisher_dir, fisher = trio
+    args = ["graft", "--post", str(post), "--donor", str(donor), "--donor-tuned", str(tuned), "--scale", "1",
+            "--fisher", str(fisher_dir), "--mask", "diag", "--rho", "0.3"]
+    assert main(args + ["--out", str(tmp_path / "exact")]) == 0
+    assert main(args + ["--out", str(tmp_path / "sampled"), "--exact-limit", "0"]) == 0
+    exact, sampled = (json.loads((tmp_path / d / "graftlab.json").read_text())["mask"] for d in ("exact", "sampled"))
+    assert exact["masked"] == round(0.3 * exact["total"])
+    out, p = _weights(tmp_path / "sampled"), _weights(post)
+    assert sampled["masked"] == sum(int((out[n] == p[n]).sum()) for n in fisher)  # the count is the count zeroed
+    assert abs(sampled["masked"] - exact["masked"]) <= 0.05 * exact["total"]

@@ -27,7 +27,8 @@ def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int =
     write(model_dir, rollouts_path, Path(out_dir), batch_size, **kfac_options)
 
 
-def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta"):
+def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
+              exact_limit: int = 2**28):
     """The `project` callable of `graftlab.graft.graft` for one masked graft; its `report()` goes to graftlab.json."""
     if kind == "diag":
         from graftlab.fisher.masks import diag_mask as build
@@ -37,4 +38,4 @@ def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope
         from graftlab.models import GraftlabError
 
         raise GraftlabError(f"unknown mask kind {kind!r}: expected one of {list(KINDS)}")
-    return build(fisher_dir, post, donor, donor_tuned, rho, scope, score)
+    return build(fisher_dir, post, donor, donor_tuned, rho, scope, score, exact_limit)

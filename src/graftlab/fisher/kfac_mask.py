@@ -87,8 +87,9 @@ class KfacMask(FisherMask):
         return super().report() | {"ekfac": self.ekfac}
 
 
-def kfac_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta") -> KfacMask:
+def kfac_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
+              exact_limit: int = 2**28) -> KfacMask:
     """The KFAC mask for one graft, its Fisher checked against the post model."""
     entries = load_kfac_fisher(fisher_dir, post)
     deltas = read_deltas(donor, donor_tuned, entries) if scope == "global" and score == "fisher_delta" else None
-    return KfacMask(entries, rho, scope=scope, score=score, deltas=deltas)
+    return KfacMask(entries, rho, scope=scope, score=score, deltas=deltas, exact_limit=exact_limit)

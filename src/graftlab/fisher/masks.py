@@ -136,8 +136,9 @@ def read_deltas(donor, donor_tuned, names) -> dict[str, torch.Tensor]:
     return deltas
 
 
-def diag_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta") -> DiagMask:
+def diag_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
+              exact_limit: int = 2**28) -> DiagMask:
     """The mask for one graft, its Fisher checked against the post model."""
     fisher = load_diag_fisher(fisher_dir, post)
     deltas = read_deltas(donor, donor_tuned, fisher) if scope == "global" and score == "fisher_delta" else None
-    return DiagMask(fisher, rho, scope=scope, score=score, deltas=deltas)
+    return DiagMask(fisher, rho, scope=scope, score=score, deltas=deltas, exact_limit=exact_limit)
