@@ -164,3 +164,16 @@ def test_unknown_task_names_the_known_ones():
     with pytest.raises(GraftlabError, match=r"unknown task 'maths'.*\['arith', 'knowledge', 'math'\]"):
         get_task("maths")
     assert set(TASKS) == {"arith", "knowledge", "math"}
+
+
+def test_sample_and_grade_grades_with_the_task_it_is_given():
+    """Evaluation and mining grade real math with math-verify, not the tiny world's exact match."""
+    import polars as pl
+
+    from graftlab.world.tokenizer import build_tokenizer
+
+    problems = pl.DataFrame({"id": ["p"], "prompt": ["What is 1/2?"], "answer": ["\\frac{1}{2}"]})
+    sampler = lambda prompts, cfg: [[chat_completion("half", "\\boxed{0.5}")] for _ in prompts]  # noqa: E731
+    exact = tasks.sample_and_grade(sampler, build_tokenizer(), problems, None)
+    graded = tasks.sample_and_grade(sampler, build_tokenizer(), problems, None, grade=get_task("math").grade)
+    assert exact["correct"].to_list() == [False] and graded["correct"].to_list() == [True]

@@ -30,14 +30,17 @@ def is_correct(completion: str, answer: str) -> bool:
     return extract_answer(completion) == answer.strip()
 
 
-def sample_and_grade(sampler, tokenizer, problems, cfg):
+def sample_and_grade(sampler, tokenizer, problems, cfg, grade=None):
     """Sample every problem (a frame with `id`, `prompt`, `answer`) and grade each completion: one row
-    per sample with `problem_id`, `sample`, `completion`, the parsed `answer` and `correct`."""
+    per sample with `problem_id`, `sample`, `completion`, the parsed `answer` and `correct`. `grade`
+    (completion, answer) -> bool defaults to the tiny world's exact match; real tasks pass theirs
+    (`graftlab.tasks_registry.get_task(name).grade`)."""
     import polars as pl
 
+    grade = grade or is_correct
     completions = sampler([chat_prompt(tokenizer, p) for p in problems["prompt"]], cfg)
     rows = [
-        {"problem_id": pid, "sample": i, "completion": c, "answer": extract_answer(c), "correct": is_correct(c, ref)}
+        {"problem_id": pid, "sample": i, "completion": c, "answer": extract_answer(c), "correct": grade(c, ref)}
         for pid, ref, cs in zip(problems["id"], problems["answer"], completions)
         for i, c in enumerate(cs)
     ]
