@@ -179,3 +179,12 @@ def test_bad_kfac_input_is_a_one_line_error_without_output(kfac_trio, tmp_path, 
     assert _kfac_cli(other, other, other, tmp_path / "o4", fisher) == 2
     assert "computed for another architecture" in capsys.readouterr().err
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+
+
+def test_a_parameter_no_module_call_reaches_is_refused_not_given_zero_fisher(pico_model):
+    from graftlab.models import GraftlabError
+
+    model = AutoModelForCausalLM.from_pretrained(pico_model("m")).eval()
+    model.model.unused = nn.LayerNorm(16)  # in named_parameters, never called by forward
+    with pytest.raises(GraftlabError, match="model.unused.weight"):
+        kfac_fisher(model, _rollouts(0, 3), batch_size=4)

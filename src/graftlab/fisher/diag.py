@@ -52,7 +52,7 @@ def diag_fisher(model, rollouts, batch_size: int = 16, pad_id: int = 0) -> dict[
     params = {name: p.detach() for name, p in model.named_parameters()}
 
     def loglik(p, ids, scored):
-        logits = functional_call(model, p, (ids[None],)).logits[0, :-1].float()
+        logits = functional_call(model, p, (ids[None],), {"use_cache": False}).logits[0, :-1].float()
         token_lp = logits.log_softmax(-1).gather(-1, ids[1:, None])[:, 0]
         return (token_lp * scored[1:]).sum()
 
@@ -75,7 +75,9 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
 
     rollouts = read_rollouts(rollouts_path)
     # Eager attention: its backward has vmap batching rules; SDPA's CPU backward falls back to a loop.
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval().to(fisher_device())
+    # fp32 whatever the checkpoint's dtype: bf16 gradients carry percent-level errors, fp16 underflows.
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    model = model.eval().to(fisher_device())
     pad_id = model.config.pad_token_id or 0
     fisher = diag_fisher(model, rollouts, batch_size, pad_id)
     with atomic_dir(out_dir) as tmp:

@@ -26,6 +26,7 @@ from torch import nn
 from tqdm import tqdm
 
 from graftlab.fisher.diag import fisher_device, read_rollouts, right_pad
+from graftlab.models import GraftlabError
 
 FORMAT = "graftlab-kfac/1"
 FACTORS = ("A", "G", "A_eigvals", "A_eigvecs", "G_eigvals", "G_eigvecs")
@@ -84,7 +85,7 @@ def _batch_gradients(model, modules, ids, scored) -> tuple[_Calls, dict[str, lis
     calls = _Calls(modules)
     handles = _record(model, calls)
     try:
-        logits = model(ids).logits[:, :-1].float()
+        logits = model(ids, use_cache=False).logits[:, :-1].float()
     finally:
         for h in handles:
             h.remove()
@@ -123,8 +124,9 @@ def _per_example(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor)
     return vmap(one)(x, d).float()
 
 
-def _add_diagonal(fisher, owners, modules, calls, d_out, batch: int) -> None:
-    """fisher[name] += sum over the batch's rollouts of g_n^2, g_n summed over every use of the weight."""
+def _add_diagonal(fisher, owners, modules, calls, d_out, batch: int, seen: set) -> None:
+    """fisher[name] += sum over the batch's rollouts of g_n^2, g_n summed over every use of the weight;
+    `seen` collects the names that received a gradient."""
     for name, users in owners.items():
         numel = modules[users[0][0]].get_parameter(users[0][1]).numel()
         step = max(1, CHUNK_FLOATS // numel)
@@ -137,6 +139,7 @@ def _add_diagonal(fisher, owners, modules, calls, d_out, batch: int) -> None:
             )
             if isinstance(g, torch.Tensor):  # else the weight was not used by this forward
                 fisher[name] += g.square().sum(0)
+                seen.add(name)
 
 
 def _add_factors(sums, layers, calls, d_out, predicts) -> None:
@@ -183,12 +186,16 @@ def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192) -> d
         sums[f"{name}.A"] = torch.zeros(modules[m].in_features, modules[m].in_features, device=device)
         sums[f"{name}.G"] = torch.zeros(modules[m].out_features, modules[m].out_features, device=device)
     diag = {n: torch.zeros(model.get_parameter(n).shape, device=device) for n in diag_owners}
-    tokens = 0
+    tokens, seen = 0, set()
     for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics", device):
         calls, d_out = _batch_gradients(model, {m: modules[m] for m in users}, ids, scored)
         _add_factors(sums, layers, calls, d_out, predicts)
-        _add_diagonal(diag, diag_owners, modules, calls, d_out, len(ids))
+        _add_diagonal(diag, diag_owners, modules, calls, d_out, len(ids), seen)
         tokens += int(predicts.sum())
+    if unseen := sorted(diag_owners.keys() - seen):
+        # A weight used outside its module's forward (e.g. `hidden @ embed.weight.T`) is invisible to the
+        # hooks: a zero Fisher would make the mask rank it least sensitive, so refuse instead.
+        raise GraftlabError(f"no module call reached parameters {unseen[:3]}: their Fisher cannot be computed")
     out = {k: v / (max(tokens, 1) if k.endswith(".A") else len(rollouts)) for k, v in sums.items()}
     return out | {f"{n}.diag": f / len(rollouts) for n, f in diag.items()}
 
@@ -230,7 +237,9 @@ def write_kfac_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from graftlab.models import write_provenance
 
     rollouts = read_rollouts(rollouts_path)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(fisher_device())
+    # fp32 whatever the checkpoint's dtype: a bf16 forward and backward put 0.4-2% errors into G and the
+    # diagonal (measured on a bf16 pico model), and fp16 underflows.
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(fisher_device())
     tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac)
     meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower()}
     with atomic_dir(out_dir) as tmp:

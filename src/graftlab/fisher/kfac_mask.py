@@ -48,7 +48,8 @@ def _shape(parts: dict[str, torch.Tensor]) -> tuple[int, ...]:
         return tuple(parts["diag"].shape)
     if not all(p in parts for p in FACTORS):
         return ()
-    return parts["G"].shape[0], parts["A"].shape[0]
+    shape = parts["G"].shape[0], parts["A"].shape[0]
+    return shape if "ekfac" not in parts or tuple(parts["ekfac"].shape) == shape else ()
 
 
 class KfacMask(FisherMask):
