@@ -1,8 +1,10 @@
 """Retention rollouts: the post model's own samples on old-domain prompts, the data of the retention
 Fisher (DESIGN §3: `y ~ pi_post(.|x)`, so the Fisher is the true one by Monte Carlo).
 
-The prompts are fresh problems of the tiny world's old tasks, spread evenly over them and disjoint from
-the old-task benchmarks, so the Fisher never looks at what evaluation scores. One sample per prompt, kept
+The prompts are problems of the tiny world's old tasks, spread evenly over them and disjoint from the
+old-task benchmarks, so the Fisher never looks at what evaluation scores. They may coincide with
+post-training problems (the space of 2-digit problems is small): retention is about the old domain, and
+the post model's training data is part of it. One sample per prompt, kept
 as the exact token ids the model read and wrote (`prompt_ids`, `completion_ids`); the readable columns
 beside them are for people, not for the Fisher.
 """
@@ -18,7 +20,7 @@ from graftlab.world import arith
 # module for `per_task_counts` on every Snakemake start.
 
 # Benchmarks draw their problems with `seed` and post-training with `seed + 1` (world.build): a stream of
-# its own keeps the retention prompts from being a prefix of either.
+# its own keeps the retention prompts from being a prefix of either (overlap by chance remains possible).
 SEED_OFFSET = 2
 
 
