@@ -15,7 +15,6 @@ from graftlab.analysis.sensitivity import (
     sensitivity_table,
     top_threshold,
     collect_sensitivity,
-    write_sensitivity,
     write_update_sensitivity,
 )
 from graftlab.models import GraftlabError
@@ -207,14 +206,17 @@ def test_a_model_of_another_architecture_is_refused_naming_it(pico_model, post, 
         sensitivity_table(negative, post, {SFT: post})
 
 
-def test_write_sensitivity_writes_the_table_and_a_png(pico_model, post, tmp_path):
+def test_collected_sensitivity_writes_the_table_and_a_png(pico_model, post, tmp_path):
     fisher = random_fisher(post, tmp_path)
     updates = {SFT: pico_model("sft", seed=1, base=post, noise=0.01),
                GRAFT: pico_model("graft", seed=2, base=post, noise=0.003),
                MERGE: pico_model("merge", seed=3, base=post, noise=0.002),
                "graft/step~100/lr~1e-3/epoch~2/lam~0/mask~none/rho~0": post}
     out = tmp_path / "out"
-    table = write_sensitivity(fisher, post, updates, out / "sensitivity.parquet", out / "sensitivity.png", title="x")
+    rows = [tmp_path / "rows" / f"{i}.parquet" for i in range(len(updates))]
+    for row, (run, model) in zip(rows, updates.items()):
+        write_update_sensitivity(fisher, post, run, model, row)
+    table = collect_sensitivity(rows, out / "sensitivity.parquet", out / "sensitivity.png", title="x")
     assert pl.read_parquet(out / "sensitivity.parquet").equals(table)
     png = (out / "sensitivity.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000

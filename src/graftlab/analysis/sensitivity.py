@@ -272,16 +272,6 @@ def plot_sensitivity(table: str | Path | pl.DataFrame, out_png: str | Path, titl
         fig.savefig(tmp, dpi=150, format="png")
 
 
-def write_sensitivity(fisher_dir, post_dir, updates: Mapping[str, str | Path], out_parquet: str | Path,
-                      out_png: str | Path, top: float = 0.01, title: str | None = None) -> pl.DataFrame:
-    """The table as parquet and its figure as PNG, each written atomically; the table is returned."""
-    table = sensitivity_table(fisher_dir, post_dir, updates, top)
-    with atomic_file(out_parquet) as tmp:
-        table.write_parquet(tmp)
-    plot_sensitivity(table, out_png, title)
-    return table
-
-
 def write_update_sensitivity(fisher_dir, post_dir, run: str, model_dir, out_parquet, top: float = 0.01) -> None:
     """One update's row, for the workflow: computed while a temporary grafted model still exists, so a new
     run never has to rebuild the grafts that were already analysed."""
