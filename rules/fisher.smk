@@ -43,7 +43,12 @@ rule fisher:
         kind=lambda w: w.kind,
         # Options of one kind only: switching EKFAC on must not recompute the diagonal Fisher.
         options=lambda w: (
-            {"ekfac": xcfg(w, "fisher", "ekfac")} if w.kind == "kfac" else {}
+            {
+                "ekfac": xcfg(w, "fisher", "ekfac"),
+                "positions": xcfg(w, "fisher", "kfac_positions"),
+            }
+            if w.kind == "kfac"
+            else {}
         ),
     # The batch size is memory, not results (the sums are the same up to rounding): the script reads it
     # from the config, so changing it never recomputes a Fisher, nor the grafts and analyses built on one.

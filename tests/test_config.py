@@ -71,7 +71,8 @@ def test_masks_and_fisher_defaults():
     # No masked runs unless asked for; when asked, the paper's setting: global F * delta^2 ranking.
     assert x["graft"]["masks"] == {"kinds": [], "rho": ["0.01"], "scope": "global", "score": "fisher_delta", "lam": None, "epochs": None}
     assert x["merge"]["masks"]["kinds"] == []
-    assert x["fisher"] == {"rollouts": 256, "temperature": 1.0, "max_new_tokens": 48, "batch_size": 16, "ekfac": False}
+    assert x["fisher"] == {"rollouts": 256, "temperature": 1.0, "max_new_tokens": 48, "batch_size": 16, "ekfac": False,
+                           "kfac_positions": "completion"}
 
 
 def test_schema_mask_kinds_are_the_fisher_kinds():

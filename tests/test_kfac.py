@@ -188,3 +188,20 @@ def test_a_parameter_no_module_call_reaches_is_refused_not_given_zero_fisher(pic
     model.model.unused = nn.LayerNorm(16)  # in named_parameters, never called by forward
     with pytest.raises(GraftlabError, match="model.unused.weight"):
         kfac_fisher(model, _rollouts(0, 3), batch_size=4)
+
+
+def test_kfac_factors_over_all_positions_equal_a_direct_computation(pico_model):
+    """`positions="all"`: A and G count every real token, prompt included."""
+    model = AutoModelForCausalLM.from_pretrained(pico_model("m")).eval()
+    rollouts = _rollouts(1, 7)
+    got = kfac_fisher(model, rollouts, batch_size=3, positions="all")
+    A, G, tokens = {}, {}, 0
+    for prompt, completion in rollouts:
+        captured, _ = _captured(model, prompt, completion)
+        tokens += len(prompt) + len(completion)
+        for name, (a, d) in captured.items():
+            A[name], G[name] = A.get(name, 0) + a.T @ a, G.get(name, 0) + d.T @ d
+    for n in A:
+        assert _close(got[f"{n}.weight.A"], A[n] / tokens) and _close(got[f"{n}.weight.G"], G[n] / len(rollouts)), n
+    with pytest.raises(Exception, match="positions must be one of"):
+        kfac_fisher(model, rollouts, positions="prompt")

@@ -70,7 +70,7 @@ def _cmd_fisher(args: argparse.Namespace) -> None:
     _set_threads(args.threads)
     from graftlab.fisher import write_fisher
 
-    options = {"max_dim": args.max_dim, "ekfac": args.ekfac} if args.kind == "kfac" else {}
+    options = {"max_dim": args.max_dim, "ekfac": args.ekfac, "positions": args.positions} if args.kind == "kfac" else {}
     write_fisher(args.kind, args.model, args.rollouts, args.out, args.batch_size, **options)
     print(f"graftlab: wrote {args.out}/{args.kind}.safetensors")
 
@@ -89,6 +89,8 @@ def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", choices=["diag", "kfac"], default="diag", help="Fisher approximation")
     p.add_argument("--ekfac", action="store_true", help="kfac: re-fit the diagonal in the eigenbasis (a second pass)")
     p.add_argument("--max-dim", type=int, default=8192, help="kfac: linear layers wider than this get the diagonal")
+    p.add_argument("--positions", choices=["completion", "all"], default="completion",
+                   help="kfac: positions A and G count: those predicting a completion token (DESIGN), or every token")
     p.add_argument("--out", required=True, help="output directory (written atomically)")
     p.add_argument("--batch-size", type=int, default=16, help="rollouts per vmap batch")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

@@ -11,7 +11,8 @@ KINDS = ("diag", "kfac")
 
 def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16, **kfac_options) -> None:
     """`out_dir/{kind}.safetensors` (format: docs/formats.md), written atomically. `kfac_options`:
-    `max_dim` (wider linear layers get the diagonal) and `ekfac` (re-fit the diagonal in the eigenbasis)."""
+    `max_dim` (wider linear layers get the diagonal), `ekfac` (re-fit the diagonal in the eigenbasis) and
+    `positions` (`completion` or `all`: the token positions the Kronecker factors count)."""
     if kind == "diag":
         from graftlab.fisher.diag import write_diag_fisher as write
     elif kind == "kfac":

@@ -163,16 +163,26 @@ def _eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return vals.clamp_min(0).float(), vecs.float().contiguous()
 
 
-def _batches(rollouts, batch_size: int, pad_id: int, desc: str, device):
+POSITIONS = ("completion", "all")
+
+
+def _batches(rollouts, batch_size: int, pad_id: int, desc: str, device, positions: str = "completion"):
+    """Padded batches and the positions the Kronecker factors count: `completion`, those whose next-token
+    prediction is scored (DESIGN §3); `all`, every real token, prompt included (completion tokens read
+    the prompt's keys and values, so k/v projections carry much of their gradient there)."""
     for start in tqdm(range(0, len(rollouts), batch_size), desc=desc, unit="batch"):
-        ids, scored = (t.to(device) for t in right_pad(rollouts[start : start + batch_size], pad_id))
-        # Position t predicts token t+1: a and d count where that prediction is scored.
-        predicts = torch.zeros_like(scored, dtype=torch.bool)
-        predicts[:, :-1] = scored[:, 1:] > 0
-        yield ids, scored, predicts
+        chunk = rollouts[start : start + batch_size]
+        ids, scored = (t.to(device) for t in right_pad(chunk, pad_id))
+        counted = torch.zeros_like(scored, dtype=torch.bool)
+        if positions == "all":
+            for i, (prompt, completion) in enumerate(chunk):
+                counted[i, : len(prompt) + len(completion)] = True
+        else:  # position t predicts token t+1
+            counted[:, :-1] = scored[:, 1:] > 0
+        yield ids, scored, counted
 
 
-def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192) -> dict[str, torch.Tensor]:
+def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, positions="completion") -> dict[str, torch.Tensor]:
     """The pass over the rollouts: normalised `{weight}.A`, `{weight}.G` of the KFAC layers and
     `{param}.diag` of every other parameter, fp32."""
     modules = dict(model.named_modules())
@@ -187,7 +197,7 @@ def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192) -> d
         sums[f"{name}.G"] = torch.zeros(modules[m].out_features, modules[m].out_features, device=device)
     diag = {n: torch.zeros(model.get_parameter(n).shape, device=device) for n in diag_owners}
     tokens, seen = 0, set()
-    for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics", device):
+    for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics", device, positions):
         calls, d_out = _batch_gradients(model, {m: modules[m] for m in users}, ids, scored)
         _add_factors(sums, layers, calls, d_out, predicts)
         _add_diagonal(diag, diag_owners, modules, calls, d_out, len(ids), seen)
@@ -200,10 +210,12 @@ def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192) -> d
     return out | {f"{n}.diag": f / len(rollouts) for n, f in diag.items()}
 
 
-def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=False) -> dict[str, torch.Tensor]:
+def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=False, positions="completion") -> dict[str, torch.Tensor]:
     """The KFAC file's tensors (docs/formats.md): `{weight}.A`, `.G`, their eigen-pairs (and `.ekfac`)
     for KFAC layers, `{param}.diag` for every other parameter; fp32."""
-    out = kfac_statistics(model, rollouts, batch_size, pad_id, max_dim)
+    if positions not in POSITIONS:
+        raise GraftlabError(f"KFAC positions must be one of {list(POSITIONS)}, got {positions!r}")
+    out = kfac_statistics(model, rollouts, batch_size, pad_id, max_dim, positions)
     layers = kfac_layers(model, max_dim)
     for name in layers:
         for f in ("A", "G"):
@@ -221,14 +233,17 @@ def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, to
         calls, d_out = _batch_gradients(model, modules, ids, scored)
         for name, m in layers.items():
             u_a, u_g = factors[f"{name}.A_eigvecs"], factors[f"{name}.G_eigvecs"]
-            g = sum(torch.einsum("bto,bti->boi", d.float() @ u_g, a.float() @ u_a)
-                    for a, d in zip(calls.inputs[m], d_out[m]))
-            fit[name] += g.square().sum(0)
+            step = max(1, CHUNK_FLOATS // fit[name].numel())  # [rows, out, in] per-rollout gradients
+            for start in range(0, len(ids), step):
+                rows = slice(start, start + step)
+                g = sum(torch.einsum("bto,bti->boi", d[rows].float() @ u_g, a[rows].float() @ u_a)
+                        for a, d in zip(calls.inputs[m], d_out[m]))
+                fit[name] += g.square().sum(0)
     return {f"{name}.ekfac": f / len(rollouts) for name, f in fit.items()}
 
 
 def write_kfac_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int = 16, *,
-                      max_dim: int = 8192, ekfac: bool = False) -> None:
+                      max_dim: int = 8192, ekfac: bool = False, positions: str = "completion") -> None:
     """`out_dir/kfac.safetensors`: the KFAC Fisher of the model at `model_dir` on its rollouts."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
@@ -239,10 +254,12 @@ def write_kfac_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     rollouts = read_rollouts(rollouts_path)
     # fp32 whatever the checkpoint's dtype: a bf16 forward and backward put 0.4-2% errors into G and the
     # diagonal (measured on a bf16 pico model), and fp16 underflows.
+    if positions not in POSITIONS:  # before the model loads
+        raise GraftlabError(f"KFAC positions must be one of {list(POSITIONS)}, got {positions!r}")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(fisher_device())
-    tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac)
-    meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower()}
+    tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac, positions)
+    meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower(), "positions": positions}
     with atomic_dir(out_dir) as tmp:
         save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, tmp / "kfac.safetensors", metadata=meta)
-        params = {"kind": "kfac", "rollouts": len(rollouts), "max_dim": max_dim, "ekfac": ekfac}
+        params = {"kind": "kfac", "rollouts": len(rollouts), "max_dim": max_dim, "ekfac": ekfac, "positions": positions}
         write_provenance(tmp, {"model": model_dir, "rollouts": rollouts_path}, params)
