@@ -60,9 +60,9 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rho", type=float, default=0.0, help="fraction of entries / directions to zero, in [0, 1]")
     p.add_argument("--mask-scope", choices=["global", "tensor"], default="global", help="rank over all parameters or per tensor")
     p.add_argument("--mask-score", choices=["fisher_delta", "fisher"], default="fisher_delta", help="rank by F*delta^2 or by F alone")
-    p.add_argument("--exact-limit", type=int, default=2**28,
-                   help="global ranking: exact up to this many entries (2 fp32 copies of each held), beyond it the "
-                   "threshold is a quantile of a seeded random subsample")
+    p.add_argument("--exact-limit", type=int, default=None,
+                   help="global ranking: exact up to this many entries (default 2^28; 2 fp32 copies of each held), "
+                   "beyond it the threshold is a quantile of a seeded random subsample")
     p.set_defaults(run=_cmd_graft)
 
 

@@ -29,7 +29,7 @@ def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int =
 
 
 def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
-              exact_limit: int = 2**28):
+              exact_limit: int | None = None):
     """The `project` callable of `graftlab.graft.graft` for one masked graft; its `report()` goes to graftlab.json."""
     if kind == "diag":
         from graftlab.fisher.masks import diag_mask as build
@@ -39,4 +39,6 @@ def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope
         from graftlab.models import GraftlabError
 
         raise GraftlabError(f"unknown mask kind {kind!r}: expected one of {list(KINDS)}")
+    if exact_limit is None:
+        from graftlab.fisher.masks import EXACT_LIMIT as exact_limit
     return build(fisher_dir, post, donor, donor_tuned, rho, scope, score, exact_limit)

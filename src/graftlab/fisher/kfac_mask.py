@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from graftlab.fisher.kfac import FACTORS, FORMAT
-from graftlab.fisher.masks import FisherMask, read_deltas
+from graftlab.fisher.masks import EXACT_LIMIT, FisherMask, read_deltas
 from graftlab.models import GraftlabError, tensor_specs
 
 
@@ -89,7 +89,7 @@ class KfacMask(FisherMask):
 
 
 def kfac_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
-              exact_limit: int = 2**28) -> KfacMask:
+              exact_limit: int = EXACT_LIMIT) -> KfacMask:
     """The KFAC mask for one graft, its Fisher checked against the post model."""
     entries = load_kfac_fisher(fisher_dir, post)
     deltas = read_deltas(donor, donor_tuned, entries) if scope == "global" and score == "fisher_delta" else None

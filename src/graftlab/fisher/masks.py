@@ -17,6 +17,9 @@ from safetensors import safe_open
 
 from graftlab.models import GraftlabError, tensor_index, tensor_specs
 
+# Up to this many entries the global threshold is exact (scores and deltas held in fp32: 8 bytes each).
+EXACT_LIMIT = 2**28
+
 
 def load_diag_fisher(fisher_dir, post_dir) -> dict[str, torch.Tensor]:
     """The Fisher of `fisher_dir/diag.safetensors`, checked against the post model's float tensors."""
@@ -49,7 +52,7 @@ class FisherMask:
     kind = ""
 
     def __init__(self, sizes: dict[str, int], rho: float, *, scope="global", score="fisher_delta", deltas=None,
-                 exact_limit: int = 2**28, sample: int = 2**22, seed: int = 0):
+                 exact_limit: int = EXACT_LIMIT, sample: int = 2**22, seed: int = 0):
         if not 0 <= rho <= 1:
             raise GraftlabError(f"rho must be in [0, 1], got {rho}")
         if scope not in ("global", "tensor") or score not in ("fisher_delta", "fisher"):
@@ -137,7 +140,7 @@ def read_deltas(donor, donor_tuned, names) -> dict[str, torch.Tensor]:
 
 
 def diag_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
-              exact_limit: int = 2**28) -> DiagMask:
+              exact_limit: int = EXACT_LIMIT) -> DiagMask:
     """The mask for one graft, its Fisher checked against the post model."""
     fisher = load_diag_fisher(fisher_dir, post)
     deltas = read_deltas(donor, donor_tuned, fisher) if scope == "global" and score == "fisher_delta" else None
