@@ -12,8 +12,8 @@ import torch
 from safetensors import safe_open
 
 from graftlab.fisher.kfac import FACTORS, FORMAT
-from graftlab.fisher.masks import EXACT_LIMIT, FisherMask, read_deltas
-from graftlab.models import GraftlabError, tensor_specs
+from graftlab.fisher.masks import EXACT_LIMIT, FisherMask, check_fisher, diag_score, read_deltas, zero_entries
+from graftlab.models import GraftlabError
 
 
 def load_kfac_fisher(fisher_dir, post_dir) -> dict[str, dict[str, torch.Tensor]]:
@@ -28,17 +28,8 @@ def load_kfac_fisher(fisher_dir, post_dir) -> dict[str, dict[str, torch.Tensor]]
         for key in f.keys():
             name, part = key.rsplit(".", 1)  # "<parameter>.<part>", e.g. "...q_proj.weight.A_eigvecs"
             entries.setdefault(name, {})[part] = f.get_tensor(key).float()
-    specs = {n: s for n, s in tensor_specs(post_dir).items() if s.dtype.is_floating_point}
-    missing, extra = sorted(specs.keys() - entries.keys()), sorted(entries.keys() - specs.keys())
-    shapes = [n for n in specs.keys() & entries.keys() if _shape(entries[n]) != tuple(specs[n].shape)]
-    if missing or extra or shapes:
-        raise GraftlabError(
-            f"Fisher {path} was computed for another architecture than {post_dir}: "
-            f"missing {missing[:3]}, unexpected {extra[:3]}, shapes differ for {sorted(shapes)[:3]}"
-        )
-    bad = [f"{n}.{p}" for n, parts in entries.items() for p, t in parts.items() if not torch.isfinite(t).all()]
-    if bad:
-        raise GraftlabError(f"Fisher {path} holds NaN or Inf in {bad[:3]}")
+    shapes = {n: _shape(parts) for n, parts in entries.items()}
+    check_fisher(path, post_dir, shapes, ((f"{n}.{p}", t) for n, parts in entries.items() for p, t in parts.items()))
     return entries
 
 
@@ -67,7 +58,7 @@ class KfacMask(FisherMask):
     def _score(self, name, delta):
         e = self.entries[name]
         if "diag" in e:
-            return (e["diag"] * delta.square() if self.score_kind == "fisher_delta" else e["diag"]), None
+            return diag_score(e["diag"], delta, self.score_kind), None
         if self.score_kind == "fisher":
             return self._curvature(e), None
         rotated = e["G_eigvecs"].T @ delta @ e["A_eigvecs"]
@@ -76,8 +67,7 @@ class KfacMask(FisherMask):
     def _apply(self, name, delta, rotated, drop):
         e = self.entries[name]
         if "diag" in e:
-            delta.view(-1)[drop] = 0
-            return delta
+            return zero_entries(delta, drop)
         if rotated is None:  # ranked by curvature alone: the update was not rotated yet
             rotated = e["G_eigvecs"].T @ delta @ e["A_eigvecs"]
         rotated.view(-1)[drop] = 0

@@ -28,18 +28,34 @@ def load_diag_fisher(fisher_dir, post_dir) -> dict[str, torch.Tensor]:
         raise GraftlabError(f"no diagonal Fisher at {path}")
     with safe_open(str(path), framework="pt") as f:
         fisher = {name: f.get_tensor(name).float() for name in f.keys()}
+    check_fisher(path, post_dir, {n: tuple(f.shape) for n, f in fisher.items()}, fisher.items())
+    return fisher
+
+
+def check_fisher(path, post_dir, shapes: dict[str, tuple], tensors) -> None:
+    """A Fisher file must describe exactly the post model's float tensors (`shapes`: the weight shape each
+    entry describes) and hold only finite numbers (`tensors`: (name, tensor) pairs)."""
     specs = {n: s for n, s in tensor_specs(post_dir).items() if s.dtype.is_floating_point}
-    missing, extra = sorted(specs.keys() - fisher.keys()), sorted(fisher.keys() - specs.keys())
-    shapes = [n for n in specs.keys() & fisher.keys() if tuple(fisher[n].shape) != tuple(specs[n].shape)]
-    if missing or extra or shapes:
+    missing, extra = sorted(specs.keys() - shapes.keys()), sorted(shapes.keys() - specs.keys())
+    wrong = [n for n in specs.keys() & shapes.keys() if shapes[n] != tuple(specs[n].shape)]
+    if missing or extra or wrong:
         raise GraftlabError(
             f"Fisher {path} was computed for another architecture than {post_dir}: "
-            f"missing {missing[:3]}, unexpected {extra[:3]}, shapes differ for {sorted(shapes)[:3]}"
+            f"missing {missing[:3]}, unexpected {extra[:3]}, shapes differ for {sorted(wrong)[:3]}"
         )
-    bad = [n for n, t in fisher.items() if not torch.isfinite(t).all()]
+    bad = [n for n, t in tensors if not torch.isfinite(t).all()]
     if bad:
         raise GraftlabError(f"Fisher {path} holds NaN or Inf in {bad[:3]}")
-    return fisher
+
+
+def diag_score(fisher: torch.Tensor, delta: torch.Tensor, score_kind: str) -> torch.Tensor:
+    """Entry-wise predicted rise of the retention loss, `F * delta^2`, or the curvature `F` alone."""
+    return fisher * delta.square() if score_kind == "fisher_delta" else fisher
+
+
+def zero_entries(delta: torch.Tensor, drop: torch.Tensor) -> torch.Tensor:
+    delta.view(-1)[drop] = 0
+    return delta
 
 
 class FisherMask:
@@ -122,11 +138,10 @@ class DiagMask(FisherMask):
         super().__init__({n: f.numel() for n, f in fisher.items()}, rho, **options)
 
     def _score(self, name, delta):
-        return (self.fisher[name] * delta.square() if self.score_kind == "fisher_delta" else self.fisher[name]), None
+        return diag_score(self.fisher[name], delta, self.score_kind), None
 
     def _apply(self, name, delta, state, drop):
-        delta.view(-1)[drop] = 0
-        return delta
+        return zero_entries(delta, drop)
 
 
 def read_deltas(donor, donor_tuned, names) -> dict[str, torch.Tensor]:
