@@ -1,0 +1,135 @@
+"""Fetching model references into resources/models/: a local directory copied file by file, a hub id
+downloaded at a pinned commit (faked here: tests never reach the hub), and every failure leaving nothing
+behind at the output."""
+
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import huggingface_hub
+import pytest
+import torch
+from huggingface_hub.utils import filter_repo_objects
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from graftlab import models
+from graftlab.models import GraftlabError, fetch_model
+from graftlab.world.tokenizer import build_tokenizer
+
+TOK = build_tokenizer()
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture
+def source(pico_model) -> Path:
+    """A sharded pico model with the tiny tokenizer, plus files a fetch must leave behind."""
+    src = pico_model("src", max_shard_size="20KB", vocab_size=len(TOK))
+    TOK.save_pretrained(src)
+    (src / "optimizer.pt").write_bytes(b"state")
+    (src / "pytorch_model.bin").write_bytes(b"pickle")
+    (src / "graftlab.json").write_text("{}")
+    (src / "checkpoint-1").mkdir()
+    shutil.copy(next(src.glob("*.safetensors")), src / "checkpoint-1")
+    return src
+
+
+def model_files(src: Path) -> set[str]:
+    extras = {"optimizer.pt", "pytorch_model.bin", "graftlab.json", "checkpoint-1"}
+    return {p.name for p in src.iterdir()} - extras
+
+
+def assert_same_model(fetched: Path, src: Path) -> None:
+    a = AutoModelForCausalLM.from_pretrained(fetched).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(src).state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    tok = AutoTokenizer.from_pretrained(fetched)
+    text = "<|im_start|>user\n12*3=?<|im_end|>\n<think>\n</think>"
+    assert tok(text)["input_ids"] == TOK(text)["input_ids"]
+    assert tok.chat_template == TOK.chat_template
+
+
+def assert_nothing_left(out: Path) -> None:
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}")]
+
+
+def test_local_fetch_copies_exactly_the_model_files(source, tmp_path):
+    assert len(list(source.glob("model-*.safetensors"))) > 1  # the index and its shards travel together
+    out = fetch_model(str(source), tmp_path / "models" / "pico")
+    assert {p.name for p in out.iterdir()} == model_files(source) | {"graftlab.json"}
+    assert_same_model(out, source)
+    record = json.loads((out / "graftlab.json").read_text())
+    assert record["inputs"] == {"source": str(source), "revision": None, "commit": None}
+
+
+@pytest.mark.parametrize("missing", ["/no/such/model", "./no-such-model", "~/no-such-model-here"])
+def test_missing_local_path_is_an_error_and_never_sent_to_the_hub(missing, tmp_path, monkeypatch):
+    monkeypatch.setattr(models, "_download", lambda *a: pytest.fail("a path-like source reached the hub"))
+    with pytest.raises(GraftlabError, match=r"no such directory"):
+        fetch_model(missing, tmp_path / "m")
+    assert_nothing_left(tmp_path / "m")
+
+
+def test_revision_with_a_local_source_is_an_error(source, tmp_path):
+    with pytest.raises(GraftlabError, match=r"revision 'v1' pins hub ids only"):
+        fetch_model(str(source), tmp_path / "m", revision="v1")
+    assert_nothing_left(tmp_path / "m")
+
+
+def test_a_directory_without_safetensors_weights_is_refused_listing_what_is_there(source, tmp_path):
+    for shard in source.glob("model*"):
+        shard.unlink()
+    with pytest.raises(GraftlabError, match=r"needs config.json and safetensors weights.*'config.json'"):
+        fetch_model(str(source), tmp_path / "m")
+    assert_nothing_left(tmp_path / "m")
+
+
+def test_an_index_naming_a_missing_shard_is_refused(source, tmp_path):
+    next(source.glob("model-*.safetensors")).unlink()
+    with pytest.raises(GraftlabError, match=rf"^model {source}: shard .* does not exist"):
+        fetch_model(str(source), tmp_path / "m")
+    assert_nothing_left(tmp_path / "m")
+
+
+def test_hub_id_offline_is_an_error_naming_source_and_revision(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # huggingface_hub reads the variable once, at import: set what it actually consults too.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(GraftlabError, match=r"^model 'Qwen/Qwen3-0.6B' at revision v2: cannot fetch .*Offline") as err:
+        fetch_model("Qwen/Qwen3-0.6B", tmp_path / "m", revision="v2")
+    assert "\n" not in str(err.value)
+    assert_nothing_left(tmp_path / "m")
+
+
+def test_invalid_hub_id_is_an_error(tmp_path):
+    with pytest.raises(GraftlabError, match=r"^model 'a/b/c' at revision main: cannot fetch .*HFValidationError"):
+        fetch_model("a/b/c", tmp_path / "m")
+    assert_nothing_left(tmp_path / "m")
+
+
+def test_hub_download_pins_the_resolved_commit_and_fetches_only_model_files(source, tmp_path, monkeypatch):
+    calls = {}
+
+    class FakeApi:
+        def repo_info(self, repo_id, revision=None):
+            calls["repo_info"] = (repo_id, revision)
+            return SimpleNamespace(sha=COMMIT)
+
+    def fake_snapshot_download(repo_id, revision, local_dir, allow_patterns, ignore_patterns):
+        # The hub's own pattern filter over the repo's files, as snapshot_download applies it.
+        files = [str(p.relative_to(source)) for p in source.rglob("*") if p.is_file()]
+        calls["snapshot"] = (repo_id, revision)
+        for name in filter_repo_objects(files, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns):
+            shutil.copy(source / name, Path(local_dir) / name)
+        (Path(local_dir) / ".cache" / "huggingface").mkdir(parents=True)
+        return str(local_dir)
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    out = fetch_model("org/pico", tmp_path / "m", revision="main")
+    assert calls == {"repo_info": ("org/pico", "main"), "snapshot": ("org/pico", COMMIT)}
+    assert {p.name for p in out.iterdir()} == model_files(source) | {"graftlab.json"}
+    assert_same_model(out, source)
+    record = json.loads((out / "graftlab.json").read_text())
+    assert record["inputs"] == {"source": "org/pico", "revision": "main", "commit": COMMIT}
