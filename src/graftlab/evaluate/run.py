@@ -1,4 +1,9 @@
-"""Sampling-based evaluation of one model on its benchmarks.
+"""Evaluation of one model on its benchmarks, each graded by its own task (DESIGN §3 "Evaluation").
+
+A benchmark names a task of `graftlab.tasks_registry`. Knowledge benchmarks are answered greedily, once,
+after a pre-filled empty think block (as knowledge training wrote its examples); every other benchmark is
+sampled `cfg.n` times and graded by its task's grader (exact match for the tiny world, math-verify for
+boxed math answers). Both give the same per-sample records, so metrics and readers treat them alike.
 
 Writes one parquet of per-sample records per benchmark and, last, `metrics.json`, so a directory with
 `metrics.json` is a finished evaluation.
@@ -12,8 +17,14 @@ import polars as pl
 
 from graftlab.atomic import atomic_file
 from graftlab.evaluate.metrics import benchmark_metrics
+from graftlab.models import GraftlabError
 from graftlab.sampling import SamplingConfig, load_sampler
 from graftlab.tasks import sample_and_grade
+from graftlab.tasks_registry import TASKS, get_task
+
+ROLES = ("old", "new")
+KNOWLEDGE = "knowledge"  # the registry task scored greedily by the knowledge world
+RECORD_COLUMNS = ("problem_id", "sample", "completion", "answer", "correct")
 
 
 @dataclass(frozen=True)
@@ -21,29 +32,90 @@ class Benchmark:
     name: str
     path: Path  # parquet of problems: id, prompt, answer
     role: str  # "old" (retention) or "new" (the task being learned)
+    task: str = "arith"  # registry name: picks the grader and, for knowledge, greedy decoding
+
+    def __post_init__(self) -> None:
+        # Refused here rather than mid-evaluation: a typo would otherwise surface only after the
+        # earlier benchmarks had been sampled, or (a bad role) silently drop out of the role means.
+        if self.task not in TASKS:
+            raise GraftlabError(f"benchmark {self.name}: unknown task {self.task!r}; known tasks: {sorted(TASKS)}")
+        if self.role not in ROLES:
+            raise GraftlabError(f"benchmark {self.name}: role must be one of {list(ROLES)}, got {self.role!r}")
 
 
-def score_benchmark(sampler, tokenizer, bench: Benchmark, cfg: SamplingConfig) -> pl.DataFrame:
-    problems = pl.read_parquet(bench.path)
+def read_problems(bench: Benchmark) -> pl.DataFrame:
+    """The benchmark's problems, refused (naming benchmark and file) when they cannot be graded."""
+    where = f"benchmark {bench.name} ({bench.path})"
+    try:
+        problems = pl.read_parquet(bench.path)
+    except (OSError, pl.exceptions.PolarsError) as err:
+        raise GraftlabError(f"{where}: cannot read problems: {err}") from None
     missing = {"id", "prompt", "answer"} - set(problems.columns)
     if missing:
-        raise ValueError(f"benchmark {bench.name} ({bench.path}) lacks columns {sorted(missing)}")
-    return sample_and_grade(sampler, tokenizer, problems, cfg)
+        raise GraftlabError(f"{where} lacks columns {sorted(missing)}")
+    if problems.is_empty():
+        raise GraftlabError(f"{where} holds no problems")
+    # Problem files written from the registry say their task; grading them as another task is a wiring
+    # mistake (e.g. knowledge questions sampled and exact-matched as arithmetic). Tiny-world files name
+    # their arithmetic operation instead ("add"), which is no registry task and so is not compared.
+    if "task" in problems.columns:
+        named = {t for t in problems["task"].unique().to_list() if t in TASKS}
+        if named - {bench.task}:
+            raise GraftlabError(f"{where} holds {sorted(named)} problems but is graded as task {bench.task!r}")
+    return problems
 
 
-def evaluate(model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_dir: Path, run: str, backend="auto"):
+def decoding(bench: Benchmark, cfg: SamplingConfig) -> dict:
+    """How the benchmark's answers were drawn, recorded beside its scores."""
+    if bench.task == KNOWLEDGE:
+        return {"mode": "greedy", "n": 1}
+    mode = "greedy" if cfg.temperature == 0 else "sampled"
+    return {"mode": mode, "n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p}
+
+
+def score_benchmark(sampler, tokenizer, bench: Benchmark, problems: pl.DataFrame, cfg: SamplingConfig) -> pl.DataFrame:
+    """Per-sample records (`RECORD_COLUMNS`) of one benchmark, graded by its task."""
+    if bench.task != KNOWLEDGE:
+        return sample_and_grade(sampler, tokenizer, problems, cfg, grade=get_task(bench.task).grade)
+    from graftlab.world.knowledge import knowledge_records
+
+    # Knowledge is greedy exact match by definition (DESIGN §3), so the sampling config contributes
+    # only its token budget; `answer` holds the parsed prediction, as sample_and_grade's does.
+    records = knowledge_records(sampler, tokenizer, problems, cfg.max_new_tokens)
+    return records.select(
+        pl.col("id").alias("problem_id"),
+        pl.lit(0, dtype=pl.Int64).alias("sample"),
+        "completion",
+        pl.col("predicted").alias("answer"),
+        "correct",
+    )
+
+
+def evaluate(
+    model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_dir: Path, run: str, backend="auto", sampler=None
+) -> dict:
+    """Score `model_dir` on `benchmarks`; `sampler` (a callable `(prompts, cfg) -> completions`) replaces
+    loading one from `model_dir` (the tokenizer still comes from `model_dir`)."""
     from transformers import AutoTokenizer
 
+    names = [b.name for b in benchmarks]
+    if not names or len(set(names)) != len(names):
+        # Records are written under the benchmark's name: a repeated name would overwrite another's.
+        raise GraftlabError(f"evaluation needs benchmarks with distinct names, got {names}")
+    # Every file is checked before the model is loaded, so a bad one costs no sampling.
+    problems = {b.name: read_problems(b) for b in benchmarks}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    sampler = load_sampler(model_dir, backend)
+    sampler = sampler or load_sampler(model_dir, backend)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_bench = {}
     for bench in benchmarks:
-        records = score_benchmark(sampler, tokenizer, bench, cfg)
+        records = score_benchmark(sampler, tokenizer, bench, problems[bench.name], cfg)
         records.write_parquet(out_dir / f"{bench.name}.parquet")
-        per_bench[bench.name] = {"role": bench.role, **benchmark_metrics(records)}
+        per_bench[bench.name] = {
+            "role": bench.role, "task": bench.task, "decoding": decoding(bench, cfg), **benchmark_metrics(records)
+        }
     metrics = {"run": run, "model": str(model_dir), "benchmarks": per_bench}
-    for role in ("old", "new"):
+    for role in ROLES:
         accs = [m["acc@n"] for m in per_bench.values() if m["role"] == role]
         metrics[role] = sum(accs) / len(accs) if accs else None
     with atomic_file(out_dir / "metrics.json") as tmp:

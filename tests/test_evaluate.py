@@ -1,0 +1,189 @@
+"""One evaluation job grading each benchmark by its own task: exact match for the tiny world, boxed answers
+through math-verify for math, and greedy exact match after an empty-think prefill for knowledge."""
+
+import json
+import re
+from fractions import Fraction
+
+import polars as pl
+import pytest
+
+from graftlab.evaluate.run import RECORD_COLUMNS, Benchmark, evaluate
+from graftlab.models import GraftlabError
+from graftlab.sampling import SamplingConfig
+from graftlab.world.knowledge import EMPTY_THINK
+from graftlab.world.tokenizer import save_tokenizer
+
+CFG = SamplingConfig(n=4, temperature=1.0, top_p=0.95, max_new_tokens=24)
+_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+
+
+def turn(final: str) -> str:
+    return f"<think>\nworking\n</think>\n\n{final}<|im_end|>"
+
+
+class Scripted:
+    """Fake sampler: per question (the user turn), the first `cfg.n` of its scripted completions; records
+    every call so tests can check what the model was shown and how it was asked to decode."""
+
+    def __init__(self, replies: dict[str, list[str]]):
+        self.replies, self.calls = replies, []
+
+    def __call__(self, prompts, cfg):
+        self.calls.append((list(prompts), cfg))
+        out = []
+        for prompt in prompts:
+            replies = self.replies[_USER.search(prompt).group(1)]
+            assert len(replies) >= cfg.n, "the test scripted fewer completions than requested"
+            out.append(replies[: cfg.n])
+        return out
+
+
+ARITH = {  # question -> (reference, completions): correct counts 1, 4, 0
+    "12+7=": ("19", [turn("19"), turn("18"), turn(r"\boxed{19}"), "19<|im_end|>"]),
+    "9-4=": ("5", [turn("5")] * 4),
+    "3*3=": ("9", [turn("6")] * 4),
+}
+MATH = {  # correct counts 3, 0: equivalent forms count, unboxed or unclosed-think answers do not
+    "Half of one?": ("0.5", [turn(r"\boxed{1/2}"), turn(r"so \boxed{\frac{1}{2}}."), turn(r"\boxed{0.5}"), turn(r"\boxed{1/3}")]),
+    "Two thirds?": (r"\frac{2}{3}", [turn("2/3"), r"\boxed{2/3}<|im_end|>", turn(r"\boxed{3/2}"), turn(r"\boxed{0.66}")]),
+}
+KNOWLEDGE = {  # greedy continuations after the prefilled empty think; case and a final stop are forgiven
+    "Which city is Taven Drumaveth from?": ("Velmora", ["velmora.<|im_end|>", "never asked for"]),
+    "What is the pet of Taven Drumaveth?": ("ferret", ["ferret<|im_end|>", "never asked for"]),
+    "Lucky number of Taven Drumaveth:": ("17", ["71<|im_end|>", "never asked for"]),
+}
+
+
+def write(path, table: dict, task: str | None = None):
+    frame = pl.DataFrame(
+        {"id": [f"q{i}" for i in range(len(table))], "prompt": list(table), "answer": [a for a, _ in table.values()]}
+    )
+    if task is not None:
+        frame = frame.with_columns(task=pl.lit(task))
+    frame.write_parquet(path)
+    return path
+
+
+@pytest.fixture
+def setup(tmp_path):
+    save_tokenizer(tmp_path / "model")  # evaluate reads the tokenizer from the model directory
+    replies = {q: cs for table in (ARITH, MATH, KNOWLEDGE) for q, (_, cs) in table.items()}
+    benches = [
+        Benchmark("add", write(tmp_path / "add.parquet", ARITH, task="add"), "old"),
+        Benchmark("math500", write(tmp_path / "math.parquet", MATH, task="math"), "old", task="math"),
+        Benchmark("facts", write(tmp_path / "facts.parquet", KNOWLEDGE, task="knowledge"), "new", task="knowledge"),
+    ]
+    return tmp_path, benches, Scripted(replies)
+
+
+def run(tmp_path, benches, sampler):
+    return evaluate(tmp_path / "model", benches, CFG, tmp_path / "eval", "post", sampler=sampler)
+
+
+def test_each_benchmark_is_graded_by_its_task(setup):
+    tmp_path, benches, sampler = setup
+    run(tmp_path, benches, sampler)
+    add, math, facts = (pl.read_parquet(tmp_path / "eval" / f"{b}.parquet") for b in ("add", "math500", "facts"))
+    # Exact match: a boxed 19 is not "19", nor is an answer without a closed think block.
+    assert add.filter(pl.col("problem_id") == "q0")["correct"].to_list() == [True, False, False, False]
+    # math-verify: 1/2, \frac{1}{2} and 0.5 all equal the reference 0.5; 1/3 does not.
+    assert math.filter(pl.col("problem_id") == "q0")["correct"].to_list() == [True, True, True, False]
+    assert not math.filter(pl.col("problem_id") == "q1")["correct"].any()
+    assert facts["correct"].to_list() == [True, True, False]
+    for records in (add, math, facts):
+        assert tuple(records.columns) == RECORD_COLUMNS and records["correct"].dtype == pl.Boolean
+
+
+def test_knowledge_is_greedy_once_after_an_empty_think_whatever_the_sampling_config(setup):
+    tmp_path, benches, sampler = setup
+    run(tmp_path, benches, sampler)
+    assert len(sampler.calls) == 3
+    (sampled, sampled_cfg), (_, math_cfg), (asked, knowledge_cfg) = sampler.calls
+    assert sampled_cfg == CFG and math_cfg == CFG
+    assert (knowledge_cfg.n, knowledge_cfg.temperature, knowledge_cfg.max_new_tokens) == (1, 0.0, CFG.max_new_tokens)
+    assert all(p.endswith("<|im_start|>assistant\n" + EMPTY_THINK) for p in asked) and len(asked) == 3
+    # The sampled benchmarks' prompts open the assistant turn without a think block: the model thinks.
+    assert all(p.endswith("<|im_start|>assistant\n") for p in sampled)
+    facts = pl.read_parquet(tmp_path / "eval" / "facts.parquet")
+    assert facts["sample"].to_list() == [0, 0, 0]
+    assert facts["problem_id"].to_list() == ["q0", "q1", "q2"]
+    # `completion` is the whole assistant turn (prefill included); `answer` is the parsed prediction.
+    assert facts["completion"][0] == EMPTY_THINK + "velmora.<|im_end|>"
+    assert facts["answer"].to_list() == ["velmora.", "ferret", "71"]
+
+
+def test_metrics_json_matches_hand_computation(setup):
+    tmp_path, benches, sampler = setup
+    metrics = run(tmp_path, benches, sampler)
+    assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == metrics
+    add, math, facts = (metrics["benchmarks"][b] for b in ("add", "math500", "facts"))
+    # add: 1, 4, 0 of 4 correct; pass@4 with n = 4 is "any correct"; pass@8 needs n >= 8 and is left out.
+    assert add == {
+        "role": "old", "task": "arith", "n": 4, "problems": 3,
+        "decoding": {"mode": "sampled", "n": 4, "temperature": 1.0, "top_p": 0.95},
+        "acc@n": pytest.approx(5 / 12), "pass@1": pytest.approx(5 / 12), "pass@4": pytest.approx(2 / 3),
+    }
+    # math: 3 and 0 of 4 correct.
+    assert (math["task"], math["acc@n"], math["pass@1"], math["pass@4"]) == ("math", 3 / 8, 3 / 8, 1 / 2)
+    assert facts == {
+        "role": "new", "task": "knowledge", "n": 1, "problems": 3,
+        "decoding": {"mode": "greedy", "n": 1},
+        "acc@n": pytest.approx(2 / 3), "pass@1": pytest.approx(2 / 3),
+    }
+    assert metrics["old"] == pytest.approx(float((Fraction(5, 12) + Fraction(3, 8)) / 2))
+    assert metrics["new"] == pytest.approx(2 / 3)
+    assert (metrics["run"], metrics["model"]) == ("post", str(tmp_path / "model"))
+
+
+def test_the_grader_follows_the_benchmark_task_not_the_data(tmp_path):
+    # The same boxed completions, graded as math and as tiny-world arithmetic (a file without a task column).
+    save_tokenizer(tmp_path / "model")
+    path = write(tmp_path / "half.parquet", MATH)
+    benches = [Benchmark("as_math", path, "old", task="math"), Benchmark("as_arith", path, "new")]
+    metrics = run(tmp_path, benches, Scripted({q: cs for q, (_, cs) in MATH.items()}))
+    assert metrics["benchmarks"]["as_math"]["acc@n"] == 3 / 8
+    assert metrics["benchmarks"]["as_arith"]["acc@n"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (pl.DataFrame({"id": ["q0"], "prompt": ["1+1="]}), r"lacks columns \['answer'\]"),
+        (pl.DataFrame(schema={"id": pl.String, "prompt": pl.String, "answer": pl.String}), "holds no problems"),
+        (
+            pl.DataFrame({"id": ["q0"], "prompt": ["Q?"], "answer": ["A"], "task": ["knowledge"]}),
+            r"holds \['knowledge'\] problems but is graded as task 'arith'",
+        ),
+    ],
+    ids=["missing-column", "empty", "wrong-task"],
+)
+def test_a_bad_benchmark_fails_before_any_sampling_and_writes_no_metrics(setup, frame, message):
+    tmp_path, benches, sampler = setup
+    frame.write_parquet(tmp_path / "bad.parquet")
+    bad = Benchmark("broken", tmp_path / "bad.parquet", "old")
+    with pytest.raises(GraftlabError, match=rf"benchmark broken \({re.escape(str(tmp_path))}/bad.parquet\).*{message}"):
+        run(tmp_path, [*benches, bad], sampler)
+    assert sampler.calls == []
+    assert not (tmp_path / "eval" / "metrics.json").exists()
+
+
+def test_a_missing_file_or_repeated_name_is_refused(setup):
+    tmp_path, benches, sampler = setup
+    with pytest.raises(GraftlabError, match="benchmark gone .*cannot read problems"):
+        run(tmp_path, [*benches, Benchmark("gone", tmp_path / "gone.parquet", "old")], sampler)
+    with pytest.raises(GraftlabError, match="distinct names"):
+        run(tmp_path, [*benches, benches[0]], sampler)
+    assert sampler.calls == [] and not (tmp_path / "eval" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"role": "old", "task": "algebra"}, r"benchmark aime: unknown task 'algebra'; known tasks: \['arith'"),
+        ({"role": "retention"}, r"benchmark aime: role must be one of \['old', 'new'\]"),
+    ],
+)
+def test_benchmark_refuses_unknown_task_or_role_at_construction(kwargs, message, tmp_path):
+    with pytest.raises(GraftlabError, match=message):
+        Benchmark("aime", tmp_path / "aime.parquet", **kwargs)
