@@ -11,11 +11,17 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.fisher.diag import ROLLOUT_COLUMNS, read_rollouts
-from graftlab.fisher.rollouts import RolloutConfig, retention_problems, write_rollouts
+from graftlab.fisher.rollouts import (
+    RolloutConfig,
+    problems_from_file,
+    retention_problems,
+    sample_rollouts,
+    write_rollouts,
+)
 from graftlab.models import GraftlabError
 from graftlab.sampling import HfSampler, SamplingConfig, _vllm_completion_ids
-from graftlab.tasks import chat_prompt
-from graftlab.world import build
+from graftlab.tasks import chat_completion, chat_prompt
+from graftlab.world import arith, build
 from graftlab.world.tokenizer import build_tokenizer
 
 ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=128)
@@ -110,3 +116,98 @@ def test_completion_ids_end_at_the_end_of_turn_without_padding(world, monkeypatc
 def test_vllm_completion_ids_agree_with_transformers_on_the_end_of_turn(ids, finish, stop, expected):
     completion = SimpleNamespace(token_ids=ids, finish_reason=finish, stop_reason=stop)
     assert _vllm_completion_ids(completion, eos=2) == expected
+
+
+class ScriptedSampler:
+    """Answers each prompt with a fixed completion, as the exact ids a real sampler returns."""
+
+    def __init__(self, tokenizer, completions: dict[str, str]):
+        self.tok, self.completions, self.prompts = tokenizer, completions, []
+
+    def sample_ids(self, prompts, cfg):
+        self.prompts += prompts
+        ids = lambda text: self.tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+        return [[(ids(p), ids(self.completions[p]))] for p in prompts]
+
+
+class CharTokenizer:
+    """Every character one token, its code point: reads the backslashes and braces of math answers,
+    which the tiny world's tokenizer does not have."""
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return f"user: {messages[0]['content']}\nassistant: "
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(c) for c in text]}
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(map(chr, ids))
+
+
+def problems_file(path: Path, n: int) -> Path:
+    pl.DataFrame({
+        "id": [f"p{i}" for i in range(n)], "task": ["math"] * n,
+        "prompt": [f"What is {i} plus one?" for i in range(n)], "answer": [str(i + 1) for i in range(n)],
+    }).write_parquet(path)  # fmt: skip
+    return path
+
+
+def test_prompts_from_a_file_are_seeded_and_never_a_benchmark_problem_by_id_or_text(tmp_path):
+    problems = problems_file(tmp_path / "problems.parquet", 40)
+    # One benchmark shares ids p0-p4; the other shares the text of p5-p9 (spaced differently), not the ids.
+    pl.DataFrame({"id": [f"p{i}" for i in range(5)], "prompt": ["other"] * 5}).write_parquet(tmp_path / "b1.parquet")
+    texts = [f"What is  {i} plus one?\n" for i in range(5, 10)]
+    pl.DataFrame({"id": [f"b{i}" for i in range(5)], "prompt": texts}).write_parquet(tmp_path / "b2.parquet")
+    bench = [tmp_path / "b1.parquet", tmp_path / "b2.parquet"]
+    drawn = problems_from_file(problems, 30, 0, bench)
+    assert sorted(p["id"] for p in drawn) == sorted(f"p{i}" for i in range(10, 40))
+    assert [p["id"] for p in drawn] != [f"p{i}" for i in range(10, 40)]  # shuffled, not file order
+    assert set(drawn[0]) == {"id", "task", "prompt", "answer"}
+    assert problems_from_file(problems, 10, 0, bench) == drawn[:10]
+    assert problems_from_file(problems, 10, 1, bench) != drawn[:10]
+    # Excluding removes only the benchmark's problems from the seeded order: the rest keep their places.
+    unfiltered = problems_from_file(problems, 40, 0, [])
+    assert drawn == [p for p in unfiltered if p["id"] not in {f"p{i}" for i in range(10)}]
+    with pytest.raises(GraftlabError, match=r"31 requested but only 30 of the 40 problems"):
+        problems_from_file(problems, 31, 0, bench)
+    pl.read_parquet(problems).drop("answer").write_parquet(tmp_path / "bad.parquet")
+    with pytest.raises(GraftlabError, match=r"lacks columns \['answer'\]"):
+        problems_from_file(tmp_path / "bad.parquet", 1, 0, [])
+
+
+def test_each_rollout_is_graded_by_its_task():
+    tok = CharTokenizer()
+    problems = [
+        {"id": "m1", "task": "math", "prompt": "Half of one?", "answer": "\\frac{1}{2}"},
+        {"id": "m2", "task": "math", "prompt": "Half of two?", "answer": "1"},
+        {"id": "a1", "task": "add", "prompt": "12+30=", "answer": "42"},
+        {"id": "a2", "task": "add", "prompt": "1+1=", "answer": "2"},
+    ]
+    answers = ["So \\boxed{0.5}", "\\boxed{2}", "42", "\\boxed{2}"]  # math-verify equivalence; exact match
+    completions = {chat_prompt(tok, p["prompt"]): chat_completion("work", a) for p, a in zip(problems, answers)}
+    frame = sample_rollouts(ScriptedSampler(tok, completions), tok, problems, SamplingConfig(1, 1.0, 1.0, 64))
+    assert frame["correct"].to_list() == [True, False, True, False]
+    assert frame["completion"].to_list() == [completions[chat_prompt(tok, p["prompt"])] for p in problems]
+    with pytest.raises(GraftlabError, match=r"no grader for task 'maths'"):
+        sample_rollouts(None, tok, [{**problems[0], "task": "maths"}], SamplingConfig(1, 1.0, 1.0, 64))
+
+
+def test_write_rollouts_from_a_problems_file(world, tmp_path, monkeypatch):
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    held = {p["id"] for f in benchmarks(world) for p in pl.read_parquet(f).to_dicts()}
+    # 29 fresh problems and one benchmark problem, which is never drawn.
+    pool = arith.sample_problems("add", 29, seed=5) + pl.read_parquet(benchmarks(world)[0]).head(1).to_dicts()
+    problems, out = tmp_path / "problems.parquet", tmp_path / "rollouts.parquet"
+    pl.DataFrame(pool).select("id", "task", "prompt", "answer").write_parquet(problems)
+    fresh = {p["id"] for p in pool} - held
+    assert len(fresh) == 29
+    completions = {chat_prompt(tok, p["prompt"]): chat_completion(p["thinking"], p["answer"]) for p in pool}
+    monkeypatch.setattr("graftlab.sampling.load_sampler", lambda model, backend: ScriptedSampler(tok, completions))
+    frame = write_rollouts(world / "model", benchmarks(world), [], RolloutConfig(29, seed=4), out, prompts_file=problems)
+    assert pl.read_parquet(out).equals(frame)
+    assert set(frame["problem_id"]) == fresh and frame["correct"].all()
+    first_prompt = tok(chat_prompt(tok, frame["prompt"][0]), add_special_tokens=False)["input_ids"]
+    assert read_rollouts(out)[0][0] == first_prompt
+    with pytest.raises(GraftlabError, match=r"30 requested but only 29 of the 30"):
+        write_rollouts(world / "model", benchmarks(world), [], RolloutConfig(30), tmp_path / "r.parquet", "auto", problems)
+    assert not (tmp_path / "r.parquet").exists()

@@ -4,9 +4,13 @@ Fisher (DESIGN §3: `y ~ pi_post(.|x)`, so the Fisher is the true one by Monte C
 The prompts are problems of the tiny world's old tasks, spread evenly over them and disjoint from the
 old-task benchmarks, so the Fisher never looks at what evaluation scores. They may coincide with
 post-training problems (the space of 2-digit problems is small): retention is about the old domain, and
-the post model's training data is part of it. One sample per prompt, kept
-as the exact token ids the model read and wrote (`prompt_ids`, `completion_ids`); the readable columns
-beside them are for people, not for the Fisher.
+the post model's training data is part of it. For a real model, whose old domain is not the world's
+arithmetic, they come instead from a problems parquet (`graftlab.problem_sources.write_problems`), drawn
+by a seeded shuffle and disjoint from the benchmarks by id and by prompt text. Each rollout is graded by
+its problem's task: the registry's grader (`math`: boxed answers), or the world's exact match.
+
+One sample per prompt, kept as the exact token ids the model read and wrote (`prompt_ids`,
+`completion_ids`); the readable columns beside them are for people, not for the Fisher.
 """
 
 from dataclasses import dataclass
@@ -22,6 +26,7 @@ from graftlab.world import arith
 # Benchmarks draw their problems with `seed` and post-training with `seed + 1` (world.build): a stream of
 # its own keeps the retention prompts from being a prefix of either (overlap by chance remains possible).
 SEED_OFFSET = 2
+PROBLEM_COLUMNS = ("id", "task", "prompt", "answer")
 
 
 def _schema() -> dict:
@@ -64,10 +69,65 @@ def retention_problems(tasks: list[str], count: int, seed: int, benchmark_files)
     return problems
 
 
-def sample_rollouts(sampler, tokenizer, problems: list[dict], cfg: SamplingConfig):
-    """One rollout per problem (a polars frame): its ids, the decoded completion and whether it is correct."""
+def _normalised(text: str) -> str:
+    # A benchmark and a training set may wrap or space the same problem differently.
+    return " ".join(str(text).split())
+
+
+def problems_from_file(prompts_file, count: int, seed: int, benchmark_files) -> list[dict]:
+    """`count` problems of the problems parquet `prompts_file` (id, task, prompt, answer), drawn by a
+    seeded shuffle, none whose id or prompt text is in any of `benchmark_files`. Too few left is an
+    error: a Fisher over fewer rollouts than configured would be silently noisier."""
+    import random
+
     import polars as pl
 
+    from graftlab.models import GraftlabError
+
+    frame = pl.read_parquet(prompts_file)
+    missing = [c for c in PROBLEM_COLUMNS if c not in frame.columns]
+    if missing:
+        raise GraftlabError(f"retention rollouts: {prompts_file} lacks columns {missing}; it has {frame.columns}")
+    held_ids, held_prompts = set(), set()
+    for f in benchmark_files:
+        bench = pl.read_parquet(f)
+        held_ids |= {str(i) for i in bench["id"]}
+        held_prompts |= {_normalised(p) for p in bench["prompt"]} if "prompt" in bench.columns else set()
+    rows = [{c: str(r[c]) for c in PROBLEM_COLUMNS} for r in frame.iter_rows(named=True)]
+    # Shuffle before excluding: a new benchmark then removes only its own problems from the draw.
+    random.Random(seed + SEED_OFFSET).shuffle(rows)
+    fresh = [r for r in rows if r["id"] not in held_ids and _normalised(r["prompt"]) not in held_prompts]
+    if len(fresh) < count:
+        raise GraftlabError(
+            f"retention rollouts: {count} requested but only {len(fresh)} of the {frame.height} problems in "
+            f"{prompts_file} are outside the benchmarks"
+        )
+    return fresh[:count]
+
+
+def grader(task: str):
+    """`grade(completion, answer)` of `task`: the registry's (e.g. math's boxed answers) where it has
+    the task, else the tiny world's exact match for a world task (add, sub, compare, mul)."""
+    from graftlab.models import GraftlabError
+    from graftlab.tasks_registry import TASKS
+
+    if task in TASKS:
+        return TASKS[task].grade
+    if task in arith.SOLVERS:
+        return is_correct
+    raise GraftlabError(
+        f"retention rollouts: no grader for task {task!r}; registry tasks {sorted(TASKS)}, "
+        f"world tasks {sorted(arith.SOLVERS)}"
+    )
+
+
+def sample_rollouts(sampler, tokenizer, problems: list[dict], cfg: SamplingConfig):
+    """One rollout per problem (a polars frame): its ids, the decoded completion and whether it is
+    correct by its task's grader."""
+    import polars as pl
+
+    # Looked up before sampling, so an unknown task fails before any compute is spent.
+    grades = {task: grader(task) for task in {p["task"] for p in problems}}
     samples = sampler.sample_ids([chat_prompt(tokenizer, p["prompt"]) for p in problems], cfg)
     rows = []
     for problem, ((prompt_ids, completion_ids), *_) in zip(problems, samples, strict=True):
@@ -77,23 +137,32 @@ def sample_rollouts(sampler, tokenizer, problems: list[dict], cfg: SamplingConfi
             "task": problem["task"],
             "prompt": problem["prompt"],
             "completion": completion,
-            "correct": is_correct(completion, problem["answer"]),
+            "correct": grades[problem["task"]](completion, problem["answer"]),
             "prompt_ids": prompt_ids,
             "completion_ids": completion_ids,
         })  # fmt: skip
     return pl.DataFrame(rows, schema=_schema())
 
 
-def write_rollouts(model_dir, benchmark_files, tasks: list[str], cfg: RolloutConfig, out, backend="auto"):
-    """Sample the model at `model_dir` on fresh old-task prompts and write the rollouts parquet atomically."""
+def write_rollouts(
+    model_dir, benchmark_files, tasks: list[str], cfg: RolloutConfig, out, backend="auto", prompts_file=None
+):
+    """Sample the model at `model_dir` on fresh old-domain prompts and write the rollouts parquet atomically.
+
+    The prompts are the world's old `tasks` by default; with `prompts_file` (a problems parquet) they are
+    drawn from it instead and `tasks` is unused: the file's `task` column says how each is graded."""
     from transformers import AutoTokenizer
 
     from graftlab.sampling import load_sampler
 
-    problems = retention_problems(tasks, cfg.rollouts, cfg.seed, benchmark_files)
+    if prompts_file is None:
+        problems, source = retention_problems(tasks, cfg.rollouts, cfg.seed, benchmark_files), tasks
+    else:
+        problems = problems_from_file(prompts_file, cfg.rollouts, cfg.seed, benchmark_files)
+        source = f"{prompts_file} ({sorted({p['task'] for p in problems})})"
     frame = sample_rollouts(load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), problems, cfg.sampling())
     length = frame["completion_ids"].list.len().mean()
-    print(f"{frame.height} rollouts over {tasks}: mean completion {length:.1f} tokens, "
+    print(f"{frame.height} rollouts over {source}: mean completion {length:.1f} tokens, "
           f"{frame['correct'].mean():.3f} correct")  # fmt: skip
     with atomic_file(out) as tmp:
         frame.write_parquet(tmp)
