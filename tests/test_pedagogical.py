@@ -1,6 +1,7 @@
 """Pedagogical RL's reward against hand computations on a pico world model: surprise gaps from a plain
 forward pass, the soft maximum from its formula, correctness gating the reward, GRPO advantages, and the
-teacher trained by TRL's GRPOTrainer with its reward components logged per step."""
+teacher trained by TRL's GRPOTrainer with its reward components logged per step; and the guard that
+gives a near-empty trace no reward however correct and predictable it is."""
 
 import json
 import math
@@ -33,7 +34,8 @@ def student():
 
 
 def pairs() -> tuple[list[str], list[str], list[str]]:
-    """Problems, answers and completions of different lengths, two correct and two wrong."""
+    """Problems, answers and completions of different lengths, two correct and two wrong; the second
+    correct one thinks nothing, so it is not well formed."""
     prompts = [p["prompt"] for p in PROBLEMS]
     answers = [p["answer"] for p in PROBLEMS]
     completions = [
@@ -78,6 +80,7 @@ def test_reward_equals_the_hand_computation(student):
     cfg = ped.RewardConfig(beta=2.0, strength=0.7)
     rows = ped.pedagogical_reward(student, TOK, prompts, answers, completions, cfg)
     assert [r["correct"] for r in rows] == [True, True, False, False]
+    assert [r["well_formed"] for r in rows] == [True, False, True, False]
     for r, p, c in zip(rows, prompts, completions):
         d = hand_gaps(student, p, c)
         soft = hand_soft_gap(d, 2.0)
@@ -85,7 +88,7 @@ def test_reward_equals_the_hand_computation(student):
         assert r["gap_max"] == pytest.approx(max(d), abs=1e-5)
         assert r["soft_gap"] == pytest.approx(soft, abs=1e-5)
         assert r["learnability"] == pytest.approx(math.exp(-0.7 * soft), rel=1e-5)
-        assert r["reward"] == (r["learnability"] if r["correct"] else 0.0)
+        assert r["reward"] == (r["learnability"] if r["correct"] and r["well_formed"] else 0.0)
     assert set(rows[0]) == set(ped.COMPONENTS)
 
 
@@ -108,12 +111,51 @@ def test_soft_gap_moves_from_the_mean_to_the_largest_gap_as_beta_grows(student):
 
 def test_wrong_answers_get_zero_reward_whatever_their_learnability():
     gaps = [torch.zeros(5), torch.tensor([0.0, 3.0])]
-    rows = ped.reward_components(gaps, [False, True], ped.RewardConfig(beta=1.0, strength=1.0))
+    texts = [chat_completion("3*4=12", "12")] * 2
+    rows = ped.reward_components(gaps, [False, True], ped.RewardConfig(1.0, 1.0, min_tokens=2), completions=texts)
     assert rows[0]["learnability"] == 1.0 and rows[0]["reward"] == 0.0
     assert rows[1]["reward"] == pytest.approx(math.exp(-math.log((1 + math.exp(3.0)) / 2)))
-    assert ped.reward_components([torch.zeros(0)], [False], ped.RewardConfig())[0]["reward"] == 0.0
+    empty = ped.reward_components([torch.zeros(0)], [False], ped.RewardConfig(), completions=[""])
+    assert empty[0]["reward"] == 0.0
     with pytest.raises(GraftlabError, match="beta >= 0"):
         ped.RewardConfig(beta=-1.0)
+
+
+def test_a_short_correct_trace_earns_nothing_and_a_genuine_one_is_untouched(student):
+    p = PROBLEMS[0]
+    genuine = chat_completion(p["thinking"], p["answer"])
+    # `<think>\n\n</think>\n\n{answer}<|im_end|>`: the hack; then one character of thinking.
+    completions = [chat_completion("", p["answer"]), chat_completion("x", p["answer"]), genuine]
+    cfg = ped.RewardConfig(beta=2.0, strength=0.7, min_tokens=20)
+    rows = ped.pedagogical_reward(student, TOK, [p["prompt"]] * 3, [p["answer"]] * 3, completions, cfg)
+    assert [r["correct"] for r in rows] == [True, True, True]
+    # Empty thinking fails whatever the count; one character of thinking passes that check but not 20 tokens.
+    assert [r["well_formed"] for r in rows] == [False, False, True]
+    assert rows[0]["reward"] == rows[1]["reward"] == 0.0
+    assert rows[0]["learnability"] > 0 and rows[1]["tokens"] < 20 <= rows[2]["tokens"]
+    soft = hand_soft_gap(hand_gaps(student, p["prompt"], genuine), 2.0)
+    assert rows[2]["reward"] == pytest.approx(math.exp(-0.7 * soft), rel=1e-5)
+    # The default never rejects a genuine trace of the world: the shortest (compare) is 11 tokens.
+    shortest = chat_completion(*arith.solve("compare", "compare 00 00"))
+    assert len(TOK(shortest, add_special_tokens=False)["input_ids"]) == 11 >= ped.RewardConfig().min_tokens
+    with pytest.raises(GraftlabError, match="min_tokens >= 0"):
+        ped.RewardConfig(min_tokens=-1)
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("<think>\n3*4=12\n</think>\n\n12<|im_end|>", True),
+        ("<think>\n \n</think>\n\n12<|im_end|>", False),  # whitespace is not thinking
+        ("<think></think><think>\n</think>12", False),  # nor are think tags
+        ("<think>\n3*4=12\n\n12<|im_end|>", False),  # never closed: no answer either
+        ("3*4=12\n</think>\n\n12", False),  # never opened
+        ("12", False),
+    ],
+)
+def test_well_formed_needs_a_thinking_block_with_something_in_it(completion, expected):
+    assert ped.well_formed(completion, tokens=100, min_tokens=8) is expected
+    assert ped.well_formed(completion, tokens=7, min_tokens=8) is False
 
 
 def test_group_advantages_normalise_within_each_group():
@@ -159,13 +201,14 @@ def test_reward_func_for_trl_reads_exact_ids_and_logs_every_component(student):
     assert rewards == pytest.approx([r["reward"] for r in expected], abs=1e-6)
     assert rewards[0] > 0 and rewards[2] == 0.0
     assert set(logged) == {f"pedagogical/{k}" for k in ped.COMPONENTS}
-    assert logged["pedagogical/correct"] == 0.5
+    assert logged["pedagogical/correct"] == 0.5 and logged["pedagogical/well_formed"] == 0.5
 
 
 def test_train_teacher_with_trl_grpo_logs_components_per_step(student, tmp_path, monkeypatch):
-    # A random pico model is never correct, so every reward would be 0 and GRPO would not move: grade
-    # everything correct, leaving learnability to vary within groups and drive the update.
+    # A random pico model is never correct nor well formed, so every reward would be 0 and GRPO would not
+    # move: pass both checks, leaving learnability to vary within groups and drive the update.
     monkeypatch.setattr(ped, "is_correct", lambda completion, answer: True)
+    monkeypatch.setattr(ped, "well_formed", lambda completion, tokens, min_tokens: True)
     student.save_pretrained(tmp_path / "post")
     TOK.save_pretrained(tmp_path / "post")
     pl.DataFrame(PROBLEMS).write_parquet(tmp_path / "train.parquet")

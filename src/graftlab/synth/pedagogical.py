@@ -10,6 +10,12 @@ largest gap, and S_beta never decreases as beta grows (a power mean of exp(d_t))
 and a strength lambda but leaves the exact form open; ours, the documented default, is
 `learnability = exp(-lambda * S_beta)` in (0, 1], so reward = correct * exp(-lambda * S_beta).
 
+Reward hacking. Learnability pays for traces the student finds predictable, and nothing is more
+predictable than no reasoning at all: a teacher can learn to emit `<think>\\n\\n</think>\\n\\n42`, correct and
+nearly gap-free. So a trace earns reward only when it is well formed: a `<think>` ... `</think>` block
+with non-empty thinking, and at least `min_tokens` tokens; otherwise its reward is 0, whatever its
+correctness and learnability. `well_formed` is a logged component, so a collapse shows in the step log.
+
 Training uses TRL's `GRPOTrainer`, checked to run on the CPU here (pico Qwen3, char tokenizer, a custom
 reward callable: about 13 steps/s at 8 completions of 24 tokens per step, one thread). Two details of
 TRL 1.16 matter: the `completions` it passes to reward functions are decoded with special tokens
@@ -27,24 +33,31 @@ from pathlib import Path
 import torch
 
 from graftlab.models import GraftlabError
-from graftlab.tasks import chat_prompt, is_correct
+from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt, is_correct
 
 # Only characters of the tiny world's tokenizer, so the char-level models read every one of them.
 TEACHER_TEMPLATE = "{problem}\nReference solution: {solution}\nSolve it yourself; do not copy the reference."
 REFERENCE_MARKER = "reference"
-COMPONENTS = ("correct", "tokens", "gap_mean", "gap_max", "soft_gap", "learnability", "reward")
+COMPONENTS = ("correct", "well_formed", "tokens", "gap_mean", "gap_max", "soft_gap", "learnability", "reward")
 
 
 @dataclass(frozen=True)
 class RewardConfig:
     beta: float = 1.0  # soft-max temperature: 0 = mean gap, inf = largest gap
     strength: float = 1.0  # lambda
+    # Completion tokens (end of turn included) a trace needs to earn reward. The tiny world's shortest
+    # genuine traces are 11 tokens (compare: `<think>\n0=0\n</think>\n\n=`), 19 (sub), 23 (add) and 28
+    # (mul, up to 33), so 8 never rejects one; the empty-think hack is caught by the non-empty check,
+    # not by this count. Real models think for hundreds of tokens: raise it for them.
+    min_tokens: int = 8
 
     def __post_init__(self):
         if not self.beta >= 0 or not self.strength >= 0:
             raise GraftlabError(
                 f"pedagogical reward needs beta >= 0 and strength >= 0 (got {self.beta}, {self.strength})"
             )
+        if not self.min_tokens >= 0:
+            raise GraftlabError(f"pedagogical reward needs min_tokens >= 0 (got {self.min_tokens})")
 
 
 def reference_solution(problem: dict) -> str:
@@ -120,20 +133,36 @@ def surprise_gaps(
     return gaps_from_ids(student, prompt_ids, [enc(c) for c in completions], batch_size)
 
 
-def reward_components(gaps: Sequence[torch.Tensor], correct: Sequence[bool], cfg: RewardConfig) -> list[dict]:
-    """Per sample: correct, token count, mean / largest / soft-max gap, learnability and the reward."""
+def well_formed(completion: str, tokens: int, min_tokens: int) -> bool:
+    """Whether a trace may earn reward: it thinks (something other than whitespace and think tags
+    between its first `<think>` and its last `</think>`, after which grading reads the answer) and is
+    at least `min_tokens` tokens long."""
+    start, end = completion.find(THINK_OPEN), completion.rfind(THINK_CLOSE)
+    if start < 0 or end < start:
+        return False
+    thinking = completion[start + len(THINK_OPEN) : end].replace(THINK_OPEN, "").replace(THINK_CLOSE, "")
+    return bool(thinking.strip()) and tokens >= min_tokens
+
+
+def reward_components(
+    gaps: Sequence[torch.Tensor], correct: Sequence[bool], cfg: RewardConfig, *, completions: Sequence[str]
+) -> list[dict]:
+    """Per sample: correct, well formed, token count, mean / largest / soft-max gap, learnability and
+    the reward; `completions` are the exact texts (special tokens kept) whose tokens `gaps` scores."""
     rows = []
-    for d, ok in zip(gaps, correct, strict=True):
+    for d, ok, text in zip(gaps, correct, completions, strict=True):
         soft = soft_max_gap(d, cfg.beta)
         learn = learnability(soft, cfg.strength)
+        formed = well_formed(text, d.numel(), cfg.min_tokens)
         rows.append({
             "correct": bool(ok),
+            "well_formed": formed,
             "tokens": d.numel(),
             "gap_mean": d.double().mean().item() if d.numel() else 0.0,
             "gap_max": d.max().item() if d.numel() else 0.0,
             "soft_gap": soft,
             "learnability": learn,
-            "reward": float(ok) * learn,
+            "reward": float(ok and formed) * learn,
         })
     return rows
 
@@ -143,7 +172,8 @@ def pedagogical_reward(student, tokenizer, prompts: list[str], answers: list[str
     """Reward components of teacher `completions` to problems `prompts` (user text, no solution) with
     reference `answers`; the student is frozen and only scores."""
     gaps = surprise_gaps(student, tokenizer, prompts, completions, batch_size)
-    return reward_components(gaps, [is_correct(c, a) for c, a in zip(completions, answers)], cfg)
+    correct = [is_correct(c, a) for c, a in zip(completions, answers)]
+    return reward_components(gaps, correct, cfg, completions=completions)
 
 
 def group_advantages(rewards: Sequence[float] | torch.Tensor, group_size: int, eps: float = 1e-4) -> torch.Tensor:
@@ -179,7 +209,7 @@ def make_reward_func(student, tokenizer, cfg: RewardConfig):
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
         p_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in student_prompt]
         rows = reward_components(gaps_from_ids(student, p_ids, completion_ids),
-                                 [is_correct(t, a) for t, a in zip(texts, answer)], cfg)
+                                 [is_correct(t, a) for t, a in zip(texts, answer)], cfg, completions=texts)
         if log_metric is not None:
             for key in COMPONENTS:
                 log_metric(f"pedagogical/{key}", sum(float(r[key]) for r in rows) / len(rows))
