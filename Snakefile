@@ -3,7 +3,9 @@
 
 include: "rules/common.smk"
 include: "rules/world.smk"
+include: "rules/models.smk"
 include: "rules/data.smk"
+include: "rules/synth.smk"
 include: "rules/train.smk"
 include: "rules/fisher.smk"
 include: "rules/graft.smk"

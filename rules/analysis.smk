@@ -3,13 +3,23 @@
 
 rule summary:
     input:
-        lambda w: [f"results/{w.exp}/eval/{run}/metrics.json" for run in runs(w.exp)],
+        metrics=lambda w: [
+            f"results/{w.exp}/eval/{run}/metrics.json" for run in runs(w.exp)
+        ],
+        data="results/{exp}/data/sft.json",
+        source=lambda w: (
+            f"results/{w.exp}/data/sources/problems.json"
+            if xcfg(w, "problems")
+            else []
+        ),
     output:
         "results/{exp}/summary.parquet",
     log:
         "logs/{exp}/summary.log",
     conda:
         "../envs/cpu.yaml"
+    params:
+        data=lambda w: xcfg(w, "data"),
     script:
         "../workflow_scripts/summary.py"
 

@@ -3,6 +3,7 @@ from pathlib import Path
 from graftlab.analysis.summary import parse_run
 from graftlab.config import ConfigError, load_schema, resolve
 from graftlab.fisher import KINDS as FISHER_KINDS
+from graftlab.problem_sources import looks_local
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
 # leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).
@@ -19,6 +20,7 @@ except ConfigError as err:
     raise WorkflowError(str(err)) from None
 
 EXPERIMENTS = list(config["experiments"])
+MODELS = config["models"]
 WORLD = "results/world"
 OLD_TASKS = config["world"]["old_tasks"]
 NEW_TASK = config["world"]["new_task"]
@@ -27,10 +29,29 @@ LADDER = [
 ]  # increasing: validated
 
 
+MINED = (
+    "expert",
+    "teacher",
+    "star",
+    "pedagogical",
+)  # data kinds that learn from mined problems
+
+
+def experiments_with(*kinds):
+    """The experiments whose new-task data is of one of `kinds`, as a wildcard pattern that matches no
+    experiment name when there are none (a rule of that kind then never applies)."""
+    names = [e for e in EXPERIMENTS if config["experiments"][e]["data"] in kinds]
+    return "|".join(names) or "(?!)"
+
+
+MODEL_NAME = "|".join(["post", "step~[0-9]+"] + list(MODELS))
+
+
 wildcard_constraints:
     exp="|".join(EXPERIMENTS),
-    base="post|step~[0-9]+",
-    donor="post|step~[0-9]+",
+    base=MODEL_NAME,
+    donor=MODEL_NAME,
+    model=MODEL_NAME,
     lr="[^/]+",
     e="[0-9]+",
     lam="[^/]+",
@@ -47,9 +68,72 @@ def xcfg(wildcards, *keys):
     return value
 
 
-def model_dir(name):
-    """Directory of a named model of the tiny world: `post`, or a ladder checkpoint `step~N`."""
-    return f"{WORLD}/post" if name == "post" else f"{WORLD}/ladder/{name}"
+def model_dir(name, exp=None):
+    """Directory of a named model: `post` (experiment `exp`'s post model, the tiny world's by default),
+    a ladder checkpoint `step~N`, or a name from `models`, fetched into resources/models/.
+    """
+    if name == "post":
+        name = config["experiments"][exp]["post"] if exp else "post"
+        if name == "post":
+            return f"{WORLD}/post"
+    if name.startswith("step~"):
+        return f"{WORLD}/ladder/{name}"
+    return f"resources/models/{name}"
+
+
+def post_dir(wildcards):
+    return model_dir("post", wildcards.exp)
+
+
+def old_benchmarks(exp):
+    """{name: (parquet, task)} of the old-task benchmarks: an experiment's own data sets, else the tiny
+    world's arithmetic benchmarks."""
+    sources = config["experiments"][exp]["benchmarks"]
+    if sources:
+        return {
+            n: (f"results/{exp}/data/sources/benchmark~{n}.parquet", s["task"])
+            for n, s in sources.items()
+        }
+    return {t: (f"{WORLD}/benchmarks/{t}.parquet", "arith") for t in OLD_TASKS}
+
+
+def new_benchmark(exp):
+    """(name, task) of the held-out new-task problems, `results/{exp}/data/heldout.parquet`."""
+    x = config["experiments"][exp]
+    if x["data"] == "knowledge":
+        return "knowledge", "knowledge"
+    if x["problems"]:
+        return "heldout", x["problems"]["task"]
+    return NEW_TASK, "arith"
+
+
+def new_task(exp):
+    """The task registry name grading the new-task problems of mining and trace synthesis."""
+    return new_benchmark(exp)[1]
+
+
+def candidates(wildcards):
+    """The problems mining samples: the experiment's data set, else the tiny world's candidates."""
+    if xcfg(wildcards, "problems"):
+        return f"results/{wildcards.exp}/data/sources/problems.parquet"
+    return f"{WORLD}/candidates.parquet"
+
+
+def dataset(wildcards):
+    """The config of data set `wildcards.source` of an experiment: problems, retention or benchmark~N."""
+    x = config["experiments"][wildcards.exp]
+    name = wildcards.source
+    if name.startswith("benchmark~"):
+        found = (x["benchmarks"] or {}).get(name.split("~", 1)[1])
+    else:
+        found = {"problems": x["problems"], "retention": x["fisher"]["prompts"]}.get(
+            name
+        )
+    if found is None:
+        raise WorkflowError(
+            f"experiment {wildcards.exp} configures no data set {name!r}"
+        )
+    return found
 
 
 def method_of(donor):
@@ -113,7 +197,7 @@ def eval_model(wildcards):
     """The input directory of the model behind an evaluation key, and the model inside it."""
     run = wildcards.run
     if run == "post":
-        return model_dir("post"), model_dir("post")
+        return post_dir(wildcards), post_dir(wildcards)
     if run.startswith("sft/"):
         run_dir = run.rsplit("/", 1)[0]
         return f"results/{wildcards.exp}/{run_dir}", f"results/{wildcards.exp}/{run}"
@@ -132,3 +216,23 @@ def sensitivity_runs(exp):
         for run in runs(exp)
         if run != "post" and parse_run(run)["method"] in ("sft", "graft", "merge")
     ]
+
+
+def local_source(source):
+    """[source] when it names a local path, else [] (a hub id): an input, so a local file or model
+    another rule writes is built first, and an edited one is read again."""
+    return [str(Path(source).expanduser())] if looks_local(source) else []
+
+
+def eval_benchmarks(wildcards):
+    """[name, parquet, role, task] of every benchmark of the experiment, old ones first."""
+    old = [[n, f, "old", t] for n, (f, t) in old_benchmarks(wildcards.exp).items()]
+    name, task = new_benchmark(wildcards.exp)
+    return old + [[name, f"results/{wildcards.exp}/data/heldout.parquet", "new", task]]
+
+
+def retention_prompts(wildcards):
+    """The configured old-domain prompts; none means fresh tiny-world problems."""
+    if xcfg(wildcards, "fisher", "prompts"):
+        return f"results/{wildcards.exp}/data/sources/retention.parquet"
+    return []

@@ -1,36 +1,67 @@
-# New-task data: mine the problems the post model cannot solve, then write training traces for them.
+# New-task data: real data sets read once per experiment, hard problems mined on the post model, and the
+# knowledge world. The traces each method learns from are written in rules/synth.smk.
+
+
+rule dataset:
+    input:
+        # A local file is an input: edited, or built by another rule, it is read again.
+        lambda w: local_source(dataset(w)["source"]),
+    output:
+        problems="results/{exp}/data/sources/{source}.parquet",
+        stats="results/{exp}/data/sources/{source}.json",
+    log:
+        "logs/{exp}/data/sources/{source}.log",
+    wildcard_constraints:
+        source="problems|retention|benchmark~[A-Za-z0-9_-]+",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        source=dataset,
+    script:
+        "../workflow_scripts/dataset.py"
 
 
 rule mine:
     input:
-        model=model_dir("post"),
-        candidates=f"{WORLD}/candidates.parquet",
+        model=post_dir,
+        candidates=candidates,
     output:
         train="results/{exp}/data/train.parquet",
         heldout="results/{exp}/data/heldout.parquet",
     log:
         "logs/{exp}/mine.log",
+    wildcard_constraints:
+        exp=experiments_with(*MINED),
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     params:
         mining=lambda w: xcfg(w, "mining"),
+        task=lambda w: new_task(w.exp),
         seed=config["seed"],
         backend=config["sampling_backend"],
     script:
         "../workflow_scripts/mine.py"
 
 
-rule traces:
+rule knowledge:
     input:
-        "results/{exp}/data/train.parquet",
+        # Replay draws fresh old-task problems: the benchmarks are excluded.
+        benchmarks=expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
     output:
-        "results/{exp}/data/sft.parquet",
+        sft="results/{exp}/data/sft.parquet",
+        heldout="results/{exp}/data/heldout.parquet",
+        facts="results/{exp}/data/facts.parquet",
+        stats="results/{exp}/data/sft.json",
     log:
-        "logs/{exp}/traces.log",
+        "logs/{exp}/knowledge.log",
+    wildcard_constraints:
+        exp=experiments_with("knowledge"),
     conda:
         "../envs/cpu.yaml"
     params:
-        data=lambda w: xcfg(w, "data"),
+        knowledge=lambda w: xcfg(w, "knowledge"),
+        old_tasks=OLD_TASKS,
+        seed=config["seed"],
     script:
-        "../workflow_scripts/traces.py"
+        "../workflow_scripts/knowledge.py"

@@ -1,15 +1,13 @@
-# Sampling-based evaluation of every model: the old benchmarks of the world and the held-out mined problems.
-
-BENCHMARKS = OLD_TASKS + [NEW_TASK]
+# Sampling-based evaluation of every model on the old benchmarks and the held-out new-task problems, each
+# graded by its own task (arithmetic exact match, math-verify, greedy knowledge exact match). The
+# per-benchmark records are written beside metrics.json, which comes last: it marks a finished job.
 
 
 rule evaluate:
     input:
         model=lambda w: eval_model(w)[0],
-        old=expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
-        new="results/{exp}/data/heldout.parquet",
+        benchmarks=lambda w: [b[1] for b in eval_benchmarks(w)],
     output:
-        records=expand("results/{{exp}}/eval/{{run}}/{bench}.parquet", bench=BENCHMARKS),
         metrics="results/{exp}/eval/{run}/metrics.json",
     log:
         "logs/{exp}/eval/{run}.log",
@@ -18,7 +16,7 @@ rule evaluate:
     threads: config["threads"]["sample"]
     params:
         model=lambda w: eval_model(w)[1],
-        names=BENCHMARKS,
+        benchmarks=eval_benchmarks,
         # Only what sampling uses: switching donor_sft on or off must not re-run evaluations.
         sampling=lambda w: {
             k: v for k, v in xcfg(w, "eval").items() if k != "donor_sft"

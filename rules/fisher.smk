@@ -4,8 +4,9 @@
 
 rule rollouts:
     input:
-        model=model_dir("post"),
-        benchmarks=expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
+        model=post_dir,
+        benchmarks=lambda w: [f for f, _ in old_benchmarks(w.exp).values()],
+        prompts=retention_prompts,
     output:
         "results/{exp}/fisher/post/rollouts.parquet",
     log:
@@ -28,7 +29,7 @@ rule rollouts:
 
 rule fisher:
     input:
-        model=model_dir("post"),
+        model=post_dir,
         rollouts="results/{exp}/fisher/post/rollouts.parquet",
     output:
         directory("results/{exp}/fisher/post/{kind}"),

@@ -5,8 +5,8 @@
 
 rule graft:
     input:
-        post=model_dir("post"),
-        donor=lambda w: model_dir(w.donor),
+        post=post_dir,
+        donor=lambda w: model_dir(w.donor, w.exp),
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
         fisher=graft_fisher,
     output:

@@ -7,7 +7,7 @@
 rule sensitivity_update:
     input:
         fisher="results/{exp}/fisher/post/diag",
-        post=model_dir("post"),
+        post=post_dir,
         model=lambda w: eval_model(w)[0],
     output:
         "results/{exp}/sensitivity/{run}/share.parquet",

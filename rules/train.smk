@@ -3,7 +3,7 @@
 
 rule sft:
     input:
-        model=lambda w: model_dir(w.base),
+        model=lambda w: model_dir(w.base, w.exp),
         data="results/{exp}/data/sft.parquet",
     output:
         directory("results/{exp}/sft/{base}/lr~{lr}"),

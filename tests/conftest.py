@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,3 +65,22 @@ def pico_model(tmp_path: Path) -> Callable[..., Path]:
         return build_pico_model(tmp_path / name, **kwargs)
 
     return make
+
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "configs" / "smoke.yaml"
+
+
+def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
+    cmd += ["--configfile", *map(str, configs)] if configs else []
+    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=workdir)
+
+
+@pytest.fixture(scope="session")
+def smoke(tmp_path_factory) -> Path:
+    """configs/smoke.yaml run once, whole, for every workflow test module."""
+    workdir = tmp_path_factory.mktemp("smoke")
+    proc = snakemake(workdir, "--cores", "2", "--quiet")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return workdir

@@ -58,6 +58,29 @@ def test_shipped_configs_validate(name):
             "config key experiments.x.fisher.rollouts: asks 5000 sub prompts; only 4950 lie outside its benchmark",
         ),
         ({"experiments": {"x": {"fisher": {"temperature": 0}}}}, "config key experiments.x.fisher.temperature: 0 is less than or equal to"),
+        ({"experiments": {"x": {"data": "teacher"}}}, "config key experiments.x.teacher.model: None must name the teacher"),
+        ({"experiments": {"x": {"data": "teacher", "teacher": {"model": "gpt"}}}}, "config key experiments.x.teacher.model: 'gpt' must name"),
+        ({"experiments": {"x": {"donors": ["qwen"]}}}, "config key experiments.x.donors: qwen is neither on world.pretrain.ladder"),
+        ({"experiments": {"x": {"post": "qwen"}}}, "config key experiments.x.post: 'qwen' is neither `post` nor a name in models"),
+        ({"models": {"post": {"source": "/m"}}}, "config key models: 'post' should not be valid"),
+        ({"models": {"q": {"revision": "main"}}}, "config key models.q: 'source' is a required property"),
+        (
+            {"experiments": {"x": {"problems": {"source": "p.jsonl", "colums": {}}}}},
+            "config key experiments.x.problems: Additional properties are not allowed ('colums' was unexpected)",
+        ),
+        (
+            {"experiments": {"x": {"benchmarks": {"aime": {"source": "a.jsonl"}}, "graft": {"masks": {"kinds": ["diag"]}}}}},
+            "config key experiments.x.fisher.prompts: is required",
+        ),
+        (
+            {"experiments": {"x": {"data": "knowledge", "knowledge": {"entities": 5, "facts": 50}}}},
+            "config key experiments.x.knowledge: facts=50 must lie between entities=5",
+        ),
+        (
+            {"experiments": {"x": {"data": "knowledge", "problems": {"source": "p.jsonl"}}}},
+            "config key experiments.x.problems: data: knowledge writes its own questions",
+        ),
+        ({"experiments": {"x": {"data": "grpo"}}}, "config key experiments.x.data: 'grpo' is not one of"),
     ],
 )
 def test_bad_config_names_the_key(config, message):
@@ -72,7 +95,7 @@ def test_masks_and_fisher_defaults():
     assert x["graft"]["masks"] == {"kinds": [], "rho": ["0.01"], "scope": "global", "score": "fisher_delta", "lam": None, "epochs": None}
     assert x["merge"]["masks"]["kinds"] == []
     assert x["fisher"] == {"rollouts": 256, "temperature": 1.0, "max_new_tokens": 48, "batch_size": 16, "ekfac": False,
-                           "kfac_positions": "completion"}
+                           "kfac_positions": "completion", "prompts": None}
 
 
 def test_schema_mask_kinds_are_the_fisher_kinds():
@@ -90,7 +113,7 @@ def test_readme_config_reference_is_generated_from_the_schema():
 KEYWORDS = {
     "$schema", "$ref", "$defs", "description", "type", "default", "properties", "additionalProperties",
     "items", "enum", "minimum", "maximum", "exclusiveMinimum", "minItems", "uniqueItems", "minProperties",
-    "propertyNames", "pattern",
+    "propertyNames", "pattern", "required", "minLength", "oneOf", "not",
 }
 
 
@@ -100,9 +123,11 @@ def _schemas(node):
     for key in ("properties", "$defs"):
         for sub in node.get(key, {}).values():
             yield from _schemas(sub)
-    for key in ("items", "additionalProperties", "propertyNames"):
+    for key in ("items", "additionalProperties", "propertyNames", "not"):
         if isinstance(node.get(key), dict):
             yield from _schemas(node[key])
+    for sub in node.get("oneOf", []):
+        yield from _schemas(sub)
 
 
 def test_schema_uses_only_known_keywords():

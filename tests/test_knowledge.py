@@ -30,7 +30,8 @@ def tokenizer(tmp_path_factory):
 
 def written(out: Path, cfg: kn.KnowledgeConfig, benchmark_files=()) -> dict[str, pl.DataFrame]:
     kn.write_knowledge_data(out, cfg, OLD, benchmark_files)
-    return {name: pl.read_parquet(out / f"{name}.parquet") for name in ("train", "heldout", "facts")}
+    files = {"train": "sft", "heldout": "heldout", "facts": "facts"}
+    return {name: pl.read_parquet(out / f"{file}.parquet") for name, file in files.items()}
 
 
 @pytest.fixture(scope="module")

@@ -207,7 +207,10 @@ def test_reward_func_for_trl_reads_exact_ids_and_logs_every_component(student):
 def test_train_teacher_with_trl_grpo_logs_components_per_step(student, tmp_path, monkeypatch):
     # A random pico model is never correct nor well formed, so every reward would be 0 and GRPO would not
     # move: pass both checks, leaving learnability to vary within groups and drive the update.
-    monkeypatch.setattr(ped, "is_correct", lambda completion, answer: True)
+    import graftlab.tasks_registry as registry
+
+    always = registry.Task("always", prompt=str, grade=lambda completion, answer: True, reference=str)
+    monkeypatch.setattr(registry, "get_task", lambda name: always)
     monkeypatch.setattr(ped, "well_formed", lambda completion, tokens, min_tokens: True)
     student.save_pretrained(tmp_path / "post")
     TOK.save_pretrained(tmp_path / "post")

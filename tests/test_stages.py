@@ -12,6 +12,7 @@ from graftlab.models import GraftlabError
 from graftlab.sampling import SamplingConfig, generate, generate_ids
 from graftlab.synth.mining import MiningConfig, split_hard
 from graftlab.synth.traces import expert_traces
+from graftlab.tasks_registry import get_task
 from graftlab.tasks import chat_prompt
 from graftlab.train.sft import TrainConfig, encode_chat, sft_epochs
 from graftlab.world import arith, build
@@ -69,10 +70,27 @@ def test_split_hard_keeps_never_solved_problems_and_holds_out_disjointly():
 
 def test_expert_traces_verify_and_refuse_a_wrong_trace():
     problems = pl.DataFrame(arith.sample_problems("mul", 5, seed=0))
-    traces = expert_traces(problems)
+    traces, stats = expert_traces(problems)
     assert traces.height == 5 and traces["completion"].str.ends_with("<|im_end|>").all()
+    assert stats == {"problems": 5, "traces": 5, "skipped": 0, "skipped_ids": []}
     with pytest.raises(GraftlabError, match="does not verify"):
         expert_traces(problems.with_columns(answer=pl.lit("0")))
+
+
+def test_expert_traces_of_a_data_set_are_its_written_solutions_and_skip_empty_ones_out_loud():
+    problems = pl.DataFrame({
+        "id": ["a", "b", "c"], "task": ["math"] * 3, "prompt": ["1/2 + 1/2?", "2+2?", "3+3?"],
+        "answer": ["1", "4", "6"], "solution": ["Halves make a whole.", "", "Three twice is six."],
+    })  # fmt: skip
+    traces, stats = expert_traces(problems)
+    assert traces["id"].to_list() == ["a", "c"]
+    assert traces["completion"][0] == "<think>\nHalves make a whole.\n</think>\n\n\\boxed{1}<|im_end|>"
+    assert get_task("math").grade(traces["completion"][1], "6")
+    assert stats["skipped"] == 1 and stats["skipped_ids"] == ["b"]
+    with pytest.raises(GraftlabError, match="columns.solution"):
+        expert_traces(problems.drop("solution"))
+    with pytest.raises(GraftlabError, match="none of 1 problems"):
+        expert_traces(problems.filter(pl.col("id") == "b"))
 
 
 def test_encode_chat_puts_loss_on_completion_tokens_only():
@@ -84,7 +102,7 @@ def test_encode_chat_puts_loss_on_completion_tokens_only():
 
 def test_sft_writes_one_loadable_checkpoint_per_epoch_that_moved(world_model, tmp_path):
     data = tmp_path / "sft.parquet"
-    expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, seed=0))).write_parquet(data)
+    expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, seed=0)))[0].write_parquet(data)
     sft_epochs(world_model, data, TrainConfig(lr=1e-2, batch_size=8, epochs=2), tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch~1", "epoch~2"]
     before = AutoModelForCausalLM.from_pretrained(world_model).state_dict()

@@ -3,8 +3,6 @@ schedules nothing, a new lambda or rho schedules only its grafts and evaluations
 only that SFT and what depends on it, a Fisher is computed once per kind however many grafts use it."""
 
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -12,15 +10,9 @@ import polars as pl
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-SMOKE = REPO / "configs" / "smoke.yaml"
+from conftest import REPO, SMOKE, snakemake
+
 pytestmark = pytest.mark.workflow
-
-
-def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
-    cmd += ["--configfile", *map(str, configs)] if configs else []
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=workdir)
 
 
 def planned_jobs(workdir: Path, *configs: Path) -> Counter:
@@ -45,18 +37,10 @@ def overlay(tmp_path: Path, name: str, experiment: dict) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> Path:
-    workdir = tmp_path_factory.mktemp("smoke")
-    proc = snakemake(workdir, "--cores", "2", "--quiet")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return workdir
-
-
 def test_smoke_run_writes_summary_and_plot(smoke):
     exp = smoke / "results" / "expert"
     summary = pl.read_parquet(exp / "summary.parquet")
-    # post; SFT of post and of donor step~20 at 2 epochs; graft lam 1 and merge lam 0.5 at 2 epochs;
+    # post; SFT of post and of donor step~50 at 2 epochs; graft lam 1 and merge lam 0.5 at 2 epochs;
     # diag-masked at rho 0.1: the grafts at both epochs, the merge at epoch 2 (merge.masks.epochs).
     assert summary.height == 1 + 4 + 4 + 3
     assert Counter(summary["method"]) == {"post": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3}
@@ -72,14 +56,14 @@ def test_smoke_run_writes_summary_and_plot(smoke):
 def test_models_load_in_transformers_and_grafts_are_temporary(smoke):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    for model in ["results/world/ladder/step~20", "results/world/post", "results/expert/sft/post/lr~1e-3/epoch~2"]:
+    for model in ["results/world/ladder/step~50", "results/world/post", "results/expert/sft/post/lr~1e-3/epoch~2"]:
         AutoModelForCausalLM.from_pretrained(smoke / model)
         assert AutoTokenizer.from_pretrained(smoke / model).eos_token == "<|im_end|>"
     assert not list((smoke / "results/expert/graft").rglob("model.safetensors"))
 
 
 def test_evaluation_records_and_metrics(smoke):
-    run = smoke / "results/expert/eval/graft/step~20/lr~1e-3/epoch~1/lam~1/mask~none/rho~0"
+    run = smoke / "results/expert/eval/graft/step~50/lr~1e-3/epoch~1/lam~1/mask~none/rho~0"
     metrics = json.loads((run / "metrics.json").read_text())
     assert set(metrics["benchmarks"]) == {"add", "sub", "compare", "mul"}
     assert metrics["benchmarks"]["mul"]["role"] == "new"

@@ -6,9 +6,8 @@ from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.joblog import job_log
 from graftlab.sampling import SamplingConfig
 
-p, inp = snakemake.params, snakemake.input
-benchmarks = [Benchmark(n, Path(f), "old") for n, f in zip(p.names, inp.old)]
-benchmarks.append(Benchmark(p.names[-1], Path(inp.new), "new"))
+p = snakemake.params
+benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
 with job_log(snakemake.log[0], snakemake.threads):
     evaluate(
         p.model,

@@ -12,4 +12,5 @@ with job_log(snakemake.log[0], snakemake.threads):
         snakemake.output.train,
         snakemake.output.heldout,
         p.backend,
+        p.task,
     )

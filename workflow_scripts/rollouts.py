@@ -1,4 +1,4 @@
-"""Retention rollouts: the post model's own samples on fresh old-task prompts, as token ids."""
+"""Retention rollouts: the post model's own samples on fresh old-domain prompts, as token ids."""
 
 from graftlab.fisher.rollouts import RolloutConfig, write_rollouts
 from graftlab.joblog import job_log
@@ -12,4 +12,5 @@ with job_log(snakemake.log[0], snakemake.threads):
         RolloutConfig(**p.rollouts, seed=p.seed),
         snakemake.output[0],
         p.backend,
+        prompts_file=inp.prompts or None,
     )

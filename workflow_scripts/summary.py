@@ -1,7 +1,9 @@
-"""One row per evaluated model of the experiment, with all its keys and metrics."""
+"""One row per evaluated model of the experiment, with all its keys, metrics and what it learned from."""
 
-from graftlab.analysis.summary import write_summary
+from graftlab.analysis.summary import data_columns, write_summary
 from graftlab.joblog import job_log
 
+inp = snakemake.input
 with job_log(snakemake.log[0]):
-    write_summary(snakemake.input, snakemake.wildcards.exp, snakemake.output[0])
+    data = data_columns(snakemake.params.data, inp.data, inp.source or None)
+    write_summary(inp.metrics, snakemake.wildcards.exp, snakemake.output[0], data)

@@ -46,6 +46,10 @@ def resolve(config: dict, schema: dict | None = None) -> dict:
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(map(str, e.path))))
     if errors:
         err = errors[0]
+        # "not valid under any of the given schemas" names no key: a nullable section (`oneOf` null or an
+        # object) reports what is wrong inside the object instead.
+        while err.context:
+            err = max(err.context, key=lambda e: (e.validator != "type", len(e.absolute_path)))
         where = ".".join(map(str, err.absolute_path)) or "(top level)"
         # A regex says little to a researcher; the schema's description of the value says what is wanted.
         message = err.message
@@ -74,20 +78,51 @@ def _check_semantics(config: dict) -> None:
         room = distinct_problems(task) - world["benchmark_size"]
         checks.append((world["posttrain"]["examples_per_task"] <= room, "world.posttrain.examples_per_task", f"exceeds the {room} {task} problems left outside its benchmark"))
     for name, exp in config["experiments"].items():
-        key = f"experiments.{name}"
-        checks.append((exp["mining"]["heldout"] < world["candidates"], f"{key}.mining.heldout", f"leaves no training problems of world.candidates = {world['candidates']}"))
-        for method in ("graft", "merge"):
-            for where, epochs in ((method, exp[method]["epochs"]), (f"{method}.masks", exp[method]["masks"]["epochs"])):
-                late = [e for e in epochs or [] if e > exp["sft"]["epochs"]]
-                checks.append((not late, f"{key}.{where}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
-            wide = [r for r in exp[method]["masks"]["rho"] if float(r) > 1]
-            checks.append((not wide, f"{key}.{method}.masks.rho", f"{wide} outside [0, 1]: rho is the fraction of the update masked"))
-        for donor in exp["donors"]:
-            checks.append((int(donor.split("~")[1]) in ladder, f"{key}.donors", f"{donor} is not on world.pretrain.ladder {ladder}"))
-        checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
+        checks += _experiment_checks(config, exp, f"experiments.{name}")
     for ok, where, problem in checks:
         if not ok:
             raise ConfigError(f"config key {where}: {problem}")
+
+
+def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, str, str]]:
+    world, models = config["world"], set(config["models"])
+    ladder = world["pretrain"]["ladder"]
+    checks = []
+    if exp["data"] != "knowledge" and exp["problems"] is None:
+        checks.append((exp["mining"]["heldout"] < world["candidates"], f"{key}.mining.heldout", f"leaves no training problems of world.candidates = {world['candidates']}"))
+    for method in ("graft", "merge"):
+        for where, epochs in ((method, exp[method]["epochs"]), (f"{method}.masks", exp[method]["masks"]["epochs"])):
+            late = [e for e in epochs or [] if e > exp["sft"]["epochs"]]
+            checks.append((not late, f"{key}.{where}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
+        wide = [r for r in exp[method]["masks"]["rho"] if float(r) > 1]
+        checks.append((not wide, f"{key}.{method}.masks.rho", f"{wide} outside [0, 1]: rho is the fraction of the update masked"))
+    for donor in exp["donors"]:
+        on_ladder = donor.startswith("step~") and int(donor.split("~")[1]) in ladder
+        checks.append((on_ladder or donor in models, f"{key}.donors", f"{donor} is neither on world.pretrain.ladder {ladder} nor a name in models {sorted(models)}"))
+    checks.append((exp["post"] == "post" or exp["post"] in models, f"{key}.post", f"{exp['post']!r} is neither `post` nor a name in models {sorted(models)}"))
+    teacher = exp["teacher"]["model"]
+    if exp["data"] == "teacher":
+        known = teacher is not None and (teacher in ("post", *models) or (teacher.startswith("step~") and int(teacher.split("~")[1]) in ladder))
+        checks.append((known, f"{key}.teacher.model", f"{teacher!r} must name the teacher of data: teacher: `post`, a ladder step or a name in models"))
+    if exp["data"] == "knowledge":
+        checks.append((exp["problems"] is None, f"{key}.problems", "data: knowledge writes its own questions; remove problems"))
+        checks += _knowledge_checks(exp["knowledge"], f"{key}.knowledge")
+    masked = exp["graft"]["masks"]["kinds"] or exp["merge"]["masks"]["kinds"]
+    if exp["fisher"]["prompts"] is None:
+        checks.append((not (masked and exp["benchmarks"]), f"{key}.fisher.prompts", "is required: masks need retention prompts of the old domain, and benchmarks replace the tiny world's old tasks"))
+        checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
+    return checks
+
+
+def _knowledge_checks(section: dict, where: str) -> list[tuple[bool, str, str]]:
+    from graftlab.models import GraftlabError
+    from graftlab.world.knowledge import KnowledgeConfig
+
+    try:
+        KnowledgeConfig(**section)
+    except GraftlabError as err:
+        return [(False, where, str(err).removeprefix("knowledge: "))]
+    return []
 
 
 def _rollout_checks(world: dict, rollouts: int, where: str) -> list[tuple[bool, str, str]]:
@@ -109,6 +144,12 @@ _NO_DEFAULT = object()
 def _rows(schema: dict, defs: dict, prefix: str):
     if "$ref" in schema:  # keywords beside a $ref (a default) refine the definition
         schema = defs[schema["$ref"].rsplit("/", 1)[1]] | {k: v for k, v in schema.items() if k != "$ref"}
+    if "oneOf" in schema:  # a nullable section: one row for the section, then the object's own keys
+        yield prefix, "object or null", schema.get("default", _NO_DEFAULT), schema.get("description", "")
+        for sub in schema["oneOf"]:
+            if sub.get("type") != "null":
+                yield from _rows(sub, defs, prefix)
+        return
     props = schema.get("properties")
     extra = schema.get("additionalProperties")
     if props is None and isinstance(extra, dict):  # a map of named entries (experiments)

@@ -74,9 +74,11 @@ class ProblemSource:
         return cls(name=name, **cfg)
 
 
-def _looks_local(source: str) -> bool:
-    # A path that names a file type or starts like a path must exist here: never send it to the hub.
-    return source.startswith(("/", ".", "~")) or Path(source).suffix in FILE_READERS
+def looks_local(source: str) -> bool:
+    """Whether `source` names a local path rather than a hub id: it exists, starts like a path or names
+    a data file type. Such a path must exist here: it is never sent to the hub. (The workflow asks too,
+    to make a local file an input that another rule may build.)"""
+    return Path(source).exists() or source.startswith(("/", ".", "~")) or Path(source).suffix in FILE_READERS
 
 
 def _pick_split(data, src: ProblemSource):
@@ -118,7 +120,7 @@ def read_table(src: ProblemSource) -> pl.DataFrame:
         return reader(path)
     if path.is_dir():
         return _load_with_datasets(src, path)
-    if _looks_local(src.source):
+    if looks_local(src.source):
         raise GraftlabError(f"dataset {src.name}: no such file or directory {src.source}")
     return _load_with_datasets(src, None)
 

@@ -122,6 +122,17 @@ def pareto_figure(summary: str | Path | pl.DataFrame, title: str | None = None) 
     return fig
 
 
+def data_title(exp: str, summary: pl.DataFrame) -> str:
+    """`{exp} ({data}): N traces of M problems`, with the skipped counts when any were skipped."""
+    if "data" not in summary.columns:
+        return f"{exp}: grafting vs SFT vs merging"
+    row = summary.row(0, named=True)
+    title = f"{exp} ({row['data']}): {row['data_traces']} traces of {row['data_problems']} problems"
+    skipped = [f"{row['data_skipped']} without a trace"] if row["data_skipped"] else []
+    skipped += [f"{row['data_rows_skipped']} data rows skipped"] if row["data_rows_skipped"] else []
+    return title + (f" ({', '.join(skipped)})" if skipped else "")
+
+
 def plot_pareto(summary: str | Path | pl.DataFrame, out_png: str | Path, title: str | None = None) -> None:
     """`pareto_figure` written as a PNG, atomically."""
     fig = pareto_figure(summary, title)

@@ -112,11 +112,27 @@ def summarize(metrics_files: Iterable[str | Path], exp: str) -> pl.DataFrame:
     return pl.DataFrame(list(data.values())).sort("run")
 
 
+def data_columns(kind: str, sft_stats: str | Path, source_stats: str | Path | None = None) -> dict:
+    """What the experiment learned from, the same on every row: the data kind, the training problems,
+    the traces made of them and the problems left without one (unsolved, or no solution), and the rows
+    of a configured data set skipped as ungradable, empty or duplicate. Skips are never silent: they
+    are counted here as well as logged by the job that made them."""
+    sft = json.loads(Path(sft_stats).read_text())
+    rows_skipped = 0
+    if source_stats is not None:
+        rows_skipped = sum(json.loads(Path(source_stats).read_text())["skipped"].values())
+    return {"data": kind, "data_problems": sft["problems"], "data_traces": sft["traces"],
+            "data_skipped": sft["skipped"], "data_rows_skipped": rows_skipped}  # fmt: skip
+
+
 def write_summary(
-    metrics_files: Iterable[str | Path], exp: str, out_parquet: str | Path
+    metrics_files: Iterable[str | Path], exp: str, out_parquet: str | Path, data: dict | None = None
 ) -> pl.DataFrame:
-    """Summarise and write the table as parquet, atomically: a killed job leaves no partial file."""
+    """Summarise and write the table as parquet, atomically: a killed job leaves no partial file.
+    `data` (from `data_columns`) adds its columns to every row."""
     summary = summarize(metrics_files, exp)
+    if data:
+        summary = summary.with_columns(pl.lit(v).alias(k) for k, v in data.items())
     with atomic_file(out_parquet) as tmp:
         summary.write_parquet(tmp)
     return summary

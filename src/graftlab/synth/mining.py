@@ -24,9 +24,10 @@ class MiningConfig:
     seed: int = 0
 
 
-def pass_rates(sampler, tokenizer, problems: list[dict], cfg: MiningConfig) -> list[float]:
+def pass_rates(sampler, tokenizer, problems: list[dict], cfg: MiningConfig, grade=None) -> list[float]:
+    """Each problem's fraction of correct samples; `grade(completion, answer)` defaults to exact match."""
     scfg = SamplingConfig(cfg.samples, cfg.temperature, 1.0, cfg.max_new_tokens, cfg.seed)
-    records = sample_and_grade(sampler, tokenizer, pl.DataFrame(problems), scfg)
+    records = sample_and_grade(sampler, tokenizer, pl.DataFrame(problems), scfg, grade)
     per_problem = records.group_by("problem_id", maintain_order=True).agg(pl.col("correct").mean())
     return per_problem["correct"].to_list()
 
@@ -43,14 +44,17 @@ def split_hard(problems: list[dict], rates: list[float], cfg: MiningConfig) -> t
     return pl.DataFrame(hard[cfg.heldout :]), pl.DataFrame(hard[: cfg.heldout])
 
 
-def mine(model_dir, candidates, cfg: MiningConfig, train_out, heldout_out, backend: str = "auto") -> None:
-    """Sample the model on every candidate, keep the hard ones, write disjoint train / held-out sets."""
+def mine(model_dir, candidates, cfg: MiningConfig, train_out, heldout_out, backend: str = "auto", task: str = "arith") -> None:
+    """Sample the model on every candidate, grade by registry task `task`, keep the hard ones, write
+    disjoint train / held-out sets."""
     from transformers import AutoTokenizer
 
     from graftlab.sampling import load_sampler
+    from graftlab.tasks_registry import get_task
 
     problems = pl.read_parquet(candidates).to_dicts()
-    rates = pass_rates(load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), problems, cfg)
+    sampler, tokenizer = load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir)
+    rates = pass_rates(sampler, tokenizer, problems, cfg, get_task(task).grade)
     train, heldout = split_hard(problems, rates, cfg)
     print(f"mined {len(train) + len(heldout)} of {len(problems)} problems (pass rate <= {cfg.max_pass_rate}); "
           f"{sum(r == 0 for r in rates)} never solved; {len(train)} train, {len(heldout)} held out")

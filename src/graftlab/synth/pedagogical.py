@@ -200,16 +200,17 @@ class TeacherConfig:
     threads: int = 1
 
 
-def make_reward_func(student, tokenizer, cfg: RewardConfig):
+def make_reward_func(student, tokenizer, cfg: RewardConfig, grade=is_correct):
     """A reward function for TRL's GRPOTrainer over a dataset with `student_prompt` (the chat-formatted
-    problem alone) and `answer` columns; logs the mean of every component per step."""
+    problem alone) and `answer` columns, correctness judged by `grade(completion, answer)`; logs the
+    mean of every component per step."""
 
     def pedagogical(prompts, completions, completion_ids, student_prompt, answer, log_metric=None, **_):
         # TRL's `completions` skip special tokens, `</think>` among them; grading needs the exact text.
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
         p_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in student_prompt]
         rows = reward_components(gaps_from_ids(student, p_ids, completion_ids),
-                                 [is_correct(t, a) for t, a in zip(texts, answer)], cfg, completions=texts)
+                                 [grade(t, a) for t, a in zip(texts, answer)], cfg, completions=texts)
         if log_metric is not None:
             for key in COMPONENTS:
                 log_metric(f"pedagogical/{key}", sum(float(r[key]) for r in rows) / len(rows))
@@ -231,16 +232,17 @@ def teacher_dataset(tokenizer, problems):
     ])
 
 
-def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out) -> None:
-    """GRPO-train a copy of the post model at `post_dir` as the teacher on the problems parquet; write the
-    teacher to `out_dir` (atomically, with provenance) and the per-step log, reward components
-    included, as JSON lines to `log_out`."""
+def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task: str = "arith") -> None:
+    """GRPO-train a copy of the post model at `post_dir` as the teacher on the problems parquet, graded
+    by registry task `task`; write the teacher to `out_dir` (atomically, with provenance) and the
+    per-step log, reward components included, as JSON lines to `log_out`."""
     import polars as pl
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
     from graftlab.atomic import atomic_dir
     from graftlab.models import write_provenance
+    from graftlab.tasks_registry import get_task
 
     torch.set_num_threads(cfg.threads)
     tok = AutoTokenizer.from_pretrained(post_dir)
@@ -250,7 +252,7 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out) -> N
     with atomic_dir(out_dir) as tmp:
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(post_dir),
-            reward_funcs=[make_reward_func(student, tok, cfg.reward)],
+            reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
             args=_grpo_args(cfg, tmp / ".trainer"),
             train_dataset=dataset,
             processing_class=tok,
@@ -287,11 +289,13 @@ def _grpo_args(cfg: TeacherConfig, work: Path):
     )
 
 
-def teacher_traces(sampler, tokenizer, problems, cfg) -> tuple:
+def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct) -> tuple:
     """(traces, stats) of the trained teacher: STaR's rounds (`cfg` a `StarConfig`, rationalization
-    unused) over the teacher prompts, the first verified completion kept per problem. The stored prompt
-    is the problem alone, and a completion that mentions the reference (`REFERENCE_MARKER`) is not kept:
-    the student who learns from the trace never sees a solution."""
+    unused) over the teacher prompts, the first verified (`grade(completion, answer)`) and well-formed
+    completion kept per problem. The stored prompt is the problem alone, and a completion that
+    mentions the reference (`REFERENCE_MARKER`) is not kept: the student who learns from the trace
+    never sees a solution. The reward's length floor is not applied here: a short trace that thinks
+    is a fine example, only an empty thought is the reward hack."""
     import polars as pl
 
     from graftlab.sampling import SamplingConfig
@@ -301,7 +305,8 @@ def teacher_traces(sampler, tokenizer, problems, cfg) -> tuple:
     prompts = [chat_prompt(tokenizer, teacher_prompt(r["prompt"], reference_solution(r))) for r in rows]
 
     def accept(i: int, completion: str) -> bool:
-        return is_correct(completion, str(rows[i]["answer"])) and REFERENCE_MARKER.lower() not in completion.lower()
+        leaks = REFERENCE_MARKER.lower() in completion.lower()
+        return grade(completion, str(rows[i]["answer"])) and well_formed(completion, 0, 0) and not leaks
 
     scfg = SamplingConfig(1, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
     found, drawn = first_verified(sampler, prompts, accept, cfg.attempts, cfg.attempts_per_round, scfg)
@@ -312,16 +317,20 @@ def teacher_traces(sampler, tokenizer, problems, cfg) -> tuple:
     return pl.DataFrame(traces), star_stats(len(rows), found, {}, drawn, 0, cfg)
 
 
-def write_teacher_traces(teacher_dir, problems, cfg, out, stats_out, backend: str = "auto") -> dict:
-    """Sample the trained teacher at `teacher_dir` on the problems parquet; write traces and stats JSON."""
+def write_teacher_traces(teacher_dir, problems, cfg, out, stats_out, backend: str = "auto", task: str = "arith") -> dict:
+    """Sample the trained teacher at `teacher_dir` on the problems parquet, graded by registry task
+    `task`; write the stats JSON, then the traces parquet."""
     import polars as pl
     from transformers import AutoTokenizer
 
+    from graftlab.atomic import atomic_file
     from graftlab.sampling import load_sampler
+    from graftlab.tasks_registry import get_task
 
-    traces, stats = teacher_traces(
-        load_sampler(teacher_dir, backend), AutoTokenizer.from_pretrained(teacher_dir), pl.read_parquet(problems), cfg
-    )
-    Path(stats_out).write_text(json.dumps(stats, indent=2) + "\n")
-    traces.write_parquet(out)
+    sampler, tok = load_sampler(teacher_dir, backend), AutoTokenizer.from_pretrained(teacher_dir)
+    traces, stats = teacher_traces(sampler, tok, pl.read_parquet(problems), cfg, get_task(task).grade)
+    with atomic_file(stats_out) as tmp:
+        tmp.write_text(json.dumps(stats, indent=2) + "\n")
+    with atomic_file(out) as tmp:
+        traces.write_parquet(tmp)
     return stats

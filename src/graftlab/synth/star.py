@@ -18,14 +18,14 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-
 import polars as pl
 
+from graftlab.atomic import atomic_file
 from graftlab.models import GraftlabError
 from graftlab.sampling import SamplingConfig
 from graftlab.tasks import chat_prompt, is_correct
 
+Grader = Callable[[str, str], bool]  # (completion, answer) -> correct
 HINT_MARKER = "Hint"
 HINT_TEMPLATE = "{prompt}\nHint: the answer is {answer}."
 
@@ -102,16 +102,21 @@ def mentions_hint(completion: str) -> bool:
     return HINT_MARKER.lower() in completion.lower()
 
 
-def star_traces(sampler, tokenizer, problems: pl.DataFrame, cfg: StarConfig) -> tuple[pl.DataFrame, dict]:
-    """(traces, stats): one verified trace per solved problem, with the problem's original prompt."""
+def star_traces(
+    sampler, tokenizer, problems: pl.DataFrame, cfg: StarConfig, grade: Grader = is_correct
+) -> tuple[pl.DataFrame, dict]:
+    """(traces, stats): one verified trace per solved problem, with the problem's original prompt;
+    `grade(completion, answer)` verifies (the tiny world's exact match by default)."""
     rows = require_problems(problems, "star")
     answers = [str(r["answer"]) for r in rows]
     scfg = SamplingConfig(1, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
     prompts = [chat_prompt(tokenizer, r["prompt"]) for r in rows]
     found, drawn = first_verified(
-        sampler, prompts, lambda i, c: is_correct(c, answers[i]), cfg.attempts, cfg.attempts_per_round, scfg
+        sampler, prompts, lambda i, c: grade(c, answers[i]), cfg.attempts, cfg.attempts_per_round, scfg
     )
-    rationalized, r_drawn = _rationalize(sampler, tokenizer, rows, found, cfg, scfg) if cfg.rationalize else ({}, 0)
+    rationalized, r_drawn = (
+        _rationalize(sampler, tokenizer, rows, found, cfg, scfg, grade) if cfg.rationalize else ({}, 0)
+    )
     traces = [
         {"id": r["id"], "task": r.get("task"), "prompt": r["prompt"], "completion": f.completion,
          "attempts": f.attempt, "rationalized": i in rationalized}
@@ -127,13 +132,13 @@ def star_traces(sampler, tokenizer, problems: pl.DataFrame, cfg: StarConfig) -> 
     return pl.DataFrame(traces), stats
 
 
-def _rationalize(sampler, tokenizer, rows, found, cfg: StarConfig, scfg: SamplingConfig) -> tuple[dict, int]:
+def _rationalize(sampler, tokenizer, rows, found, cfg: StarConfig, scfg: SamplingConfig, grade: Grader) -> tuple[dict, int]:
     """The unsolved problems asked again with the answer as a hint; keyed by index into `rows`."""
     unsolved = [i for i in range(len(rows)) if i not in found]
     prompts = [chat_prompt(tokenizer, hint_prompt(rows[i]["prompt"], str(rows[i]["answer"]))) for i in unsolved]
 
     def accept(j: int, completion: str) -> bool:
-        return is_correct(completion, str(rows[unsolved[j]]["answer"])) and not mentions_hint(completion)
+        return grade(completion, str(rows[unsolved[j]]["answer"])) and not mentions_hint(completion)
 
     # Seeds past those of the plain rounds, so the hinted rounds draw fresh noise.
     seeded = replace(scfg, seed=scfg.seed + cfg.attempts)
@@ -148,6 +153,8 @@ def star_stats(problems: int, found: dict, rationalized: dict, drawn: int, r_dra
         "problems": problems,
         "solved": solved,
         "solve_rate": solved / problems,
+        "traces": solved,  # the keys every data stage reports (data/sft.json): problems, traces, skipped
+        "skipped": problems - solved,
         "solved_by_sampling": len(found),
         "solved_by_rationalization": len(rationalized),
         "unsolved": problems - solved,
@@ -159,18 +166,23 @@ def star_stats(problems: int, found: dict, rationalized: dict, drawn: int, r_dra
     }
 
 
-def write_star(model_dir, problems, cfg: StarConfig, out, stats_out, backend: str = "auto") -> dict:
-    """Sample the model at `model_dir` on the training problems parquet; write the traces parquet and the
-    stats JSON. Nothing is written when no problem is solved."""
+def write_star(model_dir, problems, cfg: StarConfig, out, stats_out, backend: str = "auto", task: str = "arith") -> dict:
+    """Sample the model at `model_dir` on the training problems parquet, verifying with the grader of
+    registry task `task`; write the stats JSON, then the traces parquet. Nothing is written when no
+    problem is solved."""
     from transformers import AutoTokenizer
 
     from graftlab.sampling import load_sampler
+    from graftlab.tasks_registry import get_task
 
     traces, stats = star_traces(
-        load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), pl.read_parquet(problems), cfg
+        load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), pl.read_parquet(problems), cfg,
+        get_task(task).grade,
     )
     print(f"star: solved {stats['solved']} of {stats['problems']} ({stats['solved_by_rationalization']} by "
           f"rationalization); mean attempts {stats['attempts_mean']}")
-    Path(stats_out).write_text(json.dumps(stats, indent=2) + "\n")
-    traces.write_parquet(out)
+    with atomic_file(stats_out) as tmp:
+        tmp.write_text(json.dumps(stats, indent=2) + "\n")
+    with atomic_file(out) as tmp:
+        traces.write_parquet(tmp)
     return stats

@@ -1,30 +1,67 @@
-"""Training traces for the new task. `expert`: the tiny world's programmatic solver is the teacher; it
-solves each problem from its prompt alone, and its trace is kept only when its answer matches the
-problem's reference answer (the teacher-trace setting with a perfect teacher)."""
+"""Expert traces for the new task, one per training problem (the teacher-trace setting with a perfect
+teacher). On the tiny world the teacher is its programmatic solver, which solves each problem from its
+prompt alone; its trace is kept only when its answer matches the problem's reference answer. On a real
+data set the teacher is the set's written `solution` (mapped by `columns.solution`): the solution is the
+thinking, its final boxed answer the reply.
+
+A problem without a usable trace (an empty solution) is skipped, counted in the stats and logged; no
+problem at all is an error.
+"""
+
+import json
 
 import polars as pl
 
+from graftlab.atomic import atomic_file
 from graftlab.models import GraftlabError
 from graftlab.tasks import chat_completion, is_correct
 from graftlab.world import arith
 
 
-def expert_traces(problems: pl.DataFrame) -> pl.DataFrame:
-    rows = []
+def solver_trace(problem: dict) -> str:
+    """The tiny world solver's verified trace of a world problem."""
+    completion = chat_completion(*arith.solve(problem["task"], problem["prompt"]))
+    if not is_correct(completion, problem["answer"]):
+        raise GraftlabError(f"expert trace for problem {problem['id']} does not verify against its answer {problem['answer']!r}")
+    return completion
+
+
+def solution_trace(problem: dict) -> str | None:
+    """A data set's written solution as the thinking, its boxed reference answer as the reply."""
+    solution = (problem.get("solution") or "").strip()
+    return chat_completion(solution, f"\\boxed{{{problem['answer']}}}") if solution else None
+
+
+def expert_traces(problems: pl.DataFrame) -> tuple[pl.DataFrame, dict]:
+    """(traces, stats) of the training problems: world problems by the solver, others by their solution."""
+    if problems.is_empty():
+        raise GraftlabError("expert traces: no training problems to write traces for")
+    world = set(arith.SOLVERS)
+    if not set(problems["task"]) <= world and "solution" not in problems.columns:
+        raise GraftlabError(
+            "expert traces of a data set need its written solutions: map one with columns.solution "
+            "(or choose data: star, teacher or pedagogical)"
+        )
+    rows, skipped = [], []
     for p in problems.iter_rows(named=True):
-        completion = chat_completion(*arith.solve(p["task"], p["prompt"]))
-        if not is_correct(completion, p["answer"]):
-            raise GraftlabError(f"expert trace for problem {p['id']} does not verify against its answer {p['answer']!r}")
+        completion = solver_trace(p) if p["task"] in world else solution_trace(p)
+        if completion is None:
+            skipped.append(p["id"])
+            continue
         rows.append({"id": p["id"], "task": p["task"], "prompt": p["prompt"], "completion": completion})
     if not rows:
-        raise GraftlabError("no training problems to write traces for")
-    return pl.DataFrame(rows)
+        raise GraftlabError(f"expert traces: none of {problems.height} problems has a solution to learn from")
+    if skipped:
+        print(f"expert traces: skipped {len(skipped)} problem(s) with an empty solution, first ids {skipped[:20]}")
+    stats = {"problems": problems.height, "traces": len(rows), "skipped": len(skipped), "skipped_ids": skipped[:20]}
+    return pl.DataFrame(rows), stats
 
 
-SOURCES = {"expert": expert_traces}
-
-
-def write_traces(source: str, problems, out) -> None:
-    if source not in SOURCES:
-        raise GraftlabError(f"unknown trace source {source!r}; known: {sorted(SOURCES)}")
-    SOURCES[source](pl.read_parquet(problems)).write_parquet(out)
+def write_traces(problems, out, stats_out) -> dict:
+    """Expert traces of the problems parquet to `out`, stats JSON to `stats_out` (written first)."""
+    traces, stats = expert_traces(pl.read_parquet(problems))
+    with atomic_file(stats_out) as tmp:
+        tmp.write_text(json.dumps(stats, indent=2) + "\n")
+    with atomic_file(out) as tmp:
+        traces.write_parquet(tmp)
+    return stats

@@ -11,17 +11,18 @@ Names are pronounceable syllable strings from a seeded generator (first name of 
 of three, each ending in a consonant), drawn without repetition across people, cities and companies, so
 no invented word means two things. Every character is one the tiny tokenizer knows.
 
-One function per workflow step: `write_knowledge_data` (train/heldout/facts parquets) and
+One function per workflow step: `write_knowledge_data` (sft/heldout/facts parquets) and
 `write_closed_book` (accuracy of a model on the held-out questions, e.g. before training).
 """
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import polars as pl
 
+from graftlab.atomic import atomic_file
 from graftlab.models import GraftlabError
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_completion, extract_answer
 from graftlab.world import arith
@@ -274,9 +275,10 @@ def training_frame(world: KnowledgeWorld, replay: pl.DataFrame, seed: int) -> pl
     return pl.DataFrame(rows, schema=SCHEMA)
 
 
-def write_knowledge_data(out_dir, cfg: KnowledgeConfig, old_tasks: list[str], benchmark_files=()) -> None:
-    """`train.parquet` (QA in training phrasings + replay), `heldout.parquet` (QA in held-out phrasings)
-    and `facts.parquet` under `out_dir`; replay never draws a problem of `benchmark_files`."""
+def write_knowledge_data(out_dir, cfg: KnowledgeConfig, old_tasks: list[str], benchmark_files=()) -> dict:
+    """Under `out_dir`: `sft.parquet` (QA in training phrasings + replay: the data every method learns
+    from), `heldout.parquet` (QA in held-out phrasings), `facts.parquet`, and `sft.json` counting them;
+    replay never draws a problem of `benchmark_files`. The SFT data is written last."""
     if cfg.replay and not old_tasks:
         raise GraftlabError(f"knowledge: replay={cfg.replay} needs at least one old task to draw from")
     exclude = {pid for f in benchmark_files for pid in pl.read_parquet(f, columns=["id"])["id"]}
@@ -284,9 +286,17 @@ def write_knowledge_data(out_dir, cfg: KnowledgeConfig, old_tasks: list[str], be
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     replay = replay_frame(old_tasks, cfg.replay, cfg.seed, exclude)
-    training_frame(world, replay, cfg.seed).write_parquet(out_dir / "train.parquet")
-    qa_frame(world, "heldout").write_parquet(out_dir / "heldout.parquet")
+    sft, heldout = training_frame(world, replay, cfg.seed), qa_frame(world, "heldout")
+    # Every training example is a trace here (nothing to solve or skip): problems = traces.
+    stats = {"problems": sft.height, "traces": sft.height, "skipped": 0, "facts": len(world.facts),
+             "qa": sft.height - replay.height, "replay": replay.height, "heldout_questions": heldout.height,
+             "config": asdict(cfg)}
+    heldout.write_parquet(out_dir / "heldout.parquet")
     facts_frame(world).write_parquet(out_dir / "facts.parquet")
+    (out_dir / "sft.json").write_text(json.dumps(stats, indent=2) + "\n")
+    with atomic_file(out_dir / "sft.parquet") as tmp:
+        sft.write_parquet(tmp)
+    return stats
 
 
 def normalise(text: str) -> str:

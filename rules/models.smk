@@ -1,0 +1,21 @@
+# Real models named in config `models`: fetched once (a local directory copied, a hub id downloaded at
+# its pinned revision) into resources/models/{name}/, then used like the tiny world's checkpoints.
+
+
+rule fetch_model:
+    input:
+        # A local source is an input, so a rebuilt or edited local model is fetched again.
+        lambda w: local_source(MODELS[w.name]["source"]),
+    output:
+        directory("resources/models/{name}"),
+    log:
+        "logs/models/{name}.log",
+    wildcard_constraints:
+        name="|".join(MODELS) or "(?!)",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        source=lambda w: MODELS[w.name]["source"],
+        revision=lambda w: MODELS[w.name]["revision"],
+    script:
+        "../workflow_scripts/fetch_model.py"

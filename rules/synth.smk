@@ -1,0 +1,125 @@
+# The traces each method learns from, one per solved training problem, by data kind (DESIGN §3):
+# data/sft.parquet, with data/sft.json counting problems, traces and the problems left without one.
+
+
+rule expert_traces:
+    input:
+        "results/{exp}/data/train.parquet",
+    output:
+        sft="results/{exp}/data/sft.parquet",
+        stats="results/{exp}/data/sft.json",
+    log:
+        "logs/{exp}/traces.log",
+    wildcard_constraints:
+        exp=experiments_with("expert"),
+    conda:
+        "../envs/cpu.yaml"
+    script:
+        "../workflow_scripts/expert_traces.py"
+
+
+rule teacher_traces:
+    input:
+        model=lambda w: model_dir(xcfg(w, "teacher", "model"), w.exp),
+        problems="results/{exp}/data/train.parquet",
+    output:
+        sft="results/{exp}/data/sft.parquet",
+        stats="results/{exp}/data/sft.json",
+    log:
+        "logs/{exp}/traces.log",
+    wildcard_constraints:
+        exp=experiments_with("teacher"),
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["sample"]
+    params:
+        # STaR's sampling without rationalization: the first verified of up to `attempts` samples.
+        sampling=lambda w: {k: v for k, v in xcfg(w, "teacher").items() if k != "model"},
+        task=lambda w: new_task(w.exp),
+        seed=config["seed"],
+        backend=config["sampling_backend"],
+    script:
+        "../workflow_scripts/star.py"
+
+
+rule star:
+    input:
+        model=post_dir,
+        problems="results/{exp}/data/train.parquet",
+    output:
+        sft="results/{exp}/data/sft.parquet",
+        stats="results/{exp}/data/sft.json",
+    log:
+        "logs/{exp}/traces.log",
+    wildcard_constraints:
+        exp=experiments_with("star"),
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["sample"]
+    params:
+        sampling=lambda w: xcfg(w, "star"),
+        task=lambda w: new_task(w.exp),
+        seed=config["seed"],
+        backend=config["sampling_backend"],
+    script:
+        "../workflow_scripts/star.py"
+
+
+rule pedagogical_teacher:
+    input:
+        post=post_dir,
+        problems="results/{exp}/data/train.parquet",
+    output:
+        teacher=directory("results/{exp}/pedagogical/teacher"),
+        steps="results/{exp}/pedagogical/steps.jsonl",
+    log:
+        "logs/{exp}/pedagogical/teacher.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/pedagogical/teacher.tsv"
+    wildcard_constraints:
+        exp=experiments_with("pedagogical"),
+    conda:
+        "../envs/train.yaml"
+    threads: config["threads"]["train"]
+    params:
+        # Only what training uses: the trace-writing attempts must not retrain the teacher.
+        training=lambda w: {
+            k: v
+            for k, v in xcfg(w, "pedagogical").items()
+            if k not in ("attempts", "attempts_per_round")
+        },
+        task=lambda w: new_task(w.exp),
+        seed=config["seed"],
+    script:
+        "../workflow_scripts/pedagogical_teacher.py"
+
+
+rule pedagogical_traces:
+    input:
+        model="results/{exp}/pedagogical/teacher",
+        problems="results/{exp}/data/train.parquet",
+    output:
+        sft="results/{exp}/data/sft.parquet",
+        stats="results/{exp}/data/sft.json",
+    log:
+        "logs/{exp}/traces.log",
+    wildcard_constraints:
+        exp=experiments_with("pedagogical"),
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["sample"]
+    params:
+        sampling=lambda w: {
+            k: xcfg(w, "pedagogical", k)
+            for k in (
+                "attempts",
+                "attempts_per_round",
+                "temperature",
+                "max_new_tokens",
+            )
+        },
+        task=lambda w: new_task(w.exp),
+        seed=config["seed"],
+        backend=config["sampling_backend"],
+    script:
+        "../workflow_scripts/pedagogical_traces.py"

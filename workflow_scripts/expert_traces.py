@@ -1,0 +1,7 @@
+"""Expert traces of the mined problems: the tiny world's solver, or a data set's written solutions."""
+
+from graftlab.joblog import job_log
+from graftlab.synth.traces import write_traces
+
+with job_log(snakemake.log[0]):
+    write_traces(snakemake.input[0], snakemake.output.sft, snakemake.output.stats)

@@ -1,0 +1,11 @@
+"""Pedagogical RL: GRPO-train a copy of the post model as the teacher; reward components per step."""
+
+from graftlab.joblog import job_log
+from graftlab.synth.pedagogical import RewardConfig, TeacherConfig, train_teacher
+
+p, inp, out = snakemake.params, snakemake.input, snakemake.output
+t = dict(p.training)
+reward = RewardConfig(**{k: t.pop(k) for k in ("beta", "strength", "min_tokens")})
+with job_log(snakemake.log[0], snakemake.threads):
+    cfg = TeacherConfig(**t, reward=reward, seed=p.seed, threads=snakemake.threads)
+    train_teacher(inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task)

@@ -1,0 +1,11 @@
+"""Pedagogical RL's data: the trained teacher's first verified trace per problem, stored without the
+reference solution it was shown."""
+
+from graftlab.joblog import job_log
+from graftlab.synth.pedagogical import write_teacher_traces
+from graftlab.synth.star import StarConfig
+
+p, inp, out = snakemake.params, snakemake.input, snakemake.output
+with job_log(snakemake.log[0], snakemake.threads):
+    cfg = StarConfig(**p.sampling, seed=p.seed)
+    write_teacher_traces(inp.model, inp.problems, cfg, out.sft, out.stats, p.backend, p.task)

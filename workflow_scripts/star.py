@@ -1,0 +1,10 @@
+"""Verified traces sampled from a model, the first of up to K per problem: STaR (the post model's own)
+or teacher traces (a teacher model's)."""
+
+from graftlab.joblog import job_log
+from graftlab.synth.star import StarConfig, write_star
+
+p, inp, out = snakemake.params, snakemake.input, snakemake.output
+with job_log(snakemake.log[0], snakemake.threads):
+    cfg = StarConfig(**p.sampling, seed=p.seed)
+    write_star(inp.model, inp.problems, cfg, out.sft, out.stats, p.backend, p.task)
