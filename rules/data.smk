@@ -47,7 +47,11 @@ rule mine:
 rule knowledge:
     input:
         # Replay draws fresh old-task problems: the benchmarks are excluded.
-        benchmarks=expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
+        benchmarks=lambda w: (
+            expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS)
+            if xcfg(w, "knowledge", "replay")
+            else []
+        ),
     output:
         sft="results/{exp}/data/sft.parquet",
         heldout="results/{exp}/data/heldout.parquet",

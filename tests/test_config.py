@@ -69,8 +69,12 @@ def test_shipped_configs_validate(name):
             "config key experiments.x.problems: Additional properties are not allowed ('colums' was unexpected)",
         ),
         (
-            {"experiments": {"x": {"benchmarks": {"aime": {"source": "a.jsonl"}}, "graft": {"masks": {"kinds": ["diag"]}}}}},
+            {"experiments": {"x": {"benchmarks": {"aime": {"source": "a.jsonl"}}}}},
             "config key experiments.x.fisher.prompts: is required",
+        ),
+        (
+            {"experiments": {"x": {"data": "knowledge", "benchmarks": {"a": {"source": "a.jsonl"}}, "fisher": {"prompts": {"source": "r.jsonl"}}}}},
+            "config key experiments.x.knowledge.replay: replays the tiny world's old tasks",
         ),
         (
             {"experiments": {"x": {"data": "knowledge", "knowledge": {"entities": 5, "facts": 50}}}},

@@ -241,12 +241,13 @@ def test_teacher_traces_keep_the_problem_prompt_and_drop_reference_mentions():
             problem = p.split("user\n")[1].split("\n")[0]
             thinking, answer = arith.solve("mul", problem)
             leak = chat_completion("the reference says " + answer, answer)
-            out.append([leak, chat_completion(thinking, answer)][: cfg.n])
+            empty = chat_completion("", answer)  # correct, but no thought: the reward hack, never data
+            out.append([leak, empty, chat_completion(thinking, answer)][: cfg.n])
         return out
 
-    traces, stats = ped.teacher_traces(sampler, TOK, problems, StarConfig(attempts=2, attempts_per_round=2))
+    traces, stats = ped.teacher_traces(sampler, TOK, problems, StarConfig(attempts=3, attempts_per_round=3))
     assert traces["prompt"].to_list() == problems["prompt"].to_list()
     assert not any("reference" in c.lower() for c in traces["completion"])
-    assert traces["attempts"].to_list() == [2] * 4 and stats["solve_rate"] == 1.0
+    assert traces["attempts"].to_list() == [3] * 4 and stats["solve_rate"] == 1.0
     with pytest.raises(GraftlabError, match="verified none"):
-        ped.teacher_traces(sampler, TOK, problems, StarConfig(attempts=1, attempts_per_round=1))
+        ped.teacher_traces(sampler, TOK, problems, StarConfig(attempts=2, attempts_per_round=2))

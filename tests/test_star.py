@@ -77,6 +77,18 @@ def test_only_verified_traces_with_their_first_success_and_stats():
     assert stats["samples_drawn"] == sum(sampler.seen.values())
 
 
+def test_a_task_grader_decides_what_is_verified():
+    from graftlab.tasks_registry import get_task
+
+    boxed = {"What is 1/2 + 1/4?": "<think>\nquarters\n</think>\n\n\\boxed{0.75}<|im_end|>"}
+    problems = pl.DataFrame({"id": ["m"], "prompt": list(boxed), "answer": ["\\frac{3}{4}"]})
+    sampler = lambda prompts, cfg: [[boxed["What is 1/2 + 1/4?"]] * cfg.n for _ in prompts]  # noqa: E731
+    with pytest.raises(GraftlabError, match="solved none"):  # exact match: 0.75 is not \frac{3}{4}
+        star_traces(sampler, TOK, problems, StarConfig(attempts=2, attempts_per_round=2))
+    traces, _ = star_traces(sampler, TOK, problems, StarConfig(attempts=2, attempts_per_round=2), get_task("math").grade)
+    assert traces["attempts"].to_list() == [1]
+
+
 def test_rounds_sample_only_open_problems_with_fresh_seeds_and_respect_k():
     sampler = Scripted(solves_at)
     _, stats = star_traces(sampler, TOK, PROBLEMS, StarConfig(attempts=5, attempts_per_round=2, seed=10))

@@ -15,9 +15,10 @@ from conftest import REPO, SMOKE, snakemake
 pytestmark = pytest.mark.workflow
 
 
-def planned_jobs(workdir: Path, *configs: Path) -> Counter:
-    """Jobs a dry-run would execute, by rule."""
-    proc = snakemake(workdir, "-n", "--quiet", "rules", configs=(SMOKE, *configs))
+def planned_jobs(workdir: Path, *configs: Path, targets: tuple[str, ...] = ()) -> Counter:
+    """Jobs a dry-run would execute, by rule (for `targets`, else for the whole workflow)."""
+    # Targets right after -n: --configfile and --quiet each take every word up to the next option.
+    proc = snakemake(workdir, "-n", *targets, "--quiet", "rules", configs=(SMOKE, *configs))
     assert proc.returncode == 0, proc.stderr
     jobs, table = Counter(), False
     for line in proc.stdout.splitlines():
@@ -160,7 +161,8 @@ def test_fisher_settings_rerun_the_fisher_they_shape_and_never_the_rollouts(smok
 
 def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
     masks = {"kinds": ["diag", "kfac"], "rho": ["0.01", "0.1", "0.5"]}
-    jobs = planned_jobs(tmp_path, overlay(tmp_path, "sweep", {"graft": {"lam": ["0.5", "1"], "masks": masks}, "merge": {"masks": masks}}))
+    sweep = overlay(tmp_path, "sweep", {"graft": {"lam": ["0.5", "1"], "masks": masks}, "merge": {"masks": masks}})
+    jobs = planned_jobs(tmp_path, sweep, targets=("results/expert/summary.parquet",))
     # Masked: 2 kinds x 3 rho x (2 epochs x 2 graft lam + 1 merge epoch x 1 merge lam); unmasked 4 + 2.
     assert jobs["fisher"] == 2 and jobs["rollouts"] == 1 and jobs["graft"] == 6 * (4 + 1) + 4 + 2
 
@@ -183,7 +185,7 @@ def test_a_configfile_replaces_the_default_experiments(tmp_path):
 
 
 def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
-    jobs = planned_jobs(tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}))
+    jobs = planned_jobs(tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}), targets=("results/expert/summary.parquet",))
     # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2.
     assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 4 + 5
 
@@ -193,7 +195,7 @@ def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
     [
         ({"grafts": {"lam": ["1"]}}, "config key experiments.expert: Additional properties are not allowed ('grafts'"),
         ({"graft": {"lam": ["-1"]}}, "config key experiments.expert.graft.lam.0: '-1' is invalid: A non-negative"),
-        ({"donors": ["step~7"]}, "config key experiments.expert.donors: step~7 is not on world.pretrain.ladder"),
+        ({"donors": ["step~7"]}, "config key experiments.expert.donors: step~7 is neither on world.pretrain.ladder"),
         ({"graft": {"masks": {"rho": ["1.5"]}}}, "config key experiments.expert.graft.masks.rho: ['1.5'] outside [0, 1]"),
         ({"merge": {"masks": {"kinds": ["fim"]}}}, "config key experiments.expert.merge.masks.kinds.0: 'fim' is not one of"),
     ],
@@ -209,3 +211,12 @@ def test_slurm_profile_plans_default_dag_without_a_cluster(tmp_path):
     proc = snakemake(tmp_path, "-n", "--profile", str(REPO / "profiles" / "slurm"), configs=())
     assert proc.returncode == 0, proc.stderr
     assert "world_pretrain" in proc.stdout and "pareto" in proc.stdout
+
+
+def test_the_real_model_preset_plans_every_stage_without_the_tiny_world(tmp_path):
+    # Hub ids are never contacted by a dry-run: the preset's DAG is checked here, its downloads on a cluster.
+    proc = snakemake(tmp_path, "-n", "--quiet", "rules", configs=(REPO / "configs" / "qwen3-1.7b-star.yaml",))
+    assert proc.returncode == 0, proc.stderr
+    for rule in ("fetch_model", "dataset", "mine", "star", "sft", "rollouts", "fisher", "graft", "evaluate", "summary"):
+        assert f"\n{rule} " in proc.stdout, rule
+    assert "world_pretrain" not in proc.stdout

@@ -106,10 +106,13 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
         checks.append((known, f"{key}.teacher.model", f"{teacher!r} must name the teacher of data: teacher: `post`, a ladder step or a name in models"))
     if exp["data"] == "knowledge":
         checks.append((exp["problems"] is None, f"{key}.problems", "data: knowledge writes its own questions; remove problems"))
+        replay_ok = not (exp["knowledge"]["replay"] and exp["benchmarks"])
+        checks.append((replay_ok, f"{key}.knowledge.replay", "replays the tiny world's old tasks, but benchmarks replace them: set it to 0"))
         checks += _knowledge_checks(exp["knowledge"], f"{key}.knowledge")
-    masked = exp["graft"]["masks"]["kinds"] or exp["merge"]["masks"]["kinds"]
     if exp["fisher"]["prompts"] is None:
-        checks.append((not (masked and exp["benchmarks"]), f"{key}.fisher.prompts", "is required: masks need retention prompts of the old domain, and benchmarks replace the tiny world's old tasks"))
+        # The retention Fisher (masks, and the sensitivity analysis every experiment runs) needs prompts
+        # of the old domain; the tiny world's are only that when its tasks are the old benchmarks.
+        checks.append((not exp["benchmarks"], f"{key}.fisher.prompts", "is required: benchmarks replace the tiny world's old tasks, whose prompts the retention Fisher would otherwise use"))
         checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
     return checks
 
