@@ -105,6 +105,18 @@ class HfSampler:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(self.device)
 
+    @classmethod
+    def from_model(cls, model, tokenizer) -> "HfSampler":
+        """A sampler over a model in memory (a student being trained on its own samples): no copy; the
+        caller switches the model to eval mode around sampling. The tokenizer pads on the left here."""
+        import copy
+
+        sampler = cls.__new__(cls)
+        sampler.tok = copy.copy(tokenizer)  # a shallow copy: padding the caller's tokenizer stays as it was
+        sampler.tok.padding_side = "left"
+        sampler.model, sampler.device = model, next(model.parameters()).device
+        return sampler
+
     def __call__(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
         decode = self.tok.decode
         return [[decode(c, skip_special_tokens=False) for _, c in cs] for cs in self.sample_ids(prompts, cfg)]

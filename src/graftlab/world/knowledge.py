@@ -102,6 +102,19 @@ TEMPLATES: dict[str, tuple[str, ...]] = {
 RELATIONS = tuple(TEMPLATES)
 PHRASINGS_PER_RELATION = min(len(t) for t in TEMPLATES.values())
 
+# One sentence per relation: a person's facts written out as a short wiki-style article, the text
+# OPSD's teacher is conditioned on (the paper conditions its teacher on the articles the facts came from).
+ARTICLE_SENTENCES = {
+    "home_city": "{e} lives in the city of {v}.",
+    "profession": "{e} works as a {v}.",
+    "birth_year": "{e} was born in {v}.",
+    "favourite_colour": "The favourite colour of {e} is {v}.",
+    "pet": "{e} keeps a {v} as a pet.",
+    "instrument": "{e} plays the {v}.",
+    "employer": "{e} is employed by {v}.",
+    "lucky_number": "The lucky number of {e} is {v}.",
+}
+
 # Columns of every frame written here: SFT reads `prompt` and `completion`; evaluation `id`, `prompt`,
 # `answer`; `phrasing` (relation/template index), `split` and `fact` are for tests and analysis.
 SCHEMA = {c: pl.String for c in ("id", "task", "prompt", "completion", "answer", "phrasing", "split", "fact")}
@@ -225,6 +238,14 @@ def make_world(cfg: KnowledgeConfig) -> KnowledgeWorld:
 def facts_frame(world: KnowledgeWorld) -> pl.DataFrame:
     rows = [{"fact": f.id, "entity": f.entity, "relation": f.relation, "answer": f.answer} for f in world.facts]
     return pl.DataFrame(rows, schema={c: pl.String for c in ("fact", "entity", "relation", "answer")})
+
+
+def articles(facts: pl.DataFrame) -> dict[str, str]:
+    """Each person's article: the name as a title line, then a sentence per fact (facts frame order)."""
+    pages: dict[str, list[str]] = {}
+    for f in facts.iter_rows(named=True):
+        pages.setdefault(f["entity"], []).append(ARTICLE_SENTENCES[f["relation"]].format(e=f["entity"], v=f["answer"]))
+    return {entity: f"{entity}\n" + " ".join(sentences) for entity, sentences in pages.items()}
 
 
 def qa_frame(world: KnowledgeWorld, split: str) -> pl.DataFrame:

@@ -1,0 +1,88 @@
+"""OPSD: the student learns from its own samples scored by a frozen teacher that reads the demonstration."""
+
+import json
+
+import polars as pl
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from graftlab.models import GraftlabError
+from graftlab.tasks import chat_completion
+from graftlab.train.opsd import Opsd, OpsdConfig, demonstration, opsd_examples, teacher_text, train_opsd
+from graftlab.world import arith, build
+from graftlab.world import knowledge as kn
+from graftlab.world.tokenizer import build_tokenizer
+
+ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=256)
+
+
+@pytest.fixture(scope="module")
+def post(tmp_path_factory):
+    path = tmp_path_factory.mktemp("post")
+    tok = build_tokenizer()
+    build.init_model(tok, ARCH, seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def examples(count=6):
+    rows = [dict(p, completion=chat_completion(p["thinking"], p["answer"])) for p in arith.sample_problems("mul", count, 0)]
+    return opsd_examples(pl.DataFrame(rows).select("id", "task", "prompt", "completion"))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"alpha": 1.5}, "alpha must lie in"),
+        ({"alpha": -0.1}, "alpha must lie in"),
+        ({"top_k": 0}, "top_k must be at least 1"),
+        ({"template": "{problem} only"}, r"lacks \['{demonstration}'\]"),
+        ({"save_steps": (5,)}, "save_steps"),
+    ],
+)
+def test_bad_config_is_a_clear_error(kwargs, message):
+    with pytest.raises(GraftlabError, match=message):
+        OpsdConfig(**({"alpha": 0.5, "lr": 1e-3, "steps": 2} | kwargs))
+
+
+def test_demonstration_is_the_trace_in_plain_text_and_the_template_holds_it():
+    demo = demonstration(chat_completion("2*3=6", "6"))
+    assert demo == "2*3=6\nAnswer: 6"
+    assert teacher_text("Q: {problem} | D: {demonstration}", "2*3=", demo) == "Q: 2*3= | D: 2*3=6\nAnswer: 6"
+
+
+def test_knowledge_questions_are_conditioned_on_their_persons_article(tmp_path):
+    cfg = kn.KnowledgeConfig(entities=4, facts=8, train_phrasings=2, heldout_phrasings=1, replay=3)
+    kn.write_knowledge_data(tmp_path, cfg, ["add"])
+    sft, facts = pl.read_parquet(tmp_path / "sft.parquet"), pl.read_parquet(tmp_path / "facts.parquet")
+    out = opsd_examples(sft, facts)
+    assert set(kn.ARTICLE_SENTENCES) == set(kn.RELATIONS)
+    for row, ex in zip(sft.iter_rows(named=True), out):
+        if row["task"] == kn.TASK:
+            fact = facts.filter(pl.col("fact") == row["fact"]).row(0, named=True)
+            assert ex["demonstration"].startswith(fact["entity"] + "\n") and fact["answer"] in ex["demonstration"]
+        else:
+            assert ex["demonstration"] == demonstration(row["completion"])
+
+
+def test_a_step_moves_the_student_only_and_gradients_never_reach_the_teacher(post):
+    tok = AutoTokenizer.from_pretrained(post)
+    student, teacher = (AutoModelForCausalLM.from_pretrained(post) for _ in range(2))
+    before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    run = Opsd(student, teacher, tok, OpsdConfig(alpha=0.5, lr=1e-2, steps=1, max_new_tokens=8))
+    record = run.step(examples(4), step=1)
+    assert record["sample_s"] > 0 and record["update_s"] > 0 and record["response_tokens"] > 0
+    assert all(p.grad is None for p in teacher.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
+    assert any(not torch.equal(v, before[k]) for k, v in student.state_dict().items())
+
+
+def test_a_run_writes_its_checkpoints_and_the_latency_of_every_step(post, tmp_path):
+    cfg = OpsdConfig(alpha=0.0, lr=1e-2, steps=3, save_steps=(2, 3), batch_size=2, max_new_tokens=8)
+    log = train_opsd(post, examples(), cfg, tmp_path / "run")
+    assert {p.name for p in (tmp_path / "run").iterdir()} == {"step~2", "step~3", "steps.jsonl"}
+    steps = [json.loads(line) for line in (tmp_path / "run/steps.jsonl").open()]
+    assert steps == log and [s["step"] for s in steps] == [1, 2, 3]
+    AutoModelForCausalLM.from_pretrained(tmp_path / "run/step~3")
+    assert json.loads((tmp_path / "run/step~2/graftlab.json").read_text())["step"] == 2
