@@ -55,6 +55,7 @@ wildcard_constraints:
     lr="[^/]+",
     e="[0-9]+",
     lam="[^/]+",
+    alpha="[^/]+",
     kind="|".join(FISHER_KINDS),
     mask="|".join(("none",) + FISHER_KINDS),
     rho="[^/]+",
@@ -171,7 +172,19 @@ def runs(exp):
         for lr in x["sft"]["lr"]
         for e, lam, mask, rho in graft_keys(x, method_of(donor))
     ]
-    return ["post"] + sft + grafts
+    opsd = [
+        f"opsd/post/alpha~{alpha}/lr~{lr}/step~{s}"
+        for alpha in x["opsd"]["alpha"]
+        for lr in x["opsd"]["lr"]
+        for s in opsd_steps(x["opsd"])
+    ]
+    return ["post"] + sft + grafts + opsd
+
+
+def opsd_steps(section):
+    """The steps at which an OPSD run keeps a checkpoint: `checkpoints` evenly spaced, the last at `steps`."""
+    n, steps = section["checkpoints"], section["steps"]
+    return [round(steps * i / n) for i in range(1, n + 1)]
 
 
 def graft_fisher(wildcards):
@@ -198,7 +211,7 @@ def eval_model(wildcards):
     run = wildcards.run
     if run == "post":
         return post_dir(wildcards), post_dir(wildcards)
-    if run.startswith("sft/"):
+    if run.startswith(("sft/", "opsd/")):
         run_dir = run.rsplit("/", 1)[0]
         return f"results/{wildcards.exp}/{run_dir}", f"results/{wildcards.exp}/{run}"
     if run.startswith("graft/"):
@@ -210,11 +223,12 @@ def eval_model(wildcards):
 
 
 def sensitivity_runs(exp):
-    """The runs whose update the sensitivity analysis measures: SFT of post, every graft and merge."""
+    """The runs whose update the sensitivity analysis measures: SFT of post, OPSD, every graft and merge."""
     return [
         run
         for run in runs(exp)
-        if run != "post" and parse_run(run)["method"] in ("sft", "graft", "merge")
+        if run != "post"
+        and parse_run(run)["method"] in ("sft", "graft", "merge", "opsd")
     ]
 
 

@@ -21,3 +21,34 @@ rule sft:
         seed=config["seed"],
     script:
         "../workflow_scripts/sft.py"
+
+
+rule opsd:
+    input:
+        model=post_dir,
+        data="results/{exp}/data/sft.parquet",
+        # Knowledge questions are conditioned on their person's article, written from the facts.
+        facts=lambda w: (
+            f"results/{w.exp}/data/facts.parquet"
+            if xcfg(w, "data") == "knowledge"
+            else []
+        ),
+    output:
+        directory("results/{exp}/opsd/post/alpha~{alpha}/lr~{lr}"),
+    log:
+        "logs/{exp}/opsd/post/alpha~{alpha}/lr~{lr}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/opsd/post/alpha~{alpha}/lr~{lr}.tsv"
+    conda:
+        "../envs/train.yaml"
+    threads: config["threads"]["train"]
+    params:
+        alpha=lambda w: float(w.alpha),
+        lr=lambda w: float(w.lr),
+        opsd=lambda w: {
+            k: v for k, v in xcfg(w, "opsd").items() if k not in ("alpha", "lr")
+        },
+        save_steps=lambda w: opsd_steps(xcfg(w, "opsd")),
+        seed=config["seed"],
+    script:
+        "../workflow_scripts/opsd.py"

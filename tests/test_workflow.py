@@ -43,8 +43,9 @@ def test_smoke_run_writes_summary_and_plot(smoke):
     summary = pl.read_parquet(exp / "summary.parquet")
     # post; SFT of post and of donor step~50 at 2 epochs; graft lam 1 and merge lam 0.5 at 2 epochs;
     # diag-masked at rho 0.1: the grafts at both epochs, the merge at epoch 2 (merge.masks.epochs).
-    assert summary.height == 1 + 4 + 4 + 3
-    assert Counter(summary["method"]) == {"post": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3}
+    assert summary.height == 1 + 4 + 4 + 3 + 3
+    assert Counter(summary["method"]) == {"post": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3, "opsd": 3}
+    assert set(summary.filter(pl.col("method") == "opsd")["alpha"]) == {"0", "0.5", "1"}
     masked = summary.filter(pl.col("mask") == "diag")
     assert Counter(masked["method"]) == {"graft": 2, "merge": 1} and set(masked["rho"]) == {"0.1"}
     assert set(summary.filter(pl.col("mask") == "none")["rho"]) == {"0"}

@@ -22,6 +22,7 @@ def test_every_setting_has_its_summary_and_pareto_plot(smoke, exp):
     assert summary["data"].unique().to_list() == [SETTINGS[exp]]
     methods = Counter(summary["method"])
     assert methods["post"] == 1 and methods["sft"] == 2 and methods["graft"] >= 2 and methods["merge"] >= 2
+    assert methods["opsd"] >= 1
     assert set(summary["mask"].drop_nulls()) == {"none", "diag"}
     assert (summary["data_traces"] >= 1).all() and (summary["data_traces"] <= summary["data_problems"]).all()
     assert (smoke / f"results/{exp}/pareto.png").stat().st_size > 0
@@ -74,6 +75,14 @@ def test_knowledge_trains_on_training_phrasings_and_is_scored_greedily_on_held_o
     assert post["benchmarks"]["knowledge"]["decoding"]["mode"] == "greedy"
     assert post["benchmarks"]["knowledge"]["problems"] == heldout.height
     assert post["new"] <= 0.1  # the closed-book accuracy before training: the facts are invented
+
+
+def test_opsd_logs_sampling_and_update_seconds_of_every_step_and_keeps_the_last(smoke):
+    run = smoke / "results/knowledge/opsd/post/alpha~0.5/lr~1e-4"
+    steps = [json.loads(line) for line in (run / "steps.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert all(s["sample_s"] > 0 and s["update_s"] > 0 for s in steps)
+    assert {p.name for p in run.iterdir()} == {"step~4", "steps.jsonl"}
 
 
 def test_a_data_set_missing_its_answer_column_fails_clearly_and_writes_nothing(tmp_path):

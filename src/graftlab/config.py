@@ -96,6 +96,12 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
             checks.append((not late, f"{key}.{where}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
         wide = [r for r in exp[method]["masks"]["rho"] if float(r) > 1]
         checks.append((not wide, f"{key}.{method}.masks.rho", f"{wide} outside [0, 1]: rho is the fraction of the update masked"))
+    opsd = exp["opsd"]
+    wide = [a for a in opsd["alpha"] if float(a) > 1]
+    checks.append((not wide, f"{key}.opsd.alpha", f"{wide} outside [0, 1]"))
+    holes = [p for p in ("{problem}", "{demonstration}") if p not in opsd["template"]]
+    checks.append((not holes, f"{key}.opsd.template", f"lacks the placeholder(s) {holes}"))
+    checks.append((opsd["checkpoints"] <= opsd["steps"], f"{key}.opsd.checkpoints", f"exceeds opsd.steps = {opsd['steps']}"))
     for donor in exp["donors"]:
         on_ladder = donor.startswith("step~") and int(donor.split("~")[1]) in ladder
         checks.append((on_ladder or donor in models, f"{key}.donors", f"{donor} is neither on world.pretrain.ladder {ladder} nor a name in models {sorted(models)}"))

@@ -21,6 +21,7 @@ STYLES = {
     "graft": {"marker": "o", "color": "tab:blue", "label": "graft"},
     "merge": {"marker": "s", "color": "tab:orange", "label": "merge (donor = post)"},
     "sft": {"marker": "^", "color": "tab:green", "label": "SFT of post"},
+    "opsd": {"marker": "v", "color": "tab:purple", "label": "OPSD (on-policy self-distillation)"},
     "donor_sft": {
         "marker": "x",
         "color": "0.6",
@@ -38,6 +39,8 @@ MAX_FRONT_LABELS = 12
 
 def _front_label(row: dict) -> str:
     """A compact name of a frontier point, e.g. `step~400 lr=1e-3 e2 lam=0.5 diag@0.01`."""
+    if row["method"] == "opsd":
+        return f"OPSD a={row.get('alpha')} lr={row['lr']} s{row.get('step')}"
     parts = [row["donor"]] if row["method"] == "graft" else []
     parts += [f"lr={row['lr']}", f"e{row['epoch']}"]
     if row["method"] in ("graft", "merge"):

@@ -8,6 +8,7 @@ method and its base model (`post` or a donor such as `step~400`):
     sft/step~400/lr~1e-3/epoch~1                    SFT of a donor                  -> "donor_sft"
     graft/step~400/lr~.../lam~.../mask~.../rho~...  a donor's update added to post  -> "graft"
     graft/post/lr~.../lam~.../mask~.../rho~...      donor == post: model merging    -> "merge"
+    opsd/post/alpha~0.5/lr~1e-4/step~60             on-policy self-distillation     -> "opsd"
 
 Hyperparameter values stay strings, as in the paths, so `1e-3` is never reformatted.
 """
@@ -25,7 +26,7 @@ POST = "post"
 KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
 ID_COLUMNS = ("exp", "run", "method", "donor", *KEY_COLUMNS)
 # Keys each kind of run must carry; a path lacking one was written by another layout.
-REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS}
+REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, "opsd": ("alpha", "lr", "step")}
 # Key names that would overwrite a summary column of another meaning.
 RESERVED = {"exp", "run", "method", "donor", "old", "new"}
 
@@ -57,7 +58,7 @@ def parse_run(run: str) -> dict[str, str | None]:
             raise ValueError(f"run {run!r}: the post model takes no keys")
         return {"method": "post", "donor": None} | dict.fromkeys(KEY_COLUMNS)
     if kind not in REQUIRED_KEYS:
-        raise ValueError(f"run {run!r}: unknown method {kind!r}; expected post, sft or graft")
+        raise ValueError(f"run {run!r}: unknown method {kind!r}; expected post, sft, graft or opsd")
     if len(segments) < 2:
         raise ValueError(f"run {run!r}: {kind} needs a base model segment (post or a donor)")
     donor = segments[1]
@@ -65,7 +66,11 @@ def parse_run(run: str) -> dict[str, str | None]:
     absent = [k for k in REQUIRED_KEYS[kind] if k not in keys]
     if absent:
         raise ValueError(f"run {run!r}: {kind} lacks key(s) {absent}")
-    if kind == "sft":
+    if kind == "opsd":
+        if donor != POST:
+            raise ValueError(f"run {run!r}: OPSD trains the post model, not {donor!r}")
+        method = "opsd"
+    elif kind == "sft":
         method = "sft" if donor == POST else "donor_sft"
     else:
         method = "merge" if donor == POST else "graft"

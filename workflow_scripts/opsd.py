@@ -1,0 +1,14 @@
+"""On-policy self-distillation of the post model at one alpha and learning rate; a checkpoint per save step."""
+
+import polars as pl
+
+from graftlab.joblog import job_log
+from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
+
+p, inp = snakemake.params, snakemake.input
+o = {k: v for k, v in p.opsd.items() if k != "checkpoints"}
+with job_log(snakemake.log[0], snakemake.threads):
+    cfg = OpsdConfig(alpha=p.alpha, lr=p.lr, save_steps=tuple(p.save_steps), seed=p.seed, threads=snakemake.threads, **o)
+    facts = pl.read_parquet(inp.facts) if inp.facts else None
+    examples = opsd_examples(pl.read_parquet(inp.data), facts)
+    train_opsd(inp.model, examples, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data})
