@@ -183,7 +183,9 @@ def render_reference(schema: dict) -> str:
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for key, kind, default, text in _rows(schema, schema.get("$defs", {}), ""):
         shown = "" if default is _NO_DEFAULT else f"`{json.dumps(default)}`"
-        lines.append(f"| `{key}` | {kind} | {shown} | {' '.join(text.split())} |")
+        # A `|` in a description (KL(T||S)) would end the table cell: escape it.
+        meaning = " ".join(text.split()).replace("|", r"\|")
+        lines.append(f"| `{key}` | {kind} | {shown} | {meaning} |")
     return "\n".join(lines) + "\n"
 
 
