@@ -222,7 +222,7 @@ def test_collected_sensitivity_writes_the_table_and_a_png(pico_model, post, tmp_
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert sorted(p.name for p in out.iterdir()) == ["sensitivity.parquet", "sensitivity.png"]  # no temporaries
     with pytest.raises(ValueError, match="unknown method"):
-        plot_sensitivity(table.with_columns(method=pl.lit("opsd")), out / "bad.png")
+        plot_sensitivity(table.with_columns(method=pl.lit("sdpo")), out / "bad.png")
 
 
 def test_rows_written_one_update_at_a_time_collect_into_the_whole_table(pico_model, post, tmp_path):
@@ -238,3 +238,11 @@ def test_rows_written_one_update_at_a_time_collect_into_the_whole_table(pico_mod
     assert pl.read_parquet(tmp_path / "s.parquet").equals(table) and (tmp_path / "s.png").stat().st_size > 10_000
     with pytest.raises(GraftlabError, match="no updates"):
         collect_sensitivity([], tmp_path / "t.parquet", tmp_path / "t.png")
+
+
+def test_every_method_of_the_pipeline_has_a_place_in_the_plot():
+    # A method missing from METHODS would be dropped from the figure without a word.
+    from graftlab.analysis.pareto import STYLES
+    from graftlab.analysis.sensitivity import METHODS
+
+    assert set(METHODS) == set(STYLES)

@@ -37,8 +37,8 @@ from graftlab.fisher.masks import load_diag_fisher
 from graftlab.models import GraftlabError, tensor_index, tensor_specs
 
 KINDS = ("attention", "mlp", "embedding", "norm", "other")
-# The plot's groups left to right: the baseline first, then merging, then grafting from donors.
-METHODS = ("sft", "donor_sft", "merge", "graft", "post")
+# The plot's groups left to right: the baselines (SFT, OPSD) first, then merging, then grafting from donors.
+METHODS = ("sft", "opsd", "donor_sft", "merge", "graft", "post")
 _POS_INF_BITS = 0x7F800000  # the int32 bit pattern of +inf: every finite non-negative fp32 lies below
 
 
