@@ -155,9 +155,10 @@ def test_fisher_settings_rerun_the_fisher_they_shape_and_never_the_rollouts(smok
     # The batch size is memory, not results: nothing re-runs.
     assert planned_jobs(smoke, overlay(tmp_path, "batch", {"fisher": {"batch_size": 4}})) == Counter()
     # More rollouts: new rollouts, a new Fisher, its masked grafts, and every update's sensitivity (the
-    # temporary grafts are rebuilt for it, and so re-evaluated).
+    # temporary grafts are rebuilt for it, and so re-evaluated): 2 SFT epochs, 7 grafts, 3 OPSD runs.
     jobs = planned_jobs(smoke, overlay(tmp_path, "more", {"fisher": {"rollouts": 30}}))
-    assert jobs["rollouts"] == 1 and jobs["fisher"] == 1 and jobs["sensitivity_update"] == 9 and jobs["graft"] == 7
+    assert jobs["rollouts"] == 1 and jobs["fisher"] == 1 and jobs["sensitivity_update"] == 12 and jobs["graft"] == 7
+    assert "opsd" not in jobs  # the runs themselves are kept
 
 
 def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
@@ -187,8 +188,9 @@ def test_a_configfile_replaces_the_default_experiments(tmp_path):
 
 def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
     jobs = planned_jobs(tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}), targets=("results/expert/summary.parquet",))
-    # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2.
-    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 4 + 5
+    # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2;
+    # evaluated with post, the 4 SFT checkpoints and the 3 OPSD runs.
+    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 4 + 5 + 3
 
 
 @pytest.mark.parametrize(
