@@ -6,6 +6,7 @@ The same entry point pretrains the tiny world (no mask: loss on every token), po
 donors, so every model of the pipeline is trained by one code path.
 """
 
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,26 @@ def encode_traces(tokenizer, prompts: list[str], completions: list[str]) -> list
     return [encode_chat(tokenizer, chat_prompt(tokenizer, p), c) for p, c in zip(prompts, completions)]
 
 
-def train(model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig) -> list[Path]:
-    """Train `model` in place on `rows`; return the checkpoint directories in training order.
+def step_timer(records: list[dict]):
+    """A TrainerCallback appending each optimizer step's wall seconds (forward, backward and update: SFT
+    samples nothing) to `records`, for the latency comparison with OPSD, whose steps also sample."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            records.append({"step": state.global_step, "sample_s": 0.0, "update_s": time.perf_counter() - self.start})
+
+    return StepTimer()
+
+
+def train(model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig, steps: list[dict] | None = None) -> list[Path]:
+    """Train `model` in place on `rows`; return the checkpoint directories in training order, and append
+    every step's seconds to `steps` when given.
 
     Each checkpoint is a complete Hugging Face model directory (weights, config, tokenizer).
     """
@@ -77,7 +96,10 @@ def train(model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig) 
         max_length=None,
         disable_tqdm=False,
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    callbacks = [step_timer(steps)] if steps is not None else None
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=callbacks
+    )
     trainer.train()
     checkpoints = sorted(work_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     for ckpt in checkpoints:
@@ -108,9 +130,11 @@ def move_checkpoints(checkpoints: list[Path], targets: list[Path]) -> None:
         shutil.move(str(src), str(dst))
 
 
-def finetune(model_dir, rows: list[dict], cfg: TrainConfig, targets: list[Path], model=None, data=None) -> None:
+def finetune(
+    model_dir, rows: list[dict], cfg: TrainConfig, targets: list[Path], model=None, data=None, steps_out=None
+) -> None:
     """Train the model at `model_dir` (or the given fresh `model`) and write one checkpoint per target,
-    each with its `graftlab.json` provenance.
+    each with its `graftlab.json` provenance, and the seconds of every step as JSON lines to `steps_out`.
 
     Training state lives in a hidden work directory beside the first target, so a failed run leaves no
     directory that looks like a finished checkpoint.
@@ -127,17 +151,21 @@ def finetune(model_dir, rows: list[dict], cfg: TrainConfig, targets: list[Path],
         model = AutoModelForCausalLM.from_pretrained(model_dir)
     work = targets[0].parent / f".work-{targets[0].name}"
     shutil.rmtree(work, ignore_errors=True)
+    steps: list[dict] = []
     try:
-        checkpoints = train(model, tokenizer, rows, work, cfg)
+        checkpoints = train(model, tokenizer, rows, work, cfg, steps)
         for i, ckpt in enumerate(checkpoints):
             write_provenance(ckpt, inputs, asdict(cfg), extra={"checkpoint": i + 1, "examples": len(rows)})
         move_checkpoints(checkpoints, targets)
+        if steps_out is not None:
+            Path(steps_out).write_text("".join(json.dumps(r) + "\n" for r in steps))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path) -> None:
-    """SFT on a traces parquet (`prompt`, `completion`); writes `out_dir/epoch~{e}` for every epoch."""
+    """SFT on a traces parquet (`prompt`, `completion`); writes `out_dir/epoch~{e}` for every epoch and
+    `out_dir/steps.jsonl`, the seconds of every step (as OPSD's, with no sampling)."""
     import polars as pl
     from transformers import AutoTokenizer
 
@@ -150,4 +178,4 @@ def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
     targets = [out_dir / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
-    finetune(model_dir, rows, cfg, targets, data=data)
+    finetune(model_dir, rows, cfg, targets, data=data, steps_out=out_dir / "steps.jsonl")
