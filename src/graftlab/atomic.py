@@ -50,3 +50,14 @@ def atomic_dir(out: str | Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
+
+
+def write_table_with_stats(table, stats: dict, out: str | Path, stats_out: str | Path) -> None:
+    """A data stage's two outputs, each atomic: the stats JSON first, then the table (anything with a
+    `write_parquet`, e.g. a polars frame), so a table under its final name always has its stats."""
+    import json
+
+    with atomic_file(stats_out) as tmp:
+        tmp.write_text(json.dumps(stats, indent=2) + "\n")
+    with atomic_file(out) as tmp:
+        table.write_parquet(tmp)

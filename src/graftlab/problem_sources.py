@@ -14,14 +14,13 @@ Bad input is refused, or skipped out loud, never silently:
 """
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import polars as pl
 
-from graftlab.atomic import atomic_file
+from graftlab.atomic import write_table_with_stats
 from graftlab.models import GraftlabError
 from graftlab.tasks_registry import get_task
 
@@ -218,9 +217,6 @@ def write_problems(src: ProblemSource, out, stats_out) -> dict:
     """Write the problems of `src` to the parquet `out` and its stats to the JSON `stats_out`; the parquet
     is written last, so its presence means both are complete."""
     problems, stats = load_problems(src)
-    with atomic_file(stats_out) as tmp:
-        tmp.write_text(json.dumps(stats, indent=2))
-    with atomic_file(out) as tmp:
-        problems.write_parquet(tmp)
+    write_table_with_stats(problems, stats, out, stats_out)
     print(f"dataset {src.name}: {stats['kept']} problems of {stats['rows']} rows; skipped {stats['skipped']}")
     return stats

@@ -323,14 +323,11 @@ def write_teacher_traces(teacher_dir, problems, cfg, out, stats_out, backend: st
     import polars as pl
     from transformers import AutoTokenizer
 
-    from graftlab.atomic import atomic_file
+    from graftlab.atomic import write_table_with_stats
     from graftlab.sampling import load_sampler
     from graftlab.tasks_registry import get_task
 
     sampler, tok = load_sampler(teacher_dir, backend), AutoTokenizer.from_pretrained(teacher_dir)
     traces, stats = teacher_traces(sampler, tok, pl.read_parquet(problems), cfg, get_task(task).grade)
-    with atomic_file(stats_out) as tmp:
-        tmp.write_text(json.dumps(stats, indent=2) + "\n")
-    with atomic_file(out) as tmp:
-        traces.write_parquet(tmp)
+    write_table_with_stats(traces, stats, out, stats_out)
     return stats

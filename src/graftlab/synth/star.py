@@ -14,13 +14,12 @@ completion is kept only if it verifies and does not mention the hint (no `HINT_M
 counts its hinted attempts.
 """
 
-import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 import polars as pl
 
-from graftlab.atomic import atomic_file
+from graftlab.atomic import write_table_with_stats
 from graftlab.models import GraftlabError
 from graftlab.sampling import SamplingConfig
 from graftlab.tasks import chat_prompt, is_correct
@@ -181,8 +180,5 @@ def write_star(model_dir, problems, cfg: StarConfig, out, stats_out, backend: st
     )
     print(f"star: solved {stats['solved']} of {stats['problems']} ({stats['solved_by_rationalization']} by "
           f"rationalization); mean attempts {stats['attempts_mean']}")
-    with atomic_file(stats_out) as tmp:
-        tmp.write_text(json.dumps(stats, indent=2) + "\n")
-    with atomic_file(out) as tmp:
-        traces.write_parquet(tmp)
+    write_table_with_stats(traces, stats, out, stats_out)
     return stats

@@ -8,11 +8,10 @@ A problem without a usable trace (an empty solution) is skipped, counted in the 
 problem at all is an error.
 """
 
-import json
 
 import polars as pl
 
-from graftlab.atomic import atomic_file
+from graftlab.atomic import write_table_with_stats
 from graftlab.models import GraftlabError
 from graftlab.tasks import chat_completion, is_correct
 from graftlab.world import arith
@@ -60,8 +59,5 @@ def expert_traces(problems: pl.DataFrame) -> tuple[pl.DataFrame, dict]:
 def write_traces(problems, out, stats_out) -> dict:
     """Expert traces of the problems parquet to `out`, stats JSON to `stats_out` (written first)."""
     traces, stats = expert_traces(pl.read_parquet(problems))
-    with atomic_file(stats_out) as tmp:
-        tmp.write_text(json.dumps(stats, indent=2) + "\n")
-    with atomic_file(out) as tmp:
-        traces.write_parquet(tmp)
+    write_table_with_stats(traces, stats, out, stats_out)
     return stats

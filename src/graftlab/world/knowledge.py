@@ -22,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.atomic import atomic_file
+from graftlab.atomic import write_table_with_stats
 from graftlab.models import GraftlabError
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_completion, extract_answer
 from graftlab.world import arith
@@ -314,9 +314,7 @@ def write_knowledge_data(out_dir, cfg: KnowledgeConfig, old_tasks: list[str], be
              "config": asdict(cfg)}
     heldout.write_parquet(out_dir / "heldout.parquet")
     facts_frame(world).write_parquet(out_dir / "facts.parquet")
-    (out_dir / "sft.json").write_text(json.dumps(stats, indent=2) + "\n")
-    with atomic_file(out_dir / "sft.parquet") as tmp:
-        sft.write_parquet(tmp)
+    write_table_with_stats(sft, stats, out_dir / "sft.parquet", out_dir / "sft.json")
     return stats
 
 
