@@ -55,9 +55,14 @@ def test_parse_run_rejects(run: str, message: str) -> None:
         parse_run(run)
 
 
-def write_metrics(root: Path, run: str, old: float, new: float, ks=(1, 4, 8)) -> Path:
+def write_metrics(root: Path, run: str, old: float, new: float, ks=(1, 4, 8), half: float | None = None) -> Path:
+    """A metrics.json; `half` adds intervals of that half-width (None: one written before intervals)."""
+
+    def interval(prefix: str, acc: float) -> dict:
+        return {} if half is None else {f"{prefix}_lo": acc - half, f"{prefix}_hi": acc + half}
+
     def bench(role: str, acc: float) -> dict:
-        return {"role": role, "n": 8, "problems": 10, "acc@n": acc} | {
+        return {"role": role, "n": 8, "problems": 10, "acc@n": acc} | interval("acc@n", acc) | {
             f"pass@{k}": min(1.0, acc + 0.01 * k) for k in ks
         }
 
@@ -70,7 +75,7 @@ def write_metrics(root: Path, run: str, old: float, new: float, ks=(1, 4, 8)) ->
         },
         "old": old,
         "new": new,
-    }
+    } | interval("old", old) | interval("new", new)
     path = root / "eval" / run / "metrics.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(record))
@@ -104,10 +109,32 @@ def test_summarize(metrics_files: list[Path], tmp_path: Path) -> None:
     # The donor SFT was scored at k = 1 only: its larger-k columns are null, not missing.
     assert by_run["sft/step~400/lr~1e-3/epoch~1"]["mul_pass@4"] is None
 
+    # These metrics.json files predate bootstrap intervals: their interval columns exist, all null.
+    bounds = ["old_lo", "old_hi", "new_lo", "new_hi", "add_acc_lo", "add_acc_hi", "mul_acc_lo", "mul_acc_hi"]
+    assert set(bounds) <= set(df.columns) and df.select(bounds).null_count().row(0) == (5,) * 8
+
     out = tmp_path / "out" / "summary.parquet"
     written = write_summary(metrics_files, "demo", out)
     assert pl.read_parquet(out).equals(written)
     assert [p.name for p in out.parent.iterdir()] == ["summary.parquet"]
+
+
+def test_summary_carries_intervals_and_nulls_where_a_run_has_none(tmp_path: Path) -> None:
+    sft_run = "sft/post/lr~1e-3/epoch~2"
+    files = [
+        write_metrics(tmp_path, GRAFT, 0.90, 0.30, half=0.05),
+        write_metrics(tmp_path, sft_run, 0.10, 0.90),  # evaluated before intervals
+    ]
+    df = summarize(files, "demo")
+    assert df.columns[9:15] == ["old", "new", "old_lo", "old_hi", "new_lo", "new_hi"]
+    graft, sft = (df.filter(pl.col("run") == r).row(0, named=True) for r in (GRAFT, sft_run))
+    assert (graft["old_lo"], graft["old_hi"], graft["new_lo"], graft["new_hi"]) == pytest.approx((0.85, 0.95, 0.25, 0.35))
+    assert (graft["add_acc_lo"], graft["mul_acc_hi"]) == pytest.approx((0.85, 0.35))
+    assert all(sft[c] is None for c in ("old_lo", "old_hi", "new_lo", "new_hi", "add_acc_lo", "mul_acc_hi"))
+    assert df.schema["old_lo"] == pl.Float64 and df.schema["mul_acc_lo"] == pl.Float64
+    # A path key named like an interval column would overwrite it.
+    with pytest.raises(ValueError, match="key 'old_lo' clashes"):
+        parse_run("sft/post/lr~1e-3/epoch~1/old_lo~x")
 
 
 def test_summarize_rejects(metrics_files: list[Path], tmp_path: Path) -> None:
@@ -221,3 +248,47 @@ def test_pareto_figure_draws_masked_runs_hollow_with_a_marker_per_kind() -> None
     assert shapes[0] == shapes[2] and shapes[0] != shapes[1] and shapes[3] not in shapes[:2]
     # Colour is the method: a masked graft keeps the graft's colour.
     assert (series["graft + diag mask"].get_edgecolor()[0][:3] == series["graft"].get_facecolor()[0][:3]).all()
+
+
+def test_pareto_figure_draws_both_intervals_of_every_point_that_has_them() -> None:
+    from matplotlib.colors import to_rgba
+
+    from graftlab.analysis.pareto import ERRORBAR, STYLES, pareto_figure
+
+    masked = GRAFT.replace("mask~none/rho~0", "mask~diag/rho~0.01")
+    scores = {  # run: new, old, interval half-width (None: evaluated before intervals)
+        "post": (0.0, 0.9, 0.02),
+        GRAFT: (0.4, 0.7, 0.05),
+        masked: (0.3, 0.75, 0.04),
+        "sft/post/lr~1e-3/epoch~2": (0.6, 0.3, 0.03),
+        "sft/post/lr~1e-3/epoch~1": (0.5, 0.4, None),
+    }
+    rows = []
+    for run, (new, old, half) in scores.items():
+        bounds = dict.fromkeys(("new_lo", "new_hi", "old_lo", "old_hi")) if half is None else {
+            "new_lo": new - half, "new_hi": new + half, "old_lo": old - half, "old_hi": old + half
+        }  # fmt: skip
+        rows.append({"run": run} | parse_run(run) | {"new": new, "old": old} | bounds)
+    ax = pareto_figure(pl.DataFrame(rows)).axes[0]
+    bars = {}
+    for container in ax.containers:
+        _, _, (xbars, ybars) = container
+        colour = tuple(xbars.get_colors()[0])
+        bars.setdefault(colour, []).extend(zip(xbars.get_segments(), ybars.get_segments()))
+        assert xbars.get_linewidth()[0] <= 1 and xbars.get_alpha() == ERRORBAR["alpha"] < 0.5
+    blue = tuple(to_rgba(STYLES["graft"]["color"], ERRORBAR["alpha"]))
+    green = tuple(to_rgba(STYLES["sft"]["color"], ERRORBAR["alpha"]))
+    # Two graft points (the hollow masked one too, in the graft colour), one SFT point: its twin without
+    # intervals has none; the post model has its own.
+    assert len(bars[blue]) == 2 and len(bars[green]) == 1 and len(bars) == 3
+    (x_segment, y_segment), = bars[green]
+    np.testing.assert_allclose(x_segment, [[0.57, 0.3], [0.63, 0.3]])
+    np.testing.assert_allclose(y_segment, [[0.6, 0.27], [0.6, 0.33]])
+    assert "95% bootstrap interval" in ax.get_legend_handles_labels()[1]
+
+
+def test_pareto_figure_without_intervals_draws_no_bars(metrics_files: list[Path]) -> None:
+    from graftlab.analysis.pareto import pareto_figure
+
+    ax = pareto_figure(summarize(metrics_files, "demo")).axes[0]
+    assert ax.containers == [] and "95% bootstrap interval" not in ax.get_legend_handles_labels()[1]

@@ -8,6 +8,7 @@ from fractions import Fraction
 import polars as pl
 import pytest
 
+from graftlab.evaluate.metrics import INTERVAL, acc_interval
 from graftlab.evaluate.run import RECORD_COLUMNS, Benchmark, evaluate
 from graftlab.models import GraftlabError
 from graftlab.sampling import SamplingConfig
@@ -118,6 +119,7 @@ def test_metrics_json_matches_hand_computation(setup):
     metrics = run(tmp_path, benches, sampler)
     assert json.loads((tmp_path / "eval" / "metrics.json").read_text()) == metrics
     add, math, facts = (metrics["benchmarks"][b] for b in ("add", "math500", "facts"))
+    intervals = {b: (m.pop("acc@n_lo"), m.pop("acc@n_hi")) for b, m in metrics["benchmarks"].items()}
     # add: 1, 4, 0 of 4 correct; pass@4 with n = 4 is "any correct"; pass@8 needs n >= 8 and is left out.
     assert add == {
         "role": "old", "task": "arith", "n": 4, "problems": 3,
@@ -134,6 +136,31 @@ def test_metrics_json_matches_hand_computation(setup):
     assert metrics["old"] == pytest.approx(float((Fraction(5, 12) + Fraction(3, 8)) / 2))
     assert metrics["new"] == pytest.approx(2 / 3)
     assert (metrics["run"], metrics["model"]) == ("post", str(tmp_path / "model"))
+
+
+def test_metrics_json_carries_bootstrap_intervals_over_problems(setup):
+    tmp_path, benches, sampler = setup
+    metrics = run(tmp_path, benches, sampler)
+    bench = metrics["benchmarks"]
+    # Each benchmark's interval is that of its own correct counts per problem (add: 1, 4, 0 of 4).
+    assert (bench["add"]["acc@n_lo"], bench["add"]["acc@n_hi"]) == acc_interval([(4, [1, 4, 0])])
+    assert (bench["math500"]["acc@n_lo"], bench["math500"]["acc@n_hi"]) == acc_interval([(4, [3, 0])])
+    assert (bench["facts"]["acc@n_lo"], bench["facts"]["acc@n_hi"]) == acc_interval([(1, [1, 1, 0])])
+    # `old` is bootstrapped as the mean of both old benchmarks, redrawn together, not from their bounds.
+    assert (metrics["old_lo"], metrics["old_hi"]) == acc_interval([(4, [1, 4, 0]), (4, [3, 0])])
+    assert (metrics["new_lo"], metrics["new_hi"]) == acc_interval([(1, [1, 1, 0])])
+    for key in ("old", "new"):
+        assert metrics[f"{key}_lo"] <= metrics[key] <= metrics[f"{key}_hi"]
+    for m in bench.values():
+        assert m["acc@n_lo"] <= m["acc@n"] <= m["acc@n_hi"]
+    assert metrics["interval"] == INTERVAL
+
+
+def test_a_role_without_benchmarks_has_no_interval(setup):
+    tmp_path, benches, sampler = setup
+    metrics = run(tmp_path, [b for b in benches if b.role == "old"], sampler)
+    assert (metrics["new"], metrics["new_lo"], metrics["new_hi"]) == (None, None, None)
+    assert metrics["old_lo"] is not None
 
 
 def test_the_grader_follows_the_benchmark_task_not_the_data(tmp_path):

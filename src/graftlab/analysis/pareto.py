@@ -1,16 +1,20 @@
 """The Pareto figure: old- against new-task accuracy of every evaluated model of an experiment.
 
 Colour says the method; for grafts and merges the marker also says the Fisher mask, masked runs drawn
-hollow in their method's colour, so a masked graft sits visibly beside its unmasked twin.
+hollow in their method's colour, so a masked graft sits visibly beside its unmasked twin. Every point
+with bootstrap intervals (`new_lo`, `new_hi`, `old_lo`, `old_hi` in the summary) carries them as thin,
+pale error bars on both axes.
 """
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 
 from graftlab.analysis.summary import pareto_front
 from graftlab.atomic import atomic_file
+from graftlab.evaluate.metrics import INTERVAL
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -35,6 +39,8 @@ STYLES = {
 MASK_MARKERS = {"diag": "D", "kfac": "P"}
 SPARE_MARKERS = ("v", "<", ">", "h", "p")
 MAX_FRONT_LABELS = 12
+# Thin and pale, below the markers: with ~60 points the bars must not hide where the points are.
+ERRORBAR = {"fmt": "none", "elinewidth": 0.6, "alpha": 0.3, "capsize": 0, "zorder": 2}
 
 
 def _front_label(row: dict) -> str:
@@ -89,6 +95,24 @@ def _series(df: pl.DataFrame) -> list[tuple[pl.DataFrame, dict]]:
     return series
 
 
+def _error_bars(ax: "Axes", pts: pl.DataFrame, style: dict) -> bool:
+    """Both axes' intervals of the points that have them, in the series' colour; whether any were drawn."""
+    bounds = ("new_lo", "new_hi", "old_lo", "old_hi")
+    if not set(bounds) <= set(pts.columns):
+        return False  # a summary written before intervals existed
+    pts = pts.drop_nulls(list(bounds))
+    if pts.height == 0:
+        return False
+    x, y = pts["new"].to_numpy(), pts["old"].to_numpy()
+    # Clipped at zero: matplotlib refuses a negative extent, which a bound rounded past its point
+    # would give; a bar never needs to point the wrong way.
+    xerr = np.clip([x - pts["new_lo"].to_numpy(), pts["new_hi"].to_numpy() - x], 0, None)
+    yerr = np.clip([y - pts["old_lo"].to_numpy(), pts["old_hi"].to_numpy() - y], 0, None)
+    # Hollow (masked) series carry their colour as the edge colour.
+    ax.errorbar(x, y, xerr=xerr, yerr=yerr, ecolor=style.get("color", style.get("edgecolors")), **ERRORBAR)
+    return True
+
+
 def pareto_figure(summary: str | Path | pl.DataFrame, title: str | None = None) -> "Figure":
     """Scatter new-task (x) against old-task (y) accuracy per method and mask; the frontier as a step line.
 
@@ -112,8 +136,12 @@ def pareto_figure(summary: str | Path | pl.DataFrame, title: str | None = None) 
     fig = Figure(figsize=(7, 5.5))
     ax = fig.add_subplot()
     ax.step(front["new"], front["old"], where="pre", color="tab:red", lw=1.5, alpha=0.8, label="Pareto frontier", zorder=4)
+    barred = False
     for pts, style in _series(df):
+        barred |= _error_bars(ax, pts, style)
         ax.scatter(pts["new"], pts["old"], **style)
+    if barred:  # one legend entry says what the bars are; an empty line draws nothing
+        ax.plot([], [], color="0.4", lw=ERRORBAR["elinewidth"], label=f"{INTERVAL['level']:.0%} bootstrap interval")
     _label_front(ax, front)
     ax.set_xlabel("new-task accuracy (Acc@n)")
     ax.set_ylabel("old-task accuracy (mean Acc@n over old benchmarks)")

@@ -11,6 +11,9 @@ method and its base model (`post` or a donor such as `step~400`):
     opsd/post/alpha~0.5/lr~1e-4/step~60             on-policy self-distillation     -> "opsd"
 
 Hyperparameter values stay strings, as in the paths, so `1e-3` is never reformatted.
+
+Scores come with their bootstrap intervals (`old_lo`, `old_hi`, `new_lo`, `new_hi`, `{bench}_acc_lo`,
+`{bench}_acc_hi`; see `graftlab.evaluate.metrics`), null where a metrics.json predates them.
 """
 
 import json
@@ -27,8 +30,10 @@ KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
 ID_COLUMNS = ("exp", "run", "method", "donor", *KEY_COLUMNS)
 # Keys each kind of run must carry; a path lacking one was written by another layout.
 REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, "opsd": ("alpha", "lr", "step")}
+# Old- and new-task scores with their interval bounds: in every summary, null where a run lacks them.
+ROLE_COLUMNS = ("old", "new", "old_lo", "old_hi", "new_lo", "new_hi")
 # Key names that would overwrite a summary column of another meaning.
-RESERVED = {"exp", "run", "method", "donor", "old", "new"}
+RESERVED = {"exp", "run", "method", "donor", *ROLE_COLUMNS}
 
 
 def _parse_keys(run: str, segments: list[str]) -> dict[str, str]:
@@ -86,9 +91,10 @@ def _summary_row(path: Path, exp: str) -> tuple[Ids, Scores]:
     try:
         record = json.loads(path.read_text())
         run, benchmarks = record["run"], record["benchmarks"]
-        scores: Scores = {"old": record.get("old"), "new": record.get("new")}
+        scores: Scores = {c: record.get(c) for c in ROLE_COLUMNS}
         for bench, m in benchmarks.items():
             scores[f"{bench}_acc"] = m["acc@n"]
+            scores[f"{bench}_acc_lo"], scores[f"{bench}_acc_hi"] = m.get("acc@n_lo"), m.get("acc@n_hi")
             scores |= {f"{bench}_{k}": v for k, v in m.items() if k.startswith("pass@")}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: not a readable metrics.json ({err!r})") from err
@@ -108,7 +114,7 @@ def summarize(metrics_files: Iterable[str | Path], exp: str) -> pl.DataFrame:
     if dupes:
         raise ValueError(f"experiment {exp!r}: runs evaluated twice: {dupes}")
     # Ids and keys first (extra keys after the standard ones), then scores in the order first met.
-    id_cols, score_cols = list(ID_COLUMNS), ["old", "new"]
+    id_cols, score_cols = list(ID_COLUMNS), list(ROLE_COLUMNS)
     for ids, scores in rows:
         id_cols += [c for c in ids if c not in id_cols]
         score_cols += [c for c in scores if c not in score_cols]

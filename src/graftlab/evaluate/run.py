@@ -6,7 +6,8 @@ sampled `cfg.n` times and graded by its task's grader (exact match for the tiny 
 boxed math answers). Both give the same per-sample records, so metrics and readers treat them alike.
 
 Writes one parquet of per-sample records per benchmark and, last, `metrics.json`, so a directory with
-`metrics.json` is a finished evaluation.
+`metrics.json` is a finished evaluation. Every Acc@n in it, and `old` and `new`, carries a 95% bootstrap
+interval over problems (`*_lo`, `*_hi`; settings under `interval`).
 """
 
 import json
@@ -16,7 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.atomic import atomic_file
-from graftlab.evaluate.metrics import benchmark_metrics
+from graftlab.evaluate.metrics import INTERVAL, acc_interval, benchmark_metrics, correct_counts
 from graftlab.models import GraftlabError
 from graftlab.sampling import SamplingConfig, load_sampler
 from graftlab.tasks import sample_and_grade
@@ -91,6 +92,21 @@ def score_benchmark(sampler, tokenizer, bench: Benchmark, problems: pl.DataFrame
     )
 
 
+def role_scores(per_bench: dict[str, dict], counts: dict[str, tuple[int, list[int]]]) -> dict:
+    """`old` and `new`, each the mean Acc@n over its role's benchmarks, with `{role}_lo`, `{role}_hi`;
+    all None for a role without benchmarks."""
+    scores = {}
+    for role in ROLES:
+        names = [b for b, m in per_bench.items() if m["role"] == role]
+        accs = [per_bench[b]["acc@n"] for b in names]
+        scores[role] = sum(accs) / len(accs) if accs else None
+        # The interval of the mean is bootstrapped as a whole: averaging the benchmarks' own bounds
+        # would ignore that their errors partly cancel, and overstate the width.
+        lo, hi = acc_interval([counts[b] for b in names]) if names else (None, None)
+        scores[f"{role}_lo"], scores[f"{role}_hi"] = lo, hi
+    return scores
+
+
 def evaluate(
     model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_dir: Path, run: str, backend="auto", sampler=None
 ) -> dict:
@@ -107,17 +123,16 @@ def evaluate(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sampler = sampler or load_sampler(model_dir, backend)
     out_dir.mkdir(parents=True, exist_ok=True)
-    per_bench = {}
+    per_bench, counts = {}, {}
     for bench in benchmarks:
         records = score_benchmark(sampler, tokenizer, bench, problems[bench.name], cfg)
         records.write_parquet(out_dir / f"{bench.name}.parquet")
+        counts[bench.name] = correct_counts(records)
         per_bench[bench.name] = {
             "role": bench.role, "task": bench.task, "decoding": decoding(bench, cfg), **benchmark_metrics(records)
         }
-    metrics = {"run": run, "model": str(model_dir), "benchmarks": per_bench}
-    for role in ROLES:
-        accs = [m["acc@n"] for m in per_bench.values() if m["role"] == role]
-        metrics[role] = sum(accs) / len(accs) if accs else None
+    metrics = {"run": run, "model": str(model_dir), "benchmarks": per_bench} | role_scores(per_bench, counts)
+    metrics["interval"] = dict(INTERVAL)
     with atomic_file(out_dir / "metrics.json") as tmp:
         tmp.write_text(json.dumps(metrics, indent=2))
     return metrics

@@ -1,0 +1,77 @@
+"""Does an experiment reproduce the grafting paper's result, beyond the bootstrap intervals?
+
+The rule (issue 6): a graft run (method `graft`, masked or not) *reproduces* when
+
+1. it lies on the Pareto frontier of (new, old) over every candidate: post, sft, merge, graft and opsd
+   (donor SFTs left out, as in `pareto_figure`: their old-task score belongs to another model line), and
+2. at least one SFT-of-post point (method `sft`) has new-task accuracy <= the graft's, and
+3. for every such SFT point, the graft's old-task lower bound exceeds (strictly) that point's old-task
+   upper bound: its margin, `old_lo(graft) - max old_hi(compared SFT points)`, is > 0.
+
+Condition 2 refuses the vacuous win. The claim is that grafting keeps more old-task accuracy than SFT
+*at no less new-task accuracy*; a graft that learned less of the new task than every SFT checkpoint has
+no SFT point to be compared with, and a graft barely moved from the post model (small lambda) would
+otherwise "reproduce" by forgetting nothing because it learned nothing. Such a graft is reported with
+no margin and does not qualify; a sweep that wants it judged needs an earlier or gentler SFT point.
+"""
+
+import polars as pl
+
+from graftlab.analysis.summary import pareto_front
+
+CANDIDATES = ("post", "sft", "merge", "graft", "opsd")
+NEEDED = ("run", "method", "new", "old", "old_lo", "old_hi")
+
+
+def _scored(summary: pl.DataFrame) -> pl.DataFrame:
+    missing = [c for c in NEEDED if c not in summary.columns]
+    if missing:
+        hint = " (a summary written before bootstrap intervals: re-run the evaluations)" if "old_lo" in missing else ""
+        raise ValueError(f"reproduces: summary lacks column(s) {missing}{hint}")
+    # A method unknown here could dominate a graft; leaving it out would put the graft on a false frontier.
+    unknown = sorted(set(summary["method"].to_list()) - {*CANDIDATES, "donor_sft"})
+    if unknown:
+        raise ValueError(f"reproduces: unknown method(s) {unknown}; known: {[*CANDIDATES, 'donor_sft']}")
+    scored = summary.filter(pl.col("method").is_in(CANDIDATES) & pl.col("new").is_not_null() & pl.col("old").is_not_null())
+    # Without intervals a graft or SFT point cannot be judged "beyond the intervals"; calling it a
+    # loss would hide the missing evaluation, so it is refused by name.
+    judged = scored.filter(pl.col("method").is_in(["graft", "sft"]))
+    blind = judged.filter(pl.col("old_lo").is_null() | pl.col("old_hi").is_null())["run"].to_list()
+    if blind:
+        raise ValueError(f"reproduces: run(s) without old-task intervals (re-evaluate them): {sorted(blind)}")
+    return scored
+
+
+def _judge(graft: dict, sft: pl.DataFrame) -> dict:
+    """The graft's verdict against the SFT points of new-task accuracy <= its own."""
+    compared = sft.filter(pl.col("new") <= graft["new"])
+    out = {k: graft[k] for k in ("run", "new", "old", "old_lo", "old_hi")}
+    if compared.height == 0:
+        return out | {"sft_compared": 0, "closest_sft": None, "sft_old_hi": None, "margin": None, "reproduces": False}
+    # The binding comparison is the SFT point with the highest upper bound: beating it beats them all.
+    closest = compared.sort("old_hi", descending=True).row(0, named=True)
+    margin = graft["old_lo"] - closest["old_hi"]
+    return out | {
+        "sft_compared": compared.height, "closest_sft": closest["run"], "sft_old_hi": closest["old_hi"],
+        "margin": margin, "reproduces": margin > 0,
+    }  # fmt: skip
+
+
+def reproduces(summary: pl.DataFrame) -> dict:
+    """The verdict of one experiment's summary (module docstring: the rule).
+
+    Returns `reproduces` (whether any graft qualifies), `qualifying` (their runs, by margin, largest
+    first) and `frontier_grafts`: per graft on the frontier, its run, `new`, `old`, `old_lo`, `old_hi`,
+    how many SFT points it was compared with (`sft_compared`), the binding one (`closest_sft`, its
+    `sft_old_hi`), `margin` (`old_lo - sft_old_hi`, None without a comparable SFT point; > 0 qualifies)
+    and its own `reproduces`, so a near miss shows how near it was.
+    """
+    if not isinstance(summary, pl.DataFrame):
+        raise TypeError(f"reproduces: expected a polars DataFrame, got {type(summary).__name__}")
+    scored = _scored(summary)
+    front = pareto_front(scored).filter("on_front")
+    sft = scored.filter(method="sft")
+    grafts = front.filter(method="graft").sort("new", "run")
+    verdicts = [_judge(g, sft) for g in grafts.iter_rows(named=True)]
+    winners = sorted((v for v in verdicts if v["reproduces"]), key=lambda v: -v["margin"])
+    return {"reproduces": bool(winners), "qualifying": [v["run"] for v in winners], "frontier_grafts": verdicts}

@@ -1,0 +1,103 @@
+"""The verdict on hand-built summaries: a graft reproduces the paper when it is on the frontier and beats,
+beyond the intervals, every SFT point of no greater new-task accuracy."""
+
+import polars as pl
+import pytest
+
+from graftlab.analysis.summary import parse_run
+from graftlab.analysis.verdict import reproduces
+
+
+def graft(lam: str, mask: str = "none") -> str:
+    return f"graft/step~400/lr~1e-3/epoch~2/lam~{lam}/mask~{mask}/rho~{'0' if mask == 'none' else '0.01'}"
+
+
+def sft(epoch: int) -> str:
+    return f"sft/post/lr~1e-3/epoch~{epoch}"
+
+
+MERGE = "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0"
+DONOR_SFT = "sft/step~400/lr~1e-3/epoch~2"
+OPSD = "opsd/post/alpha~0.5/lr~1e-4/step~40"
+
+
+def summary(points: dict[str, tuple[float, float, float | None]]) -> pl.DataFrame:
+    """A summary from run: (new, old, half-width of both intervals; None = no intervals)."""
+    rows = []
+    for run, (new, old, half) in points.items():
+        bounds = dict.fromkeys(("old_lo", "old_hi", "new_lo", "new_hi"))
+        if half is not None:
+            bounds = {"old_lo": old - half, "old_hi": old + half, "new_lo": new - half, "new_hi": new + half}
+        rows.append({"run": run} | parse_run(run) | {"new": new, "old": old} | bounds)
+    return pl.DataFrame(rows)
+
+
+# The post model and an SFT run forgetting as it learns, every point +-0.03.
+BASE = {"post": (0.0, 0.9, 0.03), sft(1): (0.2, 0.6, 0.03), sft(2): (0.5, 0.4, 0.03), sft(3): (0.8, 0.2, 0.03)}
+
+
+def test_a_clear_win_reproduces_with_its_margin():
+    verdict = reproduces(summary(BASE | {graft("0.5"): (0.5, 0.8, 0.03)}))
+    assert verdict["reproduces"] and verdict["qualifying"] == [graft("0.5")]
+    (row,) = verdict["frontier_grafts"]
+    # Compared with the SFT points of new <= 0.5 (epochs 1 and 2, the tie included); epoch 1 binds.
+    assert (row["sft_compared"], row["closest_sft"]) == (2, sft(1))
+    assert row["sft_old_hi"] == pytest.approx(0.63) and row["margin"] == pytest.approx(0.77 - 0.63)
+    assert row["reproduces"] and (row["run"], row["new"], row["old"]) == (graft("0.5"), 0.5, 0.8)
+
+
+def test_a_win_within_the_intervals_does_not_reproduce():
+    # Above SFT's epoch 1 (0.64 > 0.6) and on the frontier, but 0.61 < 0.63: the intervals overlap.
+    verdict = reproduces(summary(BASE | {graft("0.5"): (0.5, 0.64, 0.03)}))
+    assert not verdict["reproduces"] and verdict["qualifying"] == []
+    (row,) = verdict["frontier_grafts"]
+    assert not row["reproduces"] and row["margin"] == pytest.approx(-0.02)
+    # Meeting the bound is not beyond it; a tighter interval of the graft (more problems) would carry it.
+    assert reproduces(summary(BASE | {graft("0.5"): (0.5, 0.64, 0.01)}))["frontier_grafts"][0]["margin"] == pytest.approx(0)
+    assert not reproduces(summary(BASE | {graft("0.5"): (0.5, 0.64, 0.01)}))["reproduces"]
+    assert reproduces(summary(BASE | {graft("0.5"): (0.5, 0.64, 0.005)}))["qualifying"] == [graft("0.5")]
+
+
+def test_a_graft_off_the_frontier_does_not_reproduce_however_far_above_sft():
+    # The graft beats SFT's epoch 1 by far, but a merge is better on both axes.
+    points = BASE | {graft("0.5"): (0.3, 0.75, 0.01), MERGE: (0.35, 0.8, 0.01)}
+    verdict = reproduces(summary(points))
+    assert verdict == {"reproduces": False, "qualifying": [], "frontier_grafts": []}
+    # Dominated by OPSD likewise; a donor's own SFT is no candidate and dominates nothing.
+    assert reproduces(summary(points | {MERGE: (0.1, 0.5, 0.01), OPSD: (0.3, 0.76, 0.01)}))["frontier_grafts"] == []
+    assert reproduces(summary(points | {MERGE: (0.1, 0.5, 0.01), DONOR_SFT: (0.9, 0.9, 0.01)}))["reproduces"]
+
+
+def test_a_graft_with_no_sft_point_at_or_below_its_new_accuracy_does_not_reproduce():
+    # On the frontier and far above every SFT point in old-task accuracy, but it learned less of the new
+    # task than any of them: nothing to compare with, so no verdict in its favour and no margin.
+    verdict = reproduces(summary(BASE | {graft("0.25"): (0.1, 0.88, 0.01)}))
+    (row,) = verdict["frontier_grafts"]
+    assert not verdict["reproduces"]
+    assert (row["sft_compared"], row["closest_sft"], row["sft_old_hi"], row["margin"]) == (0, None, None, None)
+
+
+def test_masked_grafts_count_and_qualifying_runs_come_largest_margin_first():
+    points = BASE | {
+        graft("0.5"): (0.5, 0.7, 0.03),  # epochs 1 and 2: margin 0.67 - 0.63
+        graft("1", "diag"): (0.6, 0.69, 0.01),  # margin 0.68 - 0.63
+        graft("0.25"): (0.3, 0.72, 0.03),  # compared with epoch 1 only: margin 0.69 - 0.63
+        MERGE: (0.45, 0.69, 0.01),  # dominated by graft 0.5: merges never qualify anyway
+    }
+    verdict = reproduces(summary(points))
+    assert verdict["qualifying"] == [graft("0.25"), graft("1", "diag"), graft("0.5")]
+    assert [r["run"] for r in verdict["frontier_grafts"]] == [graft("0.25"), graft("0.5"), graft("1", "diag")]
+
+
+def test_missing_intervals_are_refused_not_scored_as_a_loss():
+    with pytest.raises(ValueError, match=r"without old-task intervals.*epoch~1"):
+        reproduces(summary(BASE | {sft(1): (0.2, 0.6, None), graft("0.5"): (0.5, 0.8, 0.03)}))
+    # The post model's and a donor SFT's intervals decide nothing and may be missing.
+    ok = summary(BASE | {"post": (0.0, 0.9, None), DONOR_SFT: (0.5, 0.1, None), graft("0.5"): (0.5, 0.8, 0.03)})
+    assert reproduces(ok)["reproduces"]
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['old_lo', 'old_hi'\].*re-run the evaluations"):
+        reproduces(ok.drop("old_lo", "old_hi"))
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['sdpo'\]"):
+        reproduces(ok.with_columns(method=pl.when(pl.col("run") == "post").then(pl.lit("sdpo")).otherwise("method")))
+    with pytest.raises(TypeError, match="polars DataFrame"):
+        reproduces({"run": ["post"]})
