@@ -12,6 +12,7 @@ include: "rules/graft.smk"
 include: "rules/evaluate.smk"
 include: "rules/analysis.smk"
 include: "rules/sensitivity.smk"
+include: "rules/moe.smk"
 
 
 rule all:
@@ -20,3 +21,4 @@ rule all:
         expand("results/{exp}/pareto.png", exp=EXPERIMENTS),
         expand("results/{exp}/summary.parquet", exp=EXPERIMENTS),
         expand("results/{exp}/sensitivity.png", exp=EXPERIMENTS),
+        "results/moe/moe.png",

@@ -116,7 +116,7 @@ def test_readme_config_reference_is_generated_from_the_schema():
 
 KEYWORDS = {
     "$schema", "$ref", "$defs", "description", "type", "default", "properties", "additionalProperties",
-    "items", "enum", "minimum", "maximum", "exclusiveMinimum", "minItems", "uniqueItems", "minProperties",
+    "items", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "uniqueItems", "minProperties",
     "propertyNames", "pattern", "required", "minLength", "oneOf", "not",
 }
 

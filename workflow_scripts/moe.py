@@ -1,0 +1,9 @@
+"""The grafting paper's §3 model: closed forms and their simulation as a table, and the figure."""
+
+from graftlab.analysis.moe import MoeConfig, write_moe
+from graftlab.joblog import job_log
+
+with job_log(snakemake.log[0]):
+    cfg = MoeConfig(**snakemake.params.moe, seed=snakemake.params.seed)
+    table = write_moe(cfg, snakemake.output.parquet, snakemake.output.png)
+    print(f"moe: {table.height} rows for eps_D = {cfg.eps_donor}, eps_P in {list(cfg.eps_post)}")
