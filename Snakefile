@@ -22,3 +22,4 @@ rule all:
         expand("results/{exp}/summary.parquet", exp=EXPERIMENTS),
         expand("results/{exp}/sensitivity.png", exp=EXPERIMENTS),
         "results/moe/moe.png",
+        expand("results/{exp}/latency.png", exp=EXPERIMENTS),

@@ -1,4 +1,5 @@
-# One table and one Pareto plot per experiment, over every evaluated model.
+# One table and one Pareto plot per experiment, over every evaluated model, and what each method's
+# models cost to train (sampling vs weight update, grafting paper §7).
 
 
 rule summary:
@@ -40,3 +41,24 @@ rule pareto:
         "../envs/cpu.yaml"
     script:
         "../workflow_scripts/pareto.py"
+
+
+rule latency:
+    input:
+        summary="results/{exp}/summary.parquet",
+        records=latency_records,
+    output:
+        runs="results/{exp}/latency.parquet",
+        steps="results/{exp}/latency_steps.parquet",
+        png=report(
+            "results/{exp}/latency.png",
+            caption="../report/latency.rst",
+            category="Latency",
+            labels={"experiment": "{exp}"},
+        ),
+    log:
+        "logs/{exp}/latency.log",
+    conda:
+        "../envs/cpu.yaml"
+    script:
+        "../workflow_scripts/latency.py"

@@ -232,6 +232,30 @@ def sensitivity_runs(exp):
     ]
 
 
+def latency_records(wildcards):
+    """Every timing record the latency analysis charges an experiment's runs with: the SFT and OPSD runs
+    (their steps.jsonl), each graft's seconds and, when a graft is masked, the Fisher and its rollouts.
+    """
+    root, x = f"results/{wildcards.exp}", config["experiments"][wildcards.exp]
+    grafts = [r for r in runs(wildcards.exp) if r.startswith("graft")]
+    masks = sorted({parse_run(r)["mask"] for r in grafts} - {"none"})
+    return (
+        [
+            f"{root}/sft/{b}/lr~{lr}"
+            for b in ["post"] + x["donors"]
+            for lr in x["sft"]["lr"]
+        ]
+        + [
+            f"{root}/opsd/post/alpha~{a}/lr~{lr}"
+            for a in x["opsd"]["alpha"]
+            for lr in x["opsd"]["lr"]
+        ]
+        + [f"{root}/{r}/seconds.json" for r in grafts]
+        + [f"{root}/fisher/post/{kind}" for kind in masks]
+        + ([f"{root}/fisher/post/rollouts.json"] if masks else [])
+    )
+
+
 def local_source(source):
     """[source] when it names a local path, else [] (a hub id): an input, so a local file or model
     another rule writes is built first, and an edited one is read again."""

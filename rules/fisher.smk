@@ -8,7 +8,8 @@ rule rollouts:
         benchmarks=lambda w: [f for f, _ in old_benchmarks(w.exp).values()],
         prompts=retention_prompts,
     output:
-        "results/{exp}/fisher/post/rollouts.parquet",
+        rollouts="results/{exp}/fisher/post/rollouts.parquet",
+        stats="results/{exp}/fisher/post/rollouts.json",
     log:
         "logs/{exp}/fisher/post/rollouts.log",
     conda:

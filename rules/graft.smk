@@ -10,11 +10,13 @@ rule graft:
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
         fisher=graft_fisher,
     output:
-        temp(
+        model=temp(
             directory(
                 "results/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}/model"
             )
         ),
+        # Kept after the model is evaluated and deleted: the latency analysis charges each graft its time.
+        seconds="results/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}/seconds.json",
     log:
         "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}.log",
     conda:

@@ -1,6 +1,7 @@
 """Retention rollouts on a pico world model: fresh old-task prompts, the exact token ids the model sampled,
 and a parquet the Fisher reads back."""
 
+import json
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,9 +59,15 @@ def test_prompts_are_fresh_spread_evenly_and_seeded(world, tmp_path):
 def test_rollouts_hold_the_exact_ids_the_model_generated(world, tmp_path):
     out = tmp_path / "rollouts.parquet"
     # Greedy, so every completion token must be the model's argmax after the prompt and the tokens before it.
-    frame = write_rollouts(world / "model", benchmarks(world), TASKS, RolloutConfig(9, 0.0, 12), out, "transformers")
+    stats = tmp_path / "rollouts.json"
+    cfg = RolloutConfig(9, 0.0, 12)
+    frame = write_rollouts(world / "model", benchmarks(world), TASKS, cfg, out, "transformers", stats_out=stats)
     stored = pl.read_parquet(out)
     assert stored.equals(frame) and set(ROLLOUT_COLUMNS) <= set(stored.columns)
+    record = json.loads(stats.read_text())
+    assert record["rollouts"] == 9 and record["sample_s"] > 0
+    assert record["correct"] == pytest.approx(stored["correct"].mean())
+    assert record["mean_completion_tokens"] == pytest.approx(stored["completion_ids"].list.len().mean())
     assert stored.schema["prompt_ids"] == pl.List(pl.Int64) and stored.height == 9
     tok = AutoTokenizer.from_pretrained(world / "model")
     model = AutoModelForCausalLM.from_pretrained(world / "model").eval()

@@ -107,6 +107,7 @@ def test_sft_writes_one_loadable_checkpoint_per_epoch_that_moved(world_model, tm
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch~1", "epoch~2", "steps.jsonl"]
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").open()]
     assert [s["step"] for s in steps] == list(range(1, 9))  # 32 traces / 8 a batch x 2 epochs
+    assert [s["epoch"] for s in steps] == [1] * 4 + [2] * 4
     assert all(s["update_s"] > 0 and s["sample_s"] == 0 for s in steps)
     before = AutoModelForCausalLM.from_pretrained(world_model).state_dict()
     after = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "epoch~2").state_dict()

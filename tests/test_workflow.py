@@ -13,6 +13,8 @@ import yaml
 from conftest import REPO, SMOKE, snakemake
 
 pytestmark = pytest.mark.workflow
+# The per-experiment analyses every change of a run re-makes, once each.
+ANALYSES = {"summary": 1, "pareto": 1, "sensitivity": 1, "latency": 1, "all": 1}
 
 
 def planned_jobs(workdir: Path, *configs: Path, targets: tuple[str, ...] = ()) -> Counter:
@@ -98,12 +100,27 @@ def test_fisher_is_kept_and_masked_grafts_are_evaluated(smoke):
     from safetensors import safe_open
 
     fisher = smoke / "results/expert/fisher/post"
-    assert sorted(p.name for p in fisher.iterdir()) == ["diag", "rollouts.parquet"]  # no kfac: no graft asks for it
+    assert sorted(p.name for p in fisher.iterdir()) == ["diag", "rollouts.json", "rollouts.parquet"]  # no kfac: no graft asks for it
     with safe_open(str(fisher / "diag" / "diag.safetensors"), framework="pt") as f:
         assert any("mlp" in name for name in f.keys())
     run = smoke / "results/expert/eval/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
     assert json.loads((run / "metrics.json").read_text())["run"] == "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
     assert not (smoke / "results/expert/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1/model").exists()
+
+
+def test_latency_charges_every_run_its_timed_work(smoke):
+    exp = smoke / "results/expert"
+    runs, summary = pl.read_parquet(exp / "latency.parquet"), pl.read_parquet(exp / "summary.parquet")
+    assert runs["run"].to_list() == summary["run"].to_list()
+    assert sorted(runs.filter("best")["method"]) == ["graft", "merge", "opsd", "sft"]
+    assert (runs.filter(method="opsd")["sample_s"] > 0).all() and (runs.filter(method="sft")["sample_s"] == 0).all()
+    fisher = json.loads((exp / "fisher/post/rollouts.json").read_text())["sample_s"]
+    fisher += json.loads((exp / "fisher/post/diag/seconds.json").read_text())["fisher_s"]
+    masked = runs.filter(mask="diag")["fisher_s"].to_list()
+    assert masked == pytest.approx([fisher] * 3)  # 2 grafts and a merge ranked by the diag Fisher
+    steps = pl.read_parquet(exp / "latency_steps.parquet")
+    assert steps["what"].to_list() == ["OPSD", "SFT of post", "donor SFT (grafting)", "graft (once)"]
+    assert 0 < steps["sampling_share"][0] < 1 and steps["sampling_share"][1:].to_list() == [0, 0, 0]
 
 
 def test_every_job_has_a_log(smoke):
@@ -128,26 +145,26 @@ def test_new_lambda_schedules_only_its_grafts_and_evaluations(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "lam", {"graft": {"lam": ["1", "2"]}}))
     # Unmasked and diag-masked (masks.lam follows graft.lam) at both epochs.
     # Each new update is also measured for the sensitive-weight analysis, while its graft exists.
-    assert jobs == {"graft": 4, "evaluate": 4, "sensitivity_update": 4, "summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
+    assert jobs == {"graft": 4, "evaluate": 4, "sensitivity_update": 4} | ANALYSES
 
 
 def test_new_rho_schedules_only_its_masked_grafts_not_the_fisher(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "rho", {"graft": {"masks": {"rho": ["0.1", "0.2", "0.5"]}}}))
     expected = {"graft": 4, "evaluate": 4, "sensitivity_update": 4}  # 2 rho x 2 epochs
-    assert jobs == expected | {"summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
+    assert jobs == expected | ANALYSES
 
 
 def test_new_mask_kind_computes_its_fisher_once_from_the_same_rollouts(smoke, tmp_path):
     both = {"kinds": ["diag", "kfac"]}
     jobs = planned_jobs(smoke, overlay(tmp_path, "kfac", {"graft": {"masks": both}, "merge": {"masks": both}}))
     expected = {"fisher": 1, "graft": 3, "evaluate": 3, "sensitivity_update": 3}
-    assert jobs == expected | {"summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
+    assert jobs == expected | ANALYSES
 
 
 def test_mask_settings_rerun_masked_grafts_only(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "scope", {"graft": {"masks": {"scope": "tensor"}}}))
     expected = {"graft": 2, "evaluate": 2, "sensitivity_update": 2}
-    assert jobs == expected | {"summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
+    assert jobs == expected | ANALYSES
 
 
 def test_fisher_settings_rerun_the_fisher_they_shape_and_never_the_rollouts(smoke, tmp_path):
@@ -174,7 +191,7 @@ def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_pa
     # SFT of post and of the donor; per epoch one graft and one merge, the grafts masked too, the merge
     # masked at epoch 2; every new model evaluated. The Fisher belongs to the post model: kept.
     expected = {"sft": 2, "graft": 4 + 3, "evaluate": 4 + 7, "sensitivity_update": 2 + 7}  # SFT of post + grafts
-    assert jobs == expected | {"summary": 1, "pareto": 1, "sensitivity": 1, "all": 1}
+    assert jobs == expected | ANALYSES
 
 
 def test_a_configfile_replaces_the_default_experiments(tmp_path):

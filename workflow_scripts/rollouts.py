@@ -1,4 +1,5 @@
-"""Retention rollouts: the post model's own samples on fresh old-domain prompts, as token ids."""
+"""Retention rollouts: the post model's own samples on fresh old-domain prompts, as token ids, and their
+sampling seconds and share correct."""
 
 from graftlab.fisher.rollouts import RolloutConfig, write_rollouts
 from graftlab.joblog import job_log
@@ -10,7 +11,8 @@ with job_log(snakemake.log[0], snakemake.threads):
         list(inp.benchmarks),
         p.tasks,
         RolloutConfig(**p.rollouts, seed=p.seed),
-        snakemake.output[0],
+        snakemake.output.rollouts,
         p.backend,
         prompts_file=inp.prompts or None,
+        stats_out=snakemake.output.stats,
     )

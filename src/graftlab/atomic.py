@@ -52,12 +52,17 @@ def atomic_dir(out: str | Path) -> Iterator[Path]:
         os.replace(tmp, out)
 
 
+def write_json(out: str | Path, record) -> None:
+    """`record` as indented JSON, atomically."""
+    import json
+
+    with atomic_file(out) as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+
+
 def write_table_with_stats(table, stats: dict, out: str | Path, stats_out: str | Path) -> None:
     """A data stage's two outputs, each atomic: the stats JSON first, then the table (anything with a
     `write_parquet`, e.g. a polars frame), so a table under its final name always has its stats."""
-    import json
-
-    with atomic_file(stats_out) as tmp:
-        tmp.write_text(json.dumps(stats, indent=2) + "\n")
+    write_json(stats_out, stats)
     with atomic_file(out) as tmp:
         table.write_parquet(tmp)

@@ -2,6 +2,7 @@
 
 import os
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,3 +40,12 @@ def job_log(path, threads: int | None = None):
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
+
+
+@contextmanager
+def timed(record: dict, key: str):
+    """Add the wall seconds of the block to `record[key]`: the latency analysis reads what each job spent
+    on its work alone, without process start-up and model loading."""
+    start = time.perf_counter()
+    yield
+    record[key] = record.get(key, 0.0) + time.perf_counter() - start

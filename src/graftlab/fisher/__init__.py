@@ -4,13 +4,17 @@
 its own module (`diag`, `kfac`) and is imported only when asked for.
 """
 
+import time
 from pathlib import Path
+
+from graftlab.atomic import write_json
 
 KINDS = ("diag", "kfac")
 
 
 def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16, **kfac_options) -> None:
-    """`out_dir/{kind}.safetensors` (format: docs/formats.md), written atomically. `kfac_options`:
+    """`out_dir/{kind}.safetensors` (format: docs/formats.md), written atomically, and `out_dir/seconds.json`,
+    the seconds it took (`fisher_s`, loading the model included). `kfac_options`:
     `max_dim` (wider linear layers get the diagonal), `ekfac` (re-fit the diagonal in the eigenbasis) and
     `positions` (`completion` or `all`: the token positions the Kronecker factors count)."""
     if kind == "diag":
@@ -25,7 +29,10 @@ def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int =
         from graftlab.models import GraftlabError
 
         raise GraftlabError(f"options {sorted(kfac_options)} apply to kind kfac only, not {kind}")
+    start = time.perf_counter()
     write(model_dir, rollouts_path, Path(out_dir), batch_size, **kfac_options)
+    # Beside the Fisher, for the latency analysis: a masked graft is charged the Fisher it ranks by.
+    write_json(Path(out_dir) / "seconds.json", {"fisher_s": time.perf_counter() - start})
 
 
 def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",

@@ -13,9 +13,10 @@ One sample per prompt, kept as the exact token ids the model read and wrote (`pr
 `completion_ids`); the readable columns beside them are for people, not for the Fisher.
 """
 
+import time
 from dataclasses import dataclass
 
-from graftlab.atomic import atomic_file
+from graftlab.atomic import atomic_file, write_table_with_stats
 from graftlab.sampling import SamplingConfig
 from graftlab.tasks import chat_prompt, is_correct
 from graftlab.world import arith
@@ -145,9 +146,11 @@ def sample_rollouts(sampler, tokenizer, problems: list[dict], cfg: SamplingConfi
 
 
 def write_rollouts(
-    model_dir, benchmark_files, tasks: list[str], cfg: RolloutConfig, out, backend="auto", prompts_file=None
-):
-    """Sample the model at `model_dir` on fresh old-domain prompts and write the rollouts parquet atomically.
+    model_dir, benchmark_files, tasks: list[str], cfg: RolloutConfig, out, backend="auto", prompts_file=None,
+    stats_out=None,
+):  # fmt: skip
+    """Sample the model at `model_dir` on fresh old-domain prompts and write the rollouts parquet atomically,
+    with `stats_out` (JSON: count, sampling seconds, mean length, share correct) when given.
 
     The prompts are the world's old `tasks` by default; with `prompts_file` (a problems parquet) they are
     drawn from it instead and `tasks` is unused: the file's `task` column says how each is graded."""
@@ -160,10 +163,16 @@ def write_rollouts(
     else:
         problems = problems_from_file(prompts_file, cfg.rollouts, cfg.seed, benchmark_files)
         source = f"{prompts_file} ({sorted({p['task'] for p in problems})})"
-    frame = sample_rollouts(load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), problems, cfg.sampling())
-    length = frame["completion_ids"].list.len().mean()
-    print(f"{frame.height} rollouts over {source}: mean completion {length:.1f} tokens, "
-          f"{frame['correct'].mean():.3f} correct")  # fmt: skip
-    with atomic_file(out) as tmp:
-        frame.write_parquet(tmp)
+    sampler, tok = load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir)
+    start = time.perf_counter()
+    frame = sample_rollouts(sampler, tok, problems, cfg.sampling())
+    stats = {"rollouts": frame.height, "sample_s": time.perf_counter() - start, "source": str(source),
+             "mean_completion_tokens": frame["completion_ids"].list.len().mean(), "correct": frame["correct"].mean()}  # fmt: skip
+    print(f"{frame.height} rollouts over {source}: mean completion {stats['mean_completion_tokens']:.1f} tokens, "
+          f"{stats['correct']:.3f} correct, sampled in {stats['sample_s']:.1f} s")  # fmt: skip
+    if stats_out is not None:
+        write_table_with_stats(frame, stats, out, stats_out)
+    else:
+        with atomic_file(out) as tmp:
+            frame.write_parquet(tmp)
     return frame

@@ -43,18 +43,26 @@ def encode_traces(tokenizer, prompts: list[str], completions: list[str]) -> list
 
 
 def step_timer(records: list[dict]):
-    """A TrainerCallback appending each optimizer step's wall seconds (forward, backward and update: SFT
-    samples nothing) to `records`, for the latency comparison with OPSD, whose steps also sample."""
+    """A TrainerCallback appending each optimizer step's epoch and wall seconds (forward, backward and
+    update: SFT samples nothing) to `records`, for the latency comparison with OPSD, whose steps also
+    sample, and to charge a checkpoint `epoch~e` the steps it took."""
     import time
 
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
+        # Epochs are counted, not read from `state.epoch`: that float ends an epoch at 0.999… or 1.000….
+        epoch = 0
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            self.epoch += 1
+
         def on_step_begin(self, args, state, control, **kwargs):
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            records.append({"step": state.global_step, "sample_s": 0.0, "update_s": time.perf_counter() - self.start})
+            seconds = time.perf_counter() - self.start
+            records.append({"step": state.global_step, "epoch": self.epoch, "sample_s": 0.0, "update_s": seconds})
 
     return StepTimer()
 
