@@ -8,6 +8,7 @@ the graft path imports this module and start-up time is a measurable share of a 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
 import importlib.metadata
@@ -18,7 +19,7 @@ import platform
 import shutil
 import struct
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -123,6 +124,18 @@ def tensor_index(model_dir: str | Path) -> dict[str, Path]:
     if not single.is_file():
         raise GraftlabError(f"no {SINGLE_NAME} or {INDEX_NAME} in {model_dir}")
     return {name: single for name in read_header(single) if name != "__metadata__"}
+
+
+@contextlib.contextmanager
+def open_tensors(model_dir: str | Path) -> Iterator[Callable[[str], torch.Tensor]]:
+    """`get(name)` for one model, each shard opened once; a tensor is read only when asked for, so
+    analyses that compare several models stream them one tensor at a time."""
+    from safetensors import safe_open
+
+    index = tensor_index(model_dir)
+    with contextlib.ExitStack() as stack:
+        files = {f: stack.enter_context(safe_open(str(f), framework="pt")) for f in set(index.values())}
+        yield lambda name: files[index[name]].get_tensor(name)
 
 
 def read_header(file: str | Path) -> dict[str, Any]:

@@ -22,19 +22,17 @@ Memory: the Fisher is held (fp32, the size of one model); the threshold is found
 (bisection on the bit pattern, below); models are streamed one tensor at a time, never two whole.
 """
 
-import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import polars as pl
 import torch
-from safetensors import safe_open
 
 from graftlab.analysis.pareto import STYLES
 from graftlab.analysis.summary import parse_run
 from graftlab.atomic import atomic_file
 from graftlab.fisher.masks import load_diag_fisher
-from graftlab.models import GraftlabError, tensor_index, tensor_specs
+from graftlab.models import GraftlabError, open_tensors, tensor_specs
 
 KINDS = ("attention", "mlp", "embedding", "norm", "other")
 # The plot's groups left to right: the baselines (SFT, OPSD) first, then merging, then grafting from donors.
@@ -82,15 +80,6 @@ def _checked_fisher(fisher_dir, post_dir) -> dict[str, torch.Tensor]:
             raise GraftlabError(f"Fisher {fisher_dir} holds negative values in {name}: not a diagonal Fisher")
         f.abs_()  # -0.0 to +0.0: its bit pattern would otherwise sort below every positive value
     return fisher
-
-
-@contextlib.contextmanager
-def _reader(model_dir) -> Iterator[callable]:
-    """`get(name)` for one model, each shard opened once; tensors are read only when asked for."""
-    index = tensor_index(model_dir)
-    with contextlib.ExitStack() as stack:
-        files = {f: stack.enter_context(safe_open(str(f), framework="pt")) for f in set(index.values())}
-        yield lambda name: files[index[name]].get_tensor(name)
 
 
 def _check_matches(run: str, model_dir, post_dir, post_specs) -> None:
@@ -166,9 +155,9 @@ def sensitivity_table(fisher_dir, post_dir, updates: Mapping[str, str | Path], t
     mass = sum(_sum(f[f > threshold]) for f in fisher.values()) + tie_weight * tied * threshold
     fixed = {"top": top, "top_count": k, "fisher_top_mass": _share(mass, sum(_sum(f) for f in fisher.values()))}
     rows = []
-    with _reader(post_dir) as post:
+    with open_tensors(post_dir) as post:
         for model in updates.values():
-            with _reader(model) as updated:
+            with open_tensors(model) as updated:
                 rows.append(fixed | _measures(_update_sums(fisher, threshold, tie_weight, post, updated)))
     return _frame(ids, rows).sort("run")
 

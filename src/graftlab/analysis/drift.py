@@ -1,0 +1,91 @@
+"""Weight-space geometry of the updates a world is built from (the fidelity study, issue 6).
+
+Two numbers say whether a tiny world can show grafting's mechanism (grafting paper §3):
+
+    drift ratio   |post - base| / |base - init|    how far post-training moved the base model, against
+                                                   how far pretraining moved it from its initialisation
+    cosine        cos(donor_tuned - donor, post_sft - post)
+                                                   whether a donor's update points where the post model's
+                                                   own SFT update does; the paper's account predicts an
+                                                   earlier donor writes the new signal elsewhere
+
+Norms and inner products are over every parameter (one flat vector per delta) and per kind of tensor
+(`sensitivity.tensor_kind`), accumulated in fp64 while the models are streamed one tensor at a time.
+"""
+
+from collections.abc import Mapping
+from contextlib import ExitStack
+from itertools import combinations
+from pathlib import Path
+
+from graftlab.analysis.sensitivity import KINDS, tensor_kind
+from graftlab.models import GraftlabError, open_tensors, tensor_specs
+
+Delta = tuple[str | Path, str | Path]  # (from, to) model directories
+
+
+def _common_specs(dirs: list[Path]) -> dict:
+    """The tensors every model holds, with one shape each; any difference is an error naming the model."""
+    first = tensor_specs(dirs[0])
+    for d in dirs[1:]:
+        specs = tensor_specs(d)
+        diff = sorted(first.keys() ^ specs.keys()) + sorted(
+            n for n in first.keys() & specs.keys() if first[n].shape != specs[n].shape
+        )
+        if diff:
+            raise GraftlabError(f"{d} and {dirs[0]} are not one architecture: tensors {diff[:3]} differ")
+    return first
+
+
+def delta_geometry(deltas: Mapping[str, Delta]) -> tuple[dict, dict]:
+    """Squared norms of every delta and inner products of every pair, by tensor kind and `all`.
+
+    Returns `(sq[name][kind], dot[(a, b)][kind])` for the pairs of `deltas` in their given order.
+    """
+    dirs = sorted({Path(p) for pair in deltas.values() for p in pair})
+    specs = _common_specs(dirs)
+    kinds = (*KINDS, "all")
+    sq = {n: dict.fromkeys(kinds, 0.0) for n in deltas}
+    dot = {pair: dict.fromkeys(kinds, 0.0) for pair in combinations(deltas, 2)}
+    with ExitStack() as stack:
+        get = {d: stack.enter_context(open_tensors(d)) for d in dirs}
+        for name, spec in specs.items():
+            if not spec.dtype.is_floating_point:
+                continue
+            kind = tensor_kind(name)
+            flat = {n: (get[Path(b)](name).double() - get[Path(a)](name).double()).flatten() for n, (a, b) in deltas.items()}
+            for n, v in flat.items():
+                s = float(v @ v)
+                sq[n][kind] += s
+                sq[n]["all"] += s
+            for (a, b), acc in dot.items():
+                d = float(flat[a] @ flat[b])
+                acc[kind] += d
+                acc["all"] += d
+    return sq, dot
+
+
+def cosine(dot: float, sq_a: float, sq_b: float) -> float | None:
+    """None where a delta is zero: its direction is undefined, not orthogonal."""
+    return dot / (sq_a * sq_b) ** 0.5 if sq_a > 0 and sq_b > 0 else None
+
+
+def drift_ratio(init, base, post) -> float:
+    """|post - base| / |base - init| over every parameter."""
+    sq, _ = delta_geometry({"post": (base, post), "pretrain": (init, base)})
+    if sq["pretrain"]["all"] == 0:
+        raise GraftlabError(f"{init} and {base} are identical: pretraining moved nothing, the ratio is undefined")
+    return (sq["post"]["all"] / sq["pretrain"]["all"]) ** 0.5
+
+
+def update_cosines(post_sft: Delta, donors: Mapping[str, Delta]) -> list[dict]:
+    """Per donor: its update's norm, the post SFT update's norm, and their cosine, overall and per kind."""
+    sq, dot = delta_geometry({"post_sft": post_sft, **donors})
+    rows = []
+    for name in donors:
+        ab = dot[("post_sft", name)]
+        row = {"donor": name, "donor_norm": sq[name]["all"] ** 0.5, "post_sft_norm": sq["post_sft"]["all"] ** 0.5}
+        row |= {f"cos_{k}" if k != "all" else "cos": cosine(ab[k], sq["post_sft"][k], sq[name][k]) for k in ab}
+        rows.append(row)
+    return rows
+
