@@ -54,6 +54,8 @@ rule world_corpus:
         tasks=OLD_TASKS + [NEW_TASK],
         documents=config["world"]["corpus"]["documents"],
         lines_per_doc=config["world"]["corpus"]["lines_per_doc"],
+        chat_share=config["world"]["corpus"]["chat_share"],
+        chat_tasks=OLD_TASKS,
         seed=config["seed"],
     script:
         "../workflow_scripts/world_corpus.py"

@@ -72,3 +72,33 @@ def test_grading_reads_the_answer_after_thinking():
     assert is_correct("<think>\nx\n</think>\n\n46<|im_end|>", "46")
     assert not is_correct("<think>\n46", "46")  # thinking never closed
     assert extract_answer("no thinking at all") is None
+
+
+def test_times_is_mul_in_its_own_format():
+    for a, b in [(10, 2), (47, 8), (99, 9)]:
+        p, q = arith.problem("times", a, b), arith.problem("mul", a, b)
+        assert (p["thinking"], p["answer"]) == (q["thinking"], q["answer"]) and p["prompt"] == f"product({a},{b})?"
+        assert arith.solve("times", p["prompt"]) == (p["thinking"], p["answer"])
+    assert arith.distinct_problems("times") == arith.distinct_problems("mul") == 720
+    assert all(re.fullmatch(r"\d\*\d=\d+", arith.corpus_line("times", random.Random(i))) for i in range(50))
+
+
+def test_corpus_chat_share_mixes_in_solved_chat_turns_and_the_plain_corpus_has_none(tmp_path):
+    import polars as pl
+
+    from graftlab.world.build import make_corpus
+
+    make_corpus(["add", "mul"], 400, 8, 0, tmp_path / "plain.parquet")
+    make_corpus(["add", "mul"], 400, 8, 0, tmp_path / "chat.parquet", chat_share=0.25, chat_tasks=["add", "sub"])
+    plain, chat = (pl.read_parquet(tmp_path / f)["text"].to_list() for f in ("plain.parquet", "chat.parquet"))
+    chats = [d for d in chat if d.startswith("<|im_start|>user\n")]
+    assert 60 <= len(chats) <= 140  # a quarter of 400, give or take the binomial spread
+    for doc in chats:
+        turns = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>\n<\|im_start\|>assistant\n(.*?<\|im_end\|>)", doc, re.S)
+        assert len(turns) == 2  # 8 lines // 4 solved problems a document
+        for prompt, completion in turns:
+            a, op, b = re.fullmatch(r"(\d\d)([+-])(\d\d)=", prompt).groups()
+            assert is_correct(completion, str(int(a) + int(b) if op == "+" else int(a) - int(b)))
+    assert all("<|im_start|>" not in d for d in plain)
+    with pytest.raises(ValueError, match="chat_share"):
+        make_corpus(["add"], 4, 4, 0, tmp_path / "bad.parquet", chat_share=0.5)

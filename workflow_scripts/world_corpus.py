@@ -1,4 +1,4 @@
-"""Pretraining corpus of bare arithmetic facts."""
+"""Pretraining corpus of bare arithmetic facts, with a share of chat-format solved problems if asked."""
 
 from pathlib import Path
 
@@ -7,4 +7,4 @@ from graftlab.world.build import make_corpus
 
 p = snakemake.params
 with job_log(snakemake.log[0]):
-    make_corpus(p.tasks, p.documents, p.lines_per_doc, p.seed, Path(snakemake.output[0]))
+    make_corpus(p.tasks, p.documents, p.lines_per_doc, p.seed, Path(snakemake.output[0]), p.chat_share, p.chat_tasks)

@@ -13,7 +13,9 @@ import re
 from collections.abc import Callable
 
 OLD_TASKS = ("add", "sub", "compare")
-NEW_TASKS = ("mul",)
+# `times` is `mul` in a format of its own ("product(47,8)?"), like no old task's: the fidelity study asks
+# whether a new task that shares the old tasks' format is what routes its update into their machinery.
+NEW_TASKS = ("mul", "times")
 
 
 def _digits(n: int, width: int) -> list[int]:
@@ -58,23 +60,30 @@ def mul(a: int, b: int) -> tuple[str, str, str]:
     return f"{a}*{b}=", ";".join(steps), str(a * b)
 
 
+def times(a: int, b: int) -> tuple[str, str, str]:
+    """`mul` with its own prompt format; the same thinking and answer."""
+    _, thinking, answer = mul(a, b)
+    return f"product({a},{b})?", thinking, answer
+
+
 SOLVERS: dict[str, Callable[[int, int], tuple[str, str, str]]] = {
     "add": add,
     "sub": sub,
     "compare": compare,
     "mul": mul,
+    "times": times,
 }
 
 
 def operands(task: str, rng: random.Random) -> tuple[int, int]:
-    if task == "mul":
+    if task in NEW_TASKS:
         return rng.randint(10, 99), rng.randint(2, 9)
     return rng.randint(0, 99), rng.randint(0, 99)
 
 
 def distinct_problems(task: str) -> int:
     """How many different problems `task` has (subtraction is canonicalised larger-first)."""
-    a_range, b_range = (range(10, 100), range(2, 10)) if task == "mul" else (range(100), range(100))
+    a_range, b_range = (range(10, 100), range(2, 10)) if task in NEW_TASKS else (range(100), range(100))
     return len({SOLVERS[task](a, b)[0] for a in a_range for b in b_range})
 
 
@@ -110,7 +119,7 @@ def step_fact(task: str, rng: random.Random) -> str:
     if task == "sub":
         top = x + 10 * rng.randint(0, 1)
         return f"{top}-{y}={top - y}" if top >= y else f"{y}-{x}={y - x}"
-    if task == "mul":
+    if task in NEW_TASKS:
         return f"{x}*{y}={x * y}"
     return f"{x}{'<' if x < y else '>' if x > y else '='}{y}"
 
@@ -121,7 +130,7 @@ def corpus_line(task: str, rng: random.Random, step_share: float = 0.5) -> str:
     Half the lines are single-digit steps of the tasks' thinking; multiplication appears only as its
     table, so the base model has the pieces of the new task but has never seen it assembled.
     """
-    if task == "mul" or rng.random() < step_share:
+    if task in NEW_TASKS or rng.random() < step_share:
         return step_fact(task, rng)
     prompt, _, answer = SOLVERS[task](*operands(task, rng))
     return f"{prompt} {answer}" if task == "compare" else f"{prompt}{answer}"

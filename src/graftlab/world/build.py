@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.tasks import chat_completion
+from graftlab.tasks import chat_completion, chat_prompt
 from graftlab.world import arith
 
 
@@ -30,9 +30,38 @@ def make_candidates(task: str, count: int, seed: int, out: Path) -> None:
     write_problems(arith.sample_problems(task, count, seed), out)
 
 
-def make_corpus(tasks: list[str], documents: int, lines_per_doc: int, seed: int, out: Path) -> None:
+def chat_document(tasks: list[str], problems: int, rng: random.Random, template_tokenizer) -> str:
+    """`problems` solved problems of `tasks` as chat turns with their thinking: the format post-training
+    teaches, seen already in pretraining as in a mid-training mixture."""
+    turns = []
+    for _ in range(problems):
+        task = rng.choice(tasks)
+        p = arith.problem(task, *arith.operands(task, rng))
+        turns.append(chat_prompt(template_tokenizer, p["prompt"]) + chat_completion(p["thinking"], p["answer"]))
+    return "\n".join(turns)
+
+
+def make_corpus(
+    tasks: list[str], documents: int, lines_per_doc: int, seed: int, out: Path,
+    chat_share: float = 0.0, chat_tasks: list[str] = (),
+) -> None:  # fmt: skip
+    """Documents of bare facts of `tasks`, one per line; a `chat_share` of them instead hold chat-format
+    solved problems of `chat_tasks` (a quarter as many as a document has lines: each is about four
+    lines long)."""
+    if not 0 <= chat_share <= 1 or (chat_share > 0 and not chat_tasks):
+        raise ValueError(f"corpus: chat_share {chat_share} must lie in [0, 1] and needs chat tasks")
     rng = random.Random(f"corpus:{seed}")
-    docs = ["\n".join(arith.corpus_line(rng.choice(tasks), rng) for _ in range(lines_per_doc)) for _ in range(documents)]
+    tok = None
+    if chat_share > 0:
+        from graftlab.world.tokenizer import build_tokenizer  # transformers: only when chat is asked for
+
+        tok = build_tokenizer()
+    docs = []
+    for _ in range(documents):
+        if chat_share > 0 and rng.random() < chat_share:
+            docs.append(chat_document(list(chat_tasks), max(1, lines_per_doc // 4), rng, tok))
+        else:
+            docs.append("\n".join(arith.corpus_line(rng.choice(tasks), rng) for _ in range(lines_per_doc)))
     out.parent.mkdir(parents=True, exist_ok=True)
     pl.DataFrame({"text": docs}).write_parquet(out)
 
