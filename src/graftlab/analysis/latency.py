@@ -155,7 +155,7 @@ def latency_figure(steps: pl.DataFrame, runs: pl.DataFrame, title: str | None = 
     method's compute to its best frontier point, by kind, with that point's accuracies."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4.8))
+    fig = Figure(figsize=(11, 5.4))
     left, right = fig.subplots(1, 2)
     _stacked(left, steps["what"].to_list(), {c: steps[c].to_list() for c in ("sample_s", "update_s")})
     for i, row in enumerate(steps.iter_rows(named=True)):
@@ -173,7 +173,8 @@ def latency_figure(steps: pl.DataFrame, runs: pl.DataFrame, title: str | None = 
     right.set_ylabel("seconds to the point (sum over every step)")
     right.set_title("Compute to each method's best frontier point")
     right.margins(y=0.18)
-    right.legend(fontsize=8)
+    # Below the axes: inside, it would cover the accuracies written over the tallest bars.
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
