@@ -137,6 +137,19 @@ def test_summary_carries_intervals_and_nulls_where_a_run_has_none(tmp_path: Path
         parse_run("sft/post/lr~1e-3/epoch~1/old_lo~x")
 
 
+def test_summary_carries_validation_scores_only_where_evaluated_with_a_share(tmp_path: Path) -> None:
+    plain = summarize([write_metrics(tmp_path, "post", 0.9, 0.1, half=0.05)], "demo")
+    assert "old_val" not in plain.columns
+    path = write_metrics(tmp_path, GRAFT, 0.8, 0.3, half=0.05)
+    record = json.loads(path.read_text())
+    record |= {"old_val": 0.7, "old_val_lo": 0.6, "old_val_hi": 0.8, "new_val": 0.2, "new_val_lo": 0.1, "new_val_hi": 0.3}
+    path.write_text(json.dumps(record))
+    row = summarize([path], "demo").row(0, named=True)
+    assert (row["old"], row["old_val"], row["new_val_hi"]) == (0.8, 0.7, 0.3)
+    with pytest.raises(ValueError, match="key 'new_val' clashes"):
+        parse_run("sft/post/lr~1e-3/epoch~1/new_val~x")
+
+
 def test_summarize_rejects(metrics_files: list[Path], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="evaluated twice"):
         summarize(metrics_files + metrics_files[:1], "demo")

@@ -215,3 +215,39 @@ def test_a_missing_file_or_repeated_name_is_refused(setup):
 def test_benchmark_refuses_unknown_task_or_role_at_construction(kwargs, message, tmp_path):
     with pytest.raises(GraftlabError, match=message):
         Benchmark("aime", tmp_path / "aime.parquet", **kwargs)
+
+
+def test_validation_share_scores_a_fixed_part_of_every_benchmark_apart(tmp_path):
+    from graftlab.evaluate.run import in_validation
+
+    save_tokenizer(tmp_path / "model")
+    # 40 problems; problem i has i % 5 of 4 samples correct.
+    table = {f"{i}+0=": (str(i), [turn(str(i))] * (i % 5) + [turn("x")] * (4 - i % 5)) for i in range(40)}
+    bench = Benchmark("add", write(tmp_path / "add.parquet", table, task="add"), "old")
+    sampler = Scripted({q: cs for q, (_, cs) in table.items()})
+    metrics = evaluate(tmp_path / "model", [bench], CFG, tmp_path / "eval", "post", sampler=sampler, validation=0.5)
+    ids = [f"q{i}" for i in range(40)]
+    val = in_validation("add", ids, 0.5)
+    assert 10 <= sum(val) <= 30 and in_validation("add", ids[::-1], 0.5) == val[::-1]  # fixed per id, not per order
+    correct = {f"q{i}": i % 5 for i in range(40)}
+    reported = [correct[q] for q, v in zip(ids, val) if not v]
+    held = [correct[q] for q, v in zip(ids, val) if v]
+    assert metrics["old"] == pytest.approx(sum(reported) / (4 * len(reported)))
+    assert metrics["old_val"] == pytest.approx(sum(held) / (4 * len(held)))
+    assert metrics["benchmarks"]["add"]["problems"] == len(reported)
+    assert metrics["benchmarks"]["add"]["validation"]["problems"] == len(held)
+    assert (metrics["old_val_lo"], metrics["old_val_hi"]) == acc_interval([(4, held)])
+    assert metrics["new_val"] is None and metrics["validation_share"] == 0.5
+    assert pl.read_parquet(tmp_path / "eval" / "add.parquet").height == 160  # every sample is kept
+    with pytest.raises(GraftlabError, match="both need some"):
+        evaluate(tmp_path / "model", [bench], CFG, tmp_path / "e2", "post", sampler=sampler, validation=0.001)
+
+
+def test_validation_split_differs_by_benchmark_and_follows_the_share():
+    from graftlab.evaluate.run import in_validation
+
+    ids = [str(i) for i in range(20_000)]
+    a, b = in_validation("a", ids, 0.3), in_validation("b", ids, 0.3)
+    assert sum(a) / len(ids) == pytest.approx(0.3, abs=0.02) and a != b
+    with pytest.raises(GraftlabError, match="validation share"):
+        in_validation("a", ids, 1.0)

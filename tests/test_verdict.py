@@ -101,3 +101,20 @@ def test_missing_intervals_are_refused_not_scored_as_a_loss():
         reproduces(ok.with_columns(method=pl.when(pl.col("run") == "post").then(pl.lit("sdpo")).otherwise("method")))
     with pytest.raises(TypeError, match="polars DataFrame"):
         reproduces({"run": ["post"]})
+
+
+def test_the_validation_split_is_judged_on_its_own_scores():
+    test = summary({sft(1): (0.5, 0.2, 0.02), graft("1"): (0.6, 0.9, 0.02)})
+    # On the validation problems the same graft loses: its validation scores replace old and new.
+    val = test.with_columns(
+        old_val=pl.col("old") * pl.when(pl.col("method") == "graft").then(0.1).otherwise(1.0),
+        new_val=pl.col("new"),
+    ).with_columns(
+        old_val_lo=pl.col("old_val") - 0.02, old_val_hi=pl.col("old_val") + 0.02,
+        new_val_lo=pl.col("new_val") - 0.02, new_val_hi=pl.col("new_val") + 0.02,
+    )
+    assert reproduces(val)["reproduces"] and not reproduces(val, split="validation")["reproduces"]
+    with pytest.raises(ValueError, match="no validation scores"):
+        reproduces(test, split="validation")
+    with pytest.raises(ValueError, match="split must be"):
+        reproduces(test, split="heldout")

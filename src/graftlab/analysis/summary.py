@@ -13,7 +13,9 @@ method and its base model (`post` or a donor such as `step~400`):
 Hyperparameter values stay strings, as in the paths, so `1e-3` is never reformatted.
 
 Scores come with their bootstrap intervals (`old_lo`, `old_hi`, `new_lo`, `new_hi`, `{bench}_acc_lo`,
-`{bench}_acc_hi`; see `graftlab.evaluate.metrics`), null where a metrics.json predates them.
+`{bench}_acc_hi`; see `graftlab.evaluate.metrics`), null where a metrics.json predates them. An experiment
+evaluated with a validation share adds `old_val`, `new_val` and their bounds: the scores on the validation
+problems, which `old` and `new` then leave out (`graftlab.evaluate.run`).
 """
 
 import json
@@ -32,8 +34,10 @@ ID_COLUMNS = ("exp", "run", "method", "donor", *KEY_COLUMNS)
 REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, "opsd": ("alpha", "lr", "step")}
 # Old- and new-task scores with their interval bounds: in every summary, null where a run lacks them.
 ROLE_COLUMNS = ("old", "new", "old_lo", "old_hi", "new_lo", "new_hi")
+# The same on the validation problems: only in summaries of experiments evaluated with a validation share.
+VALIDATION_COLUMNS = tuple(c.replace("old", "old_val").replace("new", "new_val") for c in ROLE_COLUMNS)
 # Key names that would overwrite a summary column of another meaning.
-RESERVED = {"exp", "run", "method", "donor", *ROLE_COLUMNS}
+RESERVED = {"exp", "run", "method", "donor", *ROLE_COLUMNS, *VALIDATION_COLUMNS}
 
 
 def _parse_keys(run: str, segments: list[str]) -> dict[str, str]:
@@ -92,6 +96,7 @@ def _summary_row(path: Path, exp: str) -> tuple[Ids, Scores]:
         record = json.loads(path.read_text())
         run, benchmarks = record["run"], record["benchmarks"]
         scores: Scores = {c: record.get(c) for c in ROLE_COLUMNS}
+        scores |= {c: record[c] for c in VALIDATION_COLUMNS if c in record}
         for bench, m in benchmarks.items():
             scores[f"{bench}_acc"] = m["acc@n"]
             scores[f"{bench}_acc_lo"], scores[f"{bench}_acc_hi"] = m.get("acc@n_lo"), m.get("acc@n_hi")

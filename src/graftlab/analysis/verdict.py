@@ -17,7 +17,7 @@ no margin and does not qualify; a sweep that wants it judged needs an earlier or
 
 import polars as pl
 
-from graftlab.analysis.summary import pareto_front
+from graftlab.analysis.summary import ROLE_COLUMNS, VALIDATION_COLUMNS, pareto_front
 
 CANDIDATES = ("post", "sft", "merge", "graft", "opsd")
 NEEDED = ("run", "method", "new", "old", "old_lo", "old_hi")
@@ -57,18 +57,32 @@ def _judge(graft: dict, sft: pl.DataFrame) -> dict:
     }  # fmt: skip
 
 
-def reproduces(summary: pl.DataFrame) -> dict:
+def on_split(summary: pl.DataFrame, split: str) -> pl.DataFrame:
+    """The summary scored on `split`: `test` as it is, `validation` with `old_val`, `new_val` and their
+    bounds in place of `old`, `new` (an experiment evaluated with a validation share)."""
+    if split == "test":
+        return summary
+    if split != "validation":
+        raise ValueError(f"reproduces: split must be 'test' or 'validation', got {split!r}")
+    missing = [c for c in VALIDATION_COLUMNS if c not in summary.columns]
+    if missing:
+        raise ValueError(f"reproduces: no validation scores {missing}: evaluate with eval.validation > 0")
+    return summary.drop([c for c in ROLE_COLUMNS if c in summary.columns]).rename(dict(zip(VALIDATION_COLUMNS, ROLE_COLUMNS)))
+
+
+def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:
     """The verdict of one experiment's summary (module docstring: the rule).
 
     Returns `reproduces` (whether any graft qualifies), `qualifying` (their runs, by margin, largest
     first) and `frontier_grafts`: per graft on the frontier, its run, `new`, `old`, `old_lo`, `old_hi`,
     how many SFT points it was compared with (`sft_compared`), the binding one (`closest_sft`, its
     `sft_old_hi`), `margin` (`old_lo - sft_old_hi`, None without a comparable SFT point; > 0 qualifies)
-    and its own `reproduces`, so a near miss shows how near it was.
+    and its own `reproduces`, so a near miss shows how near it was. `split`: `test` (the reported
+    scores) or `validation` (the scores a choice of world or setting may be made on; `on_split`).
     """
     if not isinstance(summary, pl.DataFrame):
         raise TypeError(f"reproduces: expected a polars DataFrame, got {type(summary).__name__}")
-    scored = _scored(summary)
+    scored = _scored(on_split(summary, split))
     front = pareto_front(scored).filter("on_front")
     sft = scored.filter(method="sft")
     grafts = front.filter(method="graft").sort("new", "run")

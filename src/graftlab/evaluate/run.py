@@ -8,8 +8,15 @@ boxed math answers). Both give the same per-sample records, so metrics and reade
 Writes one parquet of per-sample records per benchmark and, last, `metrics.json`, so a directory with
 `metrics.json` is a finished evaluation. Every Acc@n in it, and `old` and `new`, carries a 95% bootstrap
 interval over problems (`*_lo`, `*_hi`; settings under `interval`).
+
+With a validation share v > 0, each benchmark's problems are split once and for all (by a hash of
+benchmark and problem id, the same for every model and run) into a validation part, about v of them,
+and the rest: `old_val` / `new_val` and each benchmark's `validation` entry score the former, and every
+other number the latter only, so choices made on validation scores (which world, which setting) are
+reported on problems they never saw.
 """
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +31,7 @@ from graftlab.tasks import sample_and_grade
 from graftlab.tasks_registry import TASKS, get_task
 
 ROLES = ("old", "new")
+VALIDATION = "_val"  # suffix of a role's scores on the validation problems
 KNOWLEDGE = "knowledge"  # the registry task scored greedily by the knowledge world
 RECORD_COLUMNS = ("problem_id", "sample", "completion", "answer", "correct")
 
@@ -92,26 +100,56 @@ def score_benchmark(sampler, tokenizer, bench: Benchmark, problems: pl.DataFrame
     )
 
 
-def role_scores(per_bench: dict[str, dict], counts: dict[str, tuple[int, list[int]]]) -> dict:
-    """`old` and `new`, each the mean Acc@n over its role's benchmarks, with `{role}_lo`, `{role}_hi`;
-    all None for a role without benchmarks."""
+def role_scores(per_bench: dict[str, dict], counts: dict[str, tuple[int, list[int]]], suffix: str = "") -> dict:
+    """`old` and `new` (with `suffix`), each the mean Acc@n over its role's benchmarks, with
+    `{role}_lo`, `{role}_hi`; all None for a role without benchmarks. `per_bench[b]["acc@n"]` and
+    `counts[b]` are the scores and correct counts of the problems being scored."""
     scores = {}
     for role in ROLES:
         names = [b for b, m in per_bench.items() if m["role"] == role]
         accs = [per_bench[b]["acc@n"] for b in names]
-        scores[role] = sum(accs) / len(accs) if accs else None
+        scores[role + suffix] = sum(accs) / len(accs) if accs else None
         # The interval of the mean is bootstrapped as a whole: averaging the benchmarks' own bounds
         # would ignore that their errors partly cancel, and overstate the width.
         lo, hi = acc_interval([counts[b] for b in names]) if names else (None, None)
-        scores[f"{role}_lo"], scores[f"{role}_hi"] = lo, hi
+        scores[f"{role}{suffix}_lo"], scores[f"{role}{suffix}_hi"] = lo, hi
     return scores
 
 
+def in_validation(bench: str, problem_ids: list[str], share: float) -> list[bool]:
+    """Which problems of `bench` belong to the validation part: a hash of benchmark and id below `share`,
+    so the split is the same for every model, run and process (Python's own `hash` is salted)."""
+    if not 0 <= share < 1:
+        raise GraftlabError(f"validation share must lie in [0, 1), got {share}")
+
+    def unit(pid: str) -> float:
+        digest = hashlib.blake2b(f"{bench}\0{pid}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") / 2**64
+
+    return [unit(str(pid)) < share for pid in problem_ids]
+
+
+def split_records(bench: Benchmark, records: pl.DataFrame, share: float) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(scored, validation) records of one benchmark; both parts must hold problems."""
+    ids = records["problem_id"].unique(maintain_order=True).to_list()
+    val_ids = {pid for pid, v in zip(ids, in_validation(bench.name, ids, share)) if v}
+    validation = records.filter(pl.col("problem_id").is_in(list(val_ids)))
+    scored = records.filter(~pl.col("problem_id").is_in(list(val_ids)))
+    if validation.is_empty() or scored.is_empty():
+        raise GraftlabError(
+            f"benchmark {bench.name}: a validation share of {share} of its {len(ids)} problems leaves "
+            f"{len(val_ids)} for validation and {len(ids) - len(val_ids)} to report; both need some"
+        )
+    return scored, validation
+
+
 def evaluate(
-    model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_dir: Path, run: str, backend="auto", sampler=None
-) -> dict:
+    model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_dir: Path, run: str, backend="auto", sampler=None,
+    validation: float = 0.0,
+) -> dict:  # fmt: skip
     """Score `model_dir` on `benchmarks`; `sampler` (a callable `(prompts, cfg) -> completions`) replaces
-    loading one from `model_dir` (the tokenizer still comes from `model_dir`)."""
+    loading one from `model_dir` (the tokenizer still comes from `model_dir`). `validation`: the share of
+    every benchmark's problems scored apart as the validation split (module docstring)."""
     from transformers import AutoTokenizer
 
     names = [b.name for b in benchmarks]
@@ -123,15 +161,23 @@ def evaluate(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sampler = sampler or load_sampler(model_dir, backend)
     out_dir.mkdir(parents=True, exist_ok=True)
-    per_bench, counts = {}, {}
+    per_bench, counts, val_bench, val_counts = {}, {}, {}, {}
     for bench in benchmarks:
         records = score_benchmark(sampler, tokenizer, bench, problems[bench.name], cfg)
         records.write_parquet(out_dir / f"{bench.name}.parquet")
+        if validation > 0:
+            records, held = split_records(bench, records, validation)
+            val_counts[bench.name] = correct_counts(held)
+            val_bench[bench.name] = {"role": bench.role, **benchmark_metrics(held)}
         counts[bench.name] = correct_counts(records)
         per_bench[bench.name] = {
             "role": bench.role, "task": bench.task, "decoding": decoding(bench, cfg), **benchmark_metrics(records)
         }
+        if validation > 0:
+            per_bench[bench.name]["validation"] = val_bench[bench.name]
     metrics = {"run": run, "model": str(model_dir), "benchmarks": per_bench} | role_scores(per_bench, counts)
+    if validation > 0:
+        metrics |= role_scores(val_bench, val_counts, VALIDATION) | {"validation_share": validation}
     metrics["interval"] = dict(INTERVAL)
     with atomic_file(out_dir / "metrics.json") as tmp:
         tmp.write_text(json.dumps(metrics, indent=2))
