@@ -2,6 +2,7 @@
 and models of different architectures are refused by name."""
 
 import numpy as np
+import polars as pl
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -63,3 +64,21 @@ def test_another_architecture_is_refused_by_name(models, tmp_path):
         drift_ratio(models["init"][0], models["base"][0], other)
     with pytest.raises(GraftlabError, match="identical"):
         drift_ratio(models["base"][0], models["base"][0], models["post"][0])
+
+
+def test_drift_table_pairs_each_donor_update_with_the_post_sft_of_the_same_lr_and_epoch(models, tmp_path):
+    from graftlab.analysis.drift import write_drift
+
+    (post, p), (sft, s), (donor, d), (tuned, t) = (models[k] for k in ("post", "sft", "donor", "tuned"))
+    other, o = _model(tmp_path / "other_sft", 11)
+    updates = [
+        {"donor": "step~1", "lr": "1e-3", "epoch": 1, "donor_dir": donor, "tuned_dir": tuned, "post_sft_dir": sft},
+        {"donor": "step~1", "lr": "1e-3", "epoch": 2, "donor_dir": donor, "tuned_dir": tuned, "post_sft_dir": other},
+    ]
+    table = write_drift(models["init"][0], models["base"][0], post, updates, tmp_path / "out" / "drift.parquet")
+    assert table.equals(pl.read_parquet(tmp_path / "out" / "drift.parquet"))
+    v = _flat(t) - _flat(d)
+    for row, sft_tensors in zip(table.iter_rows(named=True), (s, o)):
+        u = _flat(sft_tensors) - _flat(p)
+        assert row["cos"] == pytest.approx(u @ v / np.linalg.norm(u) / np.linalg.norm(v), rel=1e-10)
+    assert table["epoch"].to_list() == ["1", "2"] and table["drift_ratio"].n_unique() == 1

@@ -18,7 +18,10 @@ from contextlib import ExitStack
 from itertools import combinations
 from pathlib import Path
 
+import polars as pl
+
 from graftlab.analysis.sensitivity import KINDS, tensor_kind
+from graftlab.atomic import atomic_file
 from graftlab.models import GraftlabError, open_tensors, tensor_specs
 
 Delta = tuple[str | Path, str | Path]  # (from, to) model directories
@@ -89,3 +92,29 @@ def update_cosines(post_sft: Delta, donors: Mapping[str, Delta]) -> list[dict]:
         rows.append(row)
     return rows
 
+
+
+def drift_table(init, base, post, updates: list[dict]) -> pl.DataFrame:
+    """One row per donor update: its keys (`donor`, `lr`, `epoch`), the world's drift ratio, and the
+    cosine of the donor's update (`donor_dir` to `tuned_dir`) with the post model's SFT update at the same
+    learning rate and epoch (`post_sft_dir`), overall and per kind."""
+    ratio = drift_ratio(init, base, post)
+    rows = []
+    by_post_sft: dict[str, list[dict]] = {}
+    for u in updates:
+        by_post_sft.setdefault(str(u["post_sft_dir"]), []).append(u)
+    for post_sft, group in by_post_sft.items():
+        donors = {str(i): (u["donor_dir"], u["tuned_dir"]) for i, u in enumerate(group)}
+        for u, row in zip(group, update_cosines((post, post_sft), donors)):
+            keys = {"donor": u["donor"], "lr": str(u["lr"]), "epoch": str(u["epoch"])}
+            rows.append(keys | {"drift_ratio": ratio} | {k: v for k, v in row.items() if k != "donor"})
+    return pl.DataFrame(rows).sort("donor", "lr", "epoch")
+
+
+def write_drift(init, base, post, updates: list[dict], out) -> pl.DataFrame:
+    """`drift_table` as parquet, atomically."""
+    table = drift_table(init, base, post, updates)
+    print(table)
+    with atomic_file(out) as tmp:
+        table.write_parquet(tmp)
+    return table
