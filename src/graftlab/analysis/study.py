@@ -1,0 +1,109 @@
+"""A study over many experiments (the fidelity study, issue 6): one row per experiment and one per group.
+
+An experiment belongs to a *group*, the configuration that matters (a world and a sweep), run once per
+seed. Per experiment the table holds the world's drift ratio and the donor/post update cosines
+(`graftlab.analysis.drift`), and the verdict of `graftlab.analysis.verdict` on the validation split and
+on the test split: whether a graft reproduces the paper's result, and the best margin of a frontier
+graft (its old-task lower bound minus the upper bound of the SFT points it must beat; > 0 reproduces).
+
+Per group: how many seeds reproduce on each split, and the means. A world is chosen on the validation
+columns; the test columns are what gets reported (no result is tuned on the held-out problems).
+"""
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from graftlab.analysis.verdict import reproduces
+from graftlab.atomic import atomic_file
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SPLITS = {"validation": "_val", "test": ""}
+
+
+def _verdict_columns(summary: pl.DataFrame) -> dict:
+    """Verdict and best margin on each split the summary has scores for (None where it has none)."""
+    out = {}
+    for split, suffix in SPLITS.items():
+        try:
+            verdict = reproduces(summary, split=split)
+        except ValueError as err:
+            if split == "validation" and "no validation scores" in str(err):
+                out |= {f"reproduces{suffix}": None, f"margin{suffix}": None}
+                continue
+            raise
+        margins = [g["margin"] for g in verdict["frontier_grafts"] if g["margin"] is not None]
+        out |= {f"reproduces{suffix}": verdict["reproduces"], f"margin{suffix}": max(margins, default=None)}
+    return out
+
+
+def experiment_row(exp: str, group: str, seed: int, summary: pl.DataFrame, drift: pl.DataFrame | None) -> dict:
+    """One experiment's line of the study."""
+    sft = summary.filter(method="sft")
+    row = {"exp": exp, "group": group, "seed": seed,
+           "post_old": summary.filter(method="post")["old"].max(), "sft_best_new": sft["new"].max(),
+           "graft_best_new": summary.filter(method="graft")["new"].max()}  # fmt: skip
+    if drift is not None and drift.height:
+        row |= {"drift_ratio": drift["drift_ratio"][0], "cos": drift["cos"].mean(), "cos_mlp": drift["cos_mlp"].mean()}
+    else:
+        row |= {"drift_ratio": None, "cos": None, "cos_mlp": None}
+    return row | _verdict_columns(summary)
+
+
+def study_tables(experiments: list[dict]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(per experiment, per group) from dicts with `exp`, `group`, `seed`, `summary` (parquet path) and
+    `drift` (parquet path or None)."""
+    rows = []
+    for e in experiments:
+        drift = pl.read_parquet(e["drift"]) if e.get("drift") else None
+        rows.append(experiment_row(e["exp"], e["group"], e["seed"], pl.read_parquet(e["summary"]), drift))
+    per_exp = pl.DataFrame(rows, infer_schema_length=None).sort("group", "seed")
+    counts = [pl.col(c).fill_null(False).sum().alias(c) for c in ("reproduces_val", "reproduces")]
+    means = [pl.col(c).mean().alias(c) for c in ("drift_ratio", "cos", "margin_val", "margin", "sft_best_new", "graft_best_new")]
+    per_group = per_exp.group_by("group", maintain_order=True).agg(pl.len().alias("seeds"), *counts, *means)
+    return per_exp, per_group
+
+
+def study_figure(per_exp: pl.DataFrame) -> "Figure":
+    """Left: each seed's best graft margin per group, validation and test (> 0: reproduces). Right: the
+    mechanism's two numbers per experiment, drift ratio against donor/post update cosine."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.8))
+    left, right = fig.subplots(1, 2)
+    groups = per_exp["group"].unique(maintain_order=True).to_list()
+    for offset, (split, suffix, color) in zip((-0.12, 0.12), (("validation", "_val", "tab:gray"), ("test", "", "tab:blue"))):
+        pts = per_exp.filter(pl.col(f"margin{suffix}").is_not_null())
+        xs = [groups.index(g) + offset for g in pts["group"]]
+        left.scatter(xs, pts[f"margin{suffix}"], color=color, label=f"{split} split", s=25)
+    left.axhline(0, color="tab:red", lw=1)
+    left.set_xticks(range(len(groups)), groups, rotation=20, ha="right", fontsize=8)
+    left.set_ylabel("best graft margin over SFT (old-task accuracy)")
+    left.set_title("Does a graft beat SFT beyond the intervals? (> 0: yes)")
+    left.legend(fontsize=8)
+    for g in groups:
+        pts = per_exp.filter(group=g).filter(pl.col("drift_ratio").is_not_null())
+        right.scatter(pts["drift_ratio"], pts["cos"], label=g, s=25)
+    right.set_xlabel("drift ratio |post - base| / |base - init|")
+    right.set_ylabel("cosine(donor update, post SFT update)")
+    right.set_title("The mechanism per world")
+    right.legend(fontsize=7)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def write_study(experiments: list[dict], out_parquet, out_groups, out_png) -> pl.DataFrame:
+    """`study_tables` as two parquets and `study_figure` as PNG, each atomic."""
+    per_exp, per_group = study_tables(experiments)
+    print(per_group)
+    for frame, out in ((per_exp, out_parquet), (per_group, out_groups)):
+        with atomic_file(out) as tmp:
+            frame.write_parquet(tmp)
+    with atomic_file(Path(out_png)) as tmp:
+        study_figure(per_exp).savefig(tmp, dpi=150, format="png")
+    return per_group
