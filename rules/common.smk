@@ -21,12 +21,12 @@ except ConfigError as err:
 
 EXPERIMENTS = list(config["experiments"])
 MODELS = config["models"]
-WORLD = "results/world"
-OLD_TASKS = config["world"]["old_tasks"]
-NEW_TASK = config["world"]["new_task"]
-LADDER = [
-    f"step~{s}" for s in config["world"]["pretrain"]["ladder"]
-]  # increasing: validated
+# Every tiny world by its directory under results/ (the `{world}` wildcard of rules/world.smk), each a
+# whole section with its seed: the main `world`, and each of `worlds`, already merged over it by the
+# config resolution.
+WORLDS = {"world": config["world"] | {"seed": config["seed"]}} | {
+    f"worlds/{name}": section for name, section in config["worlds"].items()
+}
 
 
 MINED = (
@@ -49,6 +49,7 @@ MODEL_NAME = "|".join(["post", "step~[0-9]+"] + list(MODELS))
 
 wildcard_constraints:
     exp="|".join(EXPERIMENTS),
+    world="|".join(WORLDS),
     base=MODEL_NAME,
     donor=MODEL_NAME,
     model=MODEL_NAME,
@@ -69,17 +70,44 @@ def xcfg(wildcards, *keys):
     return value
 
 
-def model_dir(name, exp=None):
-    """Directory of a named model: `post` (experiment `exp`'s post model, the tiny world's by default),
-    a ladder checkpoint `step~N`, or a name from `models`, fetched into resources/models/.
+def world_of(exp):
+    """(directory, section) of the tiny world experiment `exp` runs on: `results/world` for the main
+    section, `results/worlds/{name}` for a named one."""
+    name = config["experiments"][exp]["world"]
+    key = "world" if name == "world" else f"worlds/{name}"
+    return f"results/{key}", WORLDS[key]
+
+
+def wcfg(wildcards, *keys):
+    """One setting of the world a world rule builds, e.g. wcfg(wildcards, "pretrain", "steps")."""
+    value = WORLDS[wildcards.world]
+    for key in keys:
+        value = value[key]
+    return value
+
+
+def model_dir(name, exp):
+    """Directory of a named model: `post` (experiment `exp`'s post model, its world's by default), a
+    ladder checkpoint `step~N` of its world, or a name from `models`, fetched into resources/models/.
     """
+    root, _ = world_of(exp)
     if name == "post":
-        name = config["experiments"][exp]["post"] if exp else "post"
+        name = config["experiments"][exp]["post"]
         if name == "post":
-            return f"{WORLD}/post"
+            return f"{root}/post"
     if name.startswith("step~"):
-        return f"{WORLD}/ladder/{name}"
+        return f"{root}/ladder/{name}"
     return f"resources/models/{name}"
+
+
+def model_input(name, exp):
+    """The input that model `name` is read from (a rule's params carry model_dir): its directory, or
+    for a ladder checkpoint the whole ladder. One pretraining job writes the ladder, and since its length
+    differs between worlds it is one directory output, inside which Snakemake sees no checkpoint.
+    """
+    if name.startswith("step~"):
+        return f"{world_of(exp)[0]}/ladder"
+    return model_dir(name, exp)
 
 
 def post_dir(wildcards):
@@ -87,7 +115,7 @@ def post_dir(wildcards):
 
 
 def old_benchmarks(exp):
-    """{name: (parquet, task)} of the old-task benchmarks: an experiment's own data sets, else the tiny
+    """{name: (parquet, task)} of the old-task benchmarks: an experiment's own data sets, else its tiny
     world's arithmetic benchmarks."""
     sources = config["experiments"][exp]["benchmarks"]
     if sources:
@@ -95,7 +123,8 @@ def old_benchmarks(exp):
             n: (f"results/{exp}/data/sources/benchmark~{n}.parquet", s["task"])
             for n, s in sources.items()
         }
-    return {t: (f"{WORLD}/benchmarks/{t}.parquet", "arith") for t in OLD_TASKS}
+    root, world = world_of(exp)
+    return {t: (f"{root}/benchmarks/{t}.parquet", "arith") for t in world["old_tasks"]}
 
 
 def new_benchmark(exp):
@@ -105,7 +134,7 @@ def new_benchmark(exp):
         return "knowledge", "knowledge"
     if x["problems"]:
         return "heldout", x["problems"]["task"]
-    return NEW_TASK, "arith"
+    return world_of(exp)[1]["new_task"], "arith"
 
 
 def new_task(exp):
@@ -117,7 +146,7 @@ def candidates(wildcards):
     """The problems mining samples: the experiment's data set, else the tiny world's candidates."""
     if xcfg(wildcards, "problems"):
         return f"results/{wildcards.exp}/data/sources/problems.parquet"
-    return f"{WORLD}/candidates.parquet"
+    return f"{world_of(wildcards.exp)[0]}/candidates.parquet"
 
 
 def dataset(wildcards):

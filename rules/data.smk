@@ -38,7 +38,7 @@ rule mine:
     params:
         mining=lambda w: xcfg(w, "mining"),
         task=lambda w: new_task(w.exp),
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
         "../workflow_scripts/mine.py"
@@ -48,7 +48,7 @@ rule knowledge:
     input:
         # Replay draws fresh old-task problems: the benchmarks are excluded.
         benchmarks=lambda w: (
-            expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS)
+            [f for f, _ in old_benchmarks(w.exp).values()]
             if xcfg(w, "knowledge", "replay")
             else []
         ),
@@ -65,7 +65,7 @@ rule knowledge:
         "../envs/cpu.yaml"
     params:
         knowledge=lambda w: xcfg(w, "knowledge"),
-        old_tasks=OLD_TASKS,
-        seed=config["seed"],
+        old_tasks=lambda w: world_of(w.exp)[1]["old_tasks"],
+        seed=lambda w: xcfg(w, "seed"),
     script:
         "../workflow_scripts/knowledge.py"

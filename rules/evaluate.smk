@@ -21,7 +21,7 @@ rule evaluate:
         sampling=lambda w: {
             k: v for k, v in xcfg(w, "eval").items() if k != "donor_sft"
         },
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
         "../workflow_scripts/evaluate.py"

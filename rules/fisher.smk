@@ -16,13 +16,13 @@ rule rollouts:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     params:
-        tasks=OLD_TASKS,
+        tasks=lambda w: world_of(w.exp)[1]["old_tasks"],
         # Only what sampling uses: a new Fisher batch size or EKFAC must not re-sample the rollouts.
         rollouts=lambda w: {
             k: xcfg(w, "fisher", k)
             for k in ("rollouts", "temperature", "max_new_tokens")
         },
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
         "../workflow_scripts/rollouts.py"

@@ -6,7 +6,7 @@
 rule graft:
     input:
         post=post_dir,
-        donor=lambda w: model_dir(w.donor, w.exp),
+        donor=lambda w: model_input(w.donor, w.exp),
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
         fisher=graft_fisher,
     output:
@@ -23,6 +23,7 @@ rule graft:
         "../envs/cpu.yaml"
     threads: config["threads"]["sample"]
     params:
+        donor=lambda w: model_dir(w.donor, w.exp),
         epoch=lambda w: w.e,
         lam=lambda w: w.lam,
         mask=lambda w: w.mask,

@@ -20,7 +20,7 @@ rule expert_traces:
 
 rule teacher_traces:
     input:
-        model=lambda w: model_dir(xcfg(w, "teacher", "model"), w.exp),
+        model=lambda w: model_input(xcfg(w, "teacher", "model"), w.exp),
         problems="results/{exp}/data/train.parquet",
     output:
         sft="results/{exp}/data/sft.parquet",
@@ -33,10 +33,11 @@ rule teacher_traces:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     params:
+        model=lambda w: model_dir(xcfg(w, "teacher", "model"), w.exp),
         # STaR's sampling without rationalization: the first verified of up to `attempts` samples.
         sampling=lambda w: {k: v for k, v in xcfg(w, "teacher").items() if k != "model"},
         task=lambda w: new_task(w.exp),
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
         "../workflow_scripts/star.py"
@@ -57,9 +58,10 @@ rule star:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     params:
+        model=post_dir,
         sampling=lambda w: xcfg(w, "star"),
         task=lambda w: new_task(w.exp),
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
         "../workflow_scripts/star.py"
@@ -89,7 +91,7 @@ rule pedagogical_teacher:
             if k not in ("attempts", "attempts_per_round")
         },
         task=lambda w: new_task(w.exp),
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
     script:
         "../workflow_scripts/pedagogical_teacher.py"
 
@@ -119,7 +121,7 @@ rule pedagogical_traces:
             )
         },
         task=lambda w: new_task(w.exp),
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
         "../workflow_scripts/pedagogical_traces.py"

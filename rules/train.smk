@@ -3,7 +3,7 @@
 
 rule sft:
     input:
-        model=lambda w: model_dir(w.base, w.exp),
+        model=lambda w: model_input(w.base, w.exp),
         data="results/{exp}/data/sft.parquet",
     output:
         directory("results/{exp}/sft/{base}/lr~{lr}"),
@@ -15,10 +15,11 @@ rule sft:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
     params:
+        model=lambda w: model_dir(w.base, w.exp),
         lr=lambda w: float(w.lr),
         epochs=lambda w: xcfg(w, "sft", "epochs"),
         batch_size=lambda w: xcfg(w, "sft", "batch_size"),
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
     script:
         "../workflow_scripts/sft.py"
 
@@ -49,6 +50,6 @@ rule opsd:
             k: v for k, v in xcfg(w, "opsd").items() if k not in ("alpha", "lr")
         },
         save_steps=lambda w: opsd_steps(xcfg(w, "opsd")),
-        seed=config["seed"],
+        seed=lambda w: xcfg(w, "seed"),
     script:
         "../workflow_scripts/opsd.py"

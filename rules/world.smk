@@ -1,104 +1,116 @@
 # The tiny world: a character tokenizer, arithmetic benchmarks, a pretraining corpus, a Qwen3-style model
 # pretrained from scratch (its checkpoints are the donor ladder) and post-trained on the old tasks.
+# `{world}` is the world's directory under results/: `world` (the main section) or `worlds/{name}`
+# (a variant); each rule reads its settings and seed from that world's section.
 
 
 rule world_tokenizer:
     output:
-        directory(f"{WORLD}/tokenizer"),
+        directory("results/{world}/tokenizer"),
     log:
-        "logs/world/tokenizer.log",
+        "logs/{world}/tokenizer.log",
     conda:
         "../envs/cpu.yaml"
     script:
         "../workflow_scripts/world_tokenizer.py"
 
 
+# One job per old task: the tasks, and so the files, differ between worlds, and a rule's outputs cannot.
 rule world_benchmarks:
     output:
-        expand(f"{WORLD}/benchmarks/{{task}}.parquet", task=OLD_TASKS),
+        "results/{world}/benchmarks/{task}.parquet",
     log:
-        "logs/world/benchmarks.log",
+        "logs/{world}/benchmarks/{task}.log",
+    wildcard_constraints:
+        task="|".join(sorted({t for w in WORLDS.values() for t in w["old_tasks"]})),
     conda:
         "../envs/cpu.yaml"
     params:
-        tasks=OLD_TASKS,
-        size=config["world"]["benchmark_size"],
-        seed=config["seed"],
+        tasks=lambda w: [w.task],
+        size=lambda w: wcfg(w, "benchmark_size"),
+        seed=lambda w: wcfg(w, "seed"),
     script:
         "../workflow_scripts/world_benchmarks.py"
 
 
 rule world_candidates:
     output:
-        f"{WORLD}/candidates.parquet",
+        "results/{world}/candidates.parquet",
     log:
-        "logs/world/candidates.log",
+        "logs/{world}/candidates.log",
     conda:
         "../envs/cpu.yaml"
     params:
-        task=NEW_TASK,
-        size=config["world"]["candidates"],
-        seed=config["seed"],
+        task=lambda w: wcfg(w, "new_task"),
+        size=lambda w: wcfg(w, "candidates"),
+        seed=lambda w: wcfg(w, "seed"),
     script:
         "../workflow_scripts/world_candidates.py"
 
 
 rule world_corpus:
     output:
-        f"{WORLD}/corpus.parquet",
+        "results/{world}/corpus.parquet",
     log:
-        "logs/world/corpus.log",
+        "logs/{world}/corpus.log",
     conda:
         "../envs/cpu.yaml"
     params:
-        tasks=OLD_TASKS + [NEW_TASK],
-        documents=config["world"]["corpus"]["documents"],
-        lines_per_doc=config["world"]["corpus"]["lines_per_doc"],
-        chat_share=config["world"]["corpus"]["chat_share"],
-        chat_tasks=OLD_TASKS,
-        seed=config["seed"],
+        tasks=lambda w: wcfg(w, "old_tasks") + [wcfg(w, "new_task")],
+        documents=lambda w: wcfg(w, "corpus", "documents"),
+        lines_per_doc=lambda w: wcfg(w, "corpus", "lines_per_doc"),
+        chat_share=lambda w: wcfg(w, "corpus", "chat_share"),
+        chat_tasks=lambda w: wcfg(w, "old_tasks"),
+        seed=lambda w: wcfg(w, "seed"),
     script:
         "../workflow_scripts/world_corpus.py"
 
 
 rule world_pretrain:
     input:
-        tokenizer=f"{WORLD}/tokenizer",
-        corpus=f"{WORLD}/corpus.parquet",
+        tokenizer="results/{world}/tokenizer",
+        corpus="results/{world}/corpus.parquet",
     output:
-        [directory(f"{WORLD}/ladder/{step}") for step in LADDER],
+        # The ladder's length differs between worlds: one directory holds its checkpoints `step~N`.
+        ladder=directory("results/{world}/ladder"),
+        init=directory("results/{world}/init"),
     log:
-        "logs/world/pretrain.log",
+        "logs/{world}/pretrain.log",
     benchmark:
-        "benchmarks/jobs/world/pretrain.tsv"
+        "benchmarks/jobs/{world}/pretrain.tsv"
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
     params:
-        arch=config["world"]["model"],
-        pretrain=config["world"]["pretrain"]
-        | {"block": config["world"]["corpus"]["block"]},
-        seed=config["seed"],
+        arch=lambda w: wcfg(w, "model"),
+        pretrain=lambda w: wcfg(w, "pretrain") | {"block": wcfg(w, "corpus", "block")},
+        seed=lambda w: wcfg(w, "seed"),
     script:
         "../workflow_scripts/world_pretrain.py"
 
 
 rule world_posttrain:
     input:
-        base=f"{WORLD}/ladder/{LADDER[-1]}",  # the base model: the ladder ends at the last step
-        benchmarks=rules.world_benchmarks.output,
+        ladder="results/{world}/ladder",
+        benchmarks=lambda w: expand(
+            "results/{world}/benchmarks/{task}.parquet",
+            world=w.world,
+            task=wcfg(w, "old_tasks"),
+        ),
     output:
-        directory(f"{WORLD}/post"),
+        directory("results/{world}/post"),
     log:
-        "logs/world/posttrain.log",
+        "logs/{world}/posttrain.log",
     benchmark:
-        "benchmarks/jobs/world/posttrain.tsv"
+        "benchmarks/jobs/{world}/posttrain.tsv"
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
     params:
-        tasks=OLD_TASKS,
-        posttrain=config["world"]["posttrain"],
-        seed=config["seed"],
+        # The base model: the ladder ends at the last pretraining step (validated).
+        base=lambda w: f"results/{w.world}/ladder/step~{wcfg(w, 'pretrain', 'steps')}",
+        tasks=lambda w: wcfg(w, "old_tasks"),
+        posttrain=lambda w: wcfg(w, "posttrain"),
+        seed=lambda w: wcfg(w, "seed"),
     script:
         "../workflow_scripts/world_posttrain.py"

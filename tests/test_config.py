@@ -85,12 +85,51 @@ def test_shipped_configs_validate(name):
             "config key experiments.x.problems: data: knowledge writes its own questions",
         ),
         ({"experiments": {"x": {"data": "grpo"}}}, "config key experiments.x.data: 'grpo' is not one of"),
+        ({"experiments": {"x": {"world": "w9"}}}, "config key experiments.x.world: 'w9' is neither `world` nor a name in worlds []"),
+        ({"worlds": {"w1": {"modle": {}}}}, "config key worlds.w1: Additional properties are not allowed ('modle' was unexpected)"),
+        ({"worlds": {"w1": {"model": {"depth": 4}}}}, "config key worlds.w1.model: Additional properties are not allowed ('depth'"),
+        ({"worlds": {"w1": {"model": {"layers": 0}}}}, "config key worlds.w1.model.layers: 0 is less than the minimum of 1"),
+        ({"worlds": {"world": {}}}, "config key worlds: 'world' is invalid: A world's name: letters, digits, `_` and `-`; `world` is reserved"),
+        ({"worlds": {"w 1": {}}}, "config key worlds: 'w 1' is invalid: A world's name"),
+        ({"worlds": {"w1": {"seed": 0.5}}}, "config key worlds.w1.seed: 0.5 is not of type 'integer', 'null'"),
+        ({"worlds": {"w1": {"model": {"kv_heads": 3}}}}, "config key worlds.w1.model.kv_heads: must divide worlds.w1.model.heads = 4"),
+        (
+            {"worlds": {"short": {"pretrain": {"steps": 50, "ladder": [50]}}}, "experiments": {"x": {"world": "short"}}},
+            "config key experiments.x.donors: step~100 is neither on worlds.short.pretrain.ladder [50]",
+        ),
+        (
+            {"worlds": {"few": {"candidates": 100}}, "experiments": {"x": {"world": "few"}}},
+            "config key experiments.x.mining.heldout: leaves no training problems of worlds.few.candidates = 100",
+        ),
     ],
 )
 def test_bad_config_names_the_key(config, message):
     with pytest.raises(ConfigError) as err:
         resolve(config)
     assert str(err.value).startswith(message)
+
+
+def test_a_named_world_is_the_main_world_with_its_own_keys_laid_over_it():
+    config = resolve({
+        "seed": 7,
+        "world": {"model": {"layers": 3}, "pretrain": {"steps": 300, "ladder": [100, 300]}},
+        "worlds": {"narrow": {"model": {"hidden_size": 32}}, "short": {"pretrain": {"steps": 100, "ladder": [50, 100]}, "seed": 1}},
+        "experiments": {"a": {"world": "narrow", "donors": ["step~100"]}, "b": {"world": "short", "donors": ["step~50"], "seed": 3}},
+    })  # fmt: skip
+    narrow, short = config["worlds"]["narrow"], config["worlds"]["short"]
+    assert narrow["model"] == config["world"]["model"] | {"hidden_size": 32}  # layers 3 kept, defaults filled
+    assert {k: v for k, v in narrow.items() if k not in ("model", "seed")} == {k: v for k, v in config["world"].items() if k != "model"}
+    assert short["pretrain"]["ladder"] == [50, 100] and short["pretrain"]["lr"] == config["world"]["pretrain"]["lr"]
+    assert (narrow["seed"], short["seed"]) == (7, 1)  # a world without a seed takes the top-level one
+    assert [x["seed"] for x in config["experiments"].values()] == [7, 3]
+    assert resolve({})["experiments"]["expert"]["world"] == "world" and resolve({})["worlds"] == {}
+
+
+def test_resolving_a_resolved_config_changes_nothing():
+    import copy
+
+    config = resolve({"worlds": {"w": {"model": {"hidden_size": 64}, "seed": 2}}, "experiments": {"x": {"world": "w"}}})
+    assert resolve(copy.deepcopy(config)) == config
 
 
 def test_masks_and_fisher_defaults():

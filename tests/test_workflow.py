@@ -17,10 +17,11 @@ pytestmark = pytest.mark.workflow
 ANALYSES = {"summary": 1, "pareto": 1, "sensitivity": 1, "latency": 1, "all": 1}
 
 
-def planned_jobs(workdir: Path, *configs: Path, targets: tuple[str, ...] = ()) -> Counter:
-    """Jobs a dry-run would execute, by rule (for `targets`, else for the whole workflow)."""
+def planned_jobs(workdir: Path, *configs: Path, targets: tuple[str, ...] = (), base: tuple[Path, ...] = (SMOKE,)) -> Counter:
+    """Jobs a dry-run would execute, by rule (for `targets`, else for the whole workflow), with `configs`
+    laid over `base`."""
     # Targets right after -n: --configfile and --quiet each take every word up to the next option.
-    proc = snakemake(workdir, "-n", *targets, "--quiet", "rules", configs=(SMOKE, *configs))
+    proc = snakemake(workdir, "-n", *targets, "--quiet", "rules", configs=(*base, *configs))
     assert proc.returncode == 0, proc.stderr
     jobs, table = Counter(), False
     for line in proc.stdout.splitlines():
@@ -34,9 +35,13 @@ def planned_jobs(workdir: Path, *configs: Path, targets: tuple[str, ...] = ()) -
     return jobs
 
 
-def overlay(tmp_path: Path, name: str, experiment: dict) -> Path:
+def overlay(tmp_path: Path, name: str, experiment: dict, exp: str = "expert") -> Path:
+    return write_config(tmp_path, name, {"experiments": {exp: experiment}})
+
+
+def write_config(tmp_path: Path, name: str, config: dict) -> Path:
     path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"experiments": {"expert": experiment}}))
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
@@ -194,6 +199,73 @@ def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_pa
     assert jobs == expected | ANALYSES
 
 
+# The smoke experiment `narrow` on its own world: every job of it, as re-planned when its inputs change.
+NARROW = {"mine": 1, "expert_traces": 1, "sft": 2, "graft": 2, "opsd": 1, "rollouts": 1, "fisher": 1, "evaluate": 6}
+NARROW |= {"sensitivity_update": 5} | ANALYSES
+# A world's build: three old-task benchmarks, a job each.
+WORLD_BUILD = {"world_tokenizer": 1, "world_benchmarks": 3, "world_candidates": 1, "world_corpus": 1}
+WORLD_BUILD |= {"world_pretrain": 1, "world_posttrain": 1}
+
+
+def test_a_named_world_is_built_apart_and_its_experiment_learns_on_it(smoke):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    root = smoke / "results/worlds/narrow"
+    assert AutoConfig.from_pretrained(root / "post").hidden_size == 32  # worlds.narrow.model.hidden_size
+    assert AutoConfig.from_pretrained(smoke / "results/world/post").hidden_size == 64
+    assert sorted(p.name for p in (root / "ladder").iterdir() if not p.name.startswith(".")) == ["step~150", "step~50"]
+    AutoModelForCausalLM.from_pretrained(root / "init")
+    sft = json.loads((smoke / "results/narrow/sft/step~50/lr~1e-3/epoch~2/graftlab.json").read_text())
+    assert sft["inputs"]["model"] == "results/worlds/narrow/ladder/step~50"
+    # The world's own seed draws its own problems; the experiment mines those.
+    narrow, main = (set(pl.read_parquet(r / "candidates.parquet")["id"]) for r in (root, smoke / "results/world"))
+    assert narrow != main and set(pl.read_parquet(smoke / "results/narrow/data/train.parquet")["id"]) <= narrow
+    assert (smoke / "logs/worlds/narrow/pretrain.log").exists()
+    assert (smoke / "benchmarks/jobs/worlds/narrow/pretrain.tsv").exists()
+
+
+def test_editing_a_named_world_reruns_that_world_and_its_experiment_only(smoke, tmp_path):
+    wider = write_config(tmp_path, "wider", {"worlds": {"narrow": {"model": {"hidden_size": 48}}}})
+    # The model changes from pretraining on: tokenizer, corpus and problem sets are kept.
+    assert planned_jobs(smoke, wider) == {"world_pretrain": 1, "world_posttrain": 1} | NARROW
+
+
+def test_an_experiment_seed_reruns_that_experiment_and_own_seeds_outlive_the_top_level_one(smoke, tmp_path):
+    assert planned_jobs(smoke, overlay(tmp_path, "seed", {"seed": 5}, exp="narrow")) == NARROW
+    # The main world and its five experiments follow the top-level seed (so does the moe model); the
+    # narrow world and experiment, with seeds of their own, are kept.
+    jobs = planned_jobs(smoke, write_config(tmp_path, "top", {"seed": 5}))
+    assert jobs["world_pretrain"] == 1 and jobs["summary"] == 5 and jobs["mine"] == 4 and jobs["moe"] == 1
+
+
+def test_experiments_on_a_named_world_share_its_build_and_leave_the_main_world_alone(tmp_path):
+    smoke = yaml.safe_load(SMOKE.read_text())
+    experiment = smoke["experiments"]["narrow"] | {"world": "a"}
+    config = {"world": smoke["world"], "worlds": {"a": {"seed": 3}, "b": {}}, "experiments": {"x": experiment, "y": experiment}}
+    path = write_config(tmp_path, "worlds", config)
+    jobs = planned_jobs(tmp_path, path, base=())
+    assert {rule: n for rule, n in jobs.items() if rule.startswith("world_")} == WORLD_BUILD  # once for both
+    assert jobs["mine"] == 2 and jobs["summary"] == 2
+    # Only what some experiment needs is built: neither the main world nor world b.
+    proc = snakemake(tmp_path, "-n", configs=(path,))
+    assert "results/worlds/a/post" in proc.stdout and "logs/worlds/a/pretrain.log" in proc.stdout
+    assert "results/world/" not in proc.stdout and "results/worlds/b" not in proc.stdout
+
+
+def test_worlds_differing_only_in_seed_draw_their_own_problems(tmp_path):
+    smoke = yaml.safe_load(SMOKE.read_text())
+    worlds = {"s0": {}, "s1": {"seed": 1}, "s2": {"seed": 2}}  # s0 takes the top-level seed, 0
+    config = {"world": smoke["world"], "worlds": worlds, "experiments": {"x": smoke["experiments"]["expert"]}}
+    roots = ["world", "worlds/s0", "worlds/s1", "worlds/s2"]
+    targets = [f"results/{r}/{f}" for r in roots for f in ("candidates.parquet", "benchmarks/add.parquet")]
+    proc = snakemake(tmp_path, "--cores", "2", *targets, configs=(write_config(tmp_path, "seeds", config),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    drawn = {r: [pl.read_parquet(tmp_path / t)["id"].to_list() for t in targets if f"/{r}/" in t] for r in roots}
+    assert drawn["worlds/s0"] == drawn["world"]
+    for a, b in [("world", "worlds/s1"), ("world", "worlds/s2"), ("worlds/s1", "worlds/s2")]:
+        assert all(x != y for x, y in zip(drawn[a], drawn[b])), (a, b)
+
+
 def test_a_configfile_replaces_the_default_experiments(tmp_path):
     smoke = yaml.safe_load(SMOKE.read_text())
     smoke["experiments"] = {"other": smoke["experiments"]["expert"]}
@@ -222,6 +294,21 @@ def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
 )
 def test_bad_config_is_one_clear_error(tmp_path, experiment, message):
     proc = snakemake(tmp_path, "-n", configs=(SMOKE, overlay(tmp_path, "bad", experiment)))
+    assert proc.returncode != 0
+    assert message in proc.stdout + proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"experiments": {"expert": {"world": "w9"}}}, "config key experiments.expert.world: 'w9' is neither `world` nor a name in worlds ['narrow']"),
+        ({"worlds": {"narrow": {"modle": {}}}}, "config key worlds.narrow: Additional properties are not allowed ('modle' was unexpected)"),
+        ({"worlds": {"world": {}}}, "config key worlds: 'world' is invalid: A world's name"),
+    ],
+)
+def test_bad_world_config_is_one_clear_error(tmp_path, config, message):
+    proc = snakemake(tmp_path, "-n", configs=(SMOKE, write_config(tmp_path, "bad", config)))
     assert proc.returncode != 0
     assert message in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists()

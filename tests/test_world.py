@@ -102,3 +102,25 @@ def test_corpus_chat_share_mixes_in_solved_chat_turns_and_the_plain_corpus_has_n
     assert all("<|im_start|>" not in d for d in plain)
     with pytest.raises(ValueError, match="chat_share"):
         make_corpus(["add"], 4, 4, 0, tmp_path / "bad.parquet", chat_share=0.5)
+
+
+def test_pretraining_keeps_the_initialisation_beside_the_ladder(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from graftlab.world.build import init_model, make_corpus, pretrain
+
+    save_tokenizer(tmp_path / "tok")
+    make_corpus(["add"], 40, 4, 0, tmp_path / "corpus.parquet")
+    arch = {"hidden_size": 16, "intermediate_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "max_positions": 64}
+    cfg = {"steps": 2, "batch_size": 4, "lr": 1e-2, "ladder": [1, 2], "block": 32}
+    pretrain(tmp_path / "tok", tmp_path / "corpus.parquet", arch, cfg, tmp_path / "ladder", tmp_path / "init", 3, 1)
+
+    expected = init_model(AutoTokenizer.from_pretrained(tmp_path / "tok"), arch, 3).state_dict()
+    init = AutoModelForCausalLM.from_pretrained(tmp_path / "init").state_dict()
+    assert init.keys() == expected.keys() and all(torch.equal(init[k], expected[k]) for k in expected)
+    assert AutoTokenizer.from_pretrained(tmp_path / "init").eos_token == "<|im_end|>"
+    assert sorted(p.name for p in (tmp_path / "ladder").iterdir()) == ["step~1", "step~2"]
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "ladder" / "step~2").state_dict()
+    assert not torch.equal(base["model.embed_tokens.weight"], init["model.embed_tokens.weight"])  # trained
+    assert not list(tmp_path.glob(".*"))  # no temporary sibling left behind

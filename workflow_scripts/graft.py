@@ -14,6 +14,6 @@ with job_log(snakemake.log[0], snakemake.threads):
     with timed(seconds, "graft_s"):
         mask = None
         if p.mask != "none":
-            mask = make_mask(p.mask, inp.fisher, inp.post, inp.donor, tuned, float(p.rho), **p.mask_settings)
-        graft(inp.post, inp.donor, tuned, float(p.lam), out.model, project=mask)
+            mask = make_mask(p.mask, inp.fisher, inp.post, p.donor, tuned, float(p.rho), **p.mask_settings)
+        graft(inp.post, p.donor, tuned, float(p.lam), out.model, project=mask)
     write_json(out.seconds, seconds)

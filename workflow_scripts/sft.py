@@ -8,4 +8,4 @@ from graftlab.train.sft import TrainConfig, sft_epochs
 p = snakemake.params
 cfg = TrainConfig(lr=p.lr, batch_size=p.batch_size, epochs=p.epochs, seed=p.seed, threads=snakemake.threads)
 with job_log(snakemake.log[0], snakemake.threads):
-    sft_epochs(snakemake.input.model, snakemake.input.data, cfg, Path(snakemake.output[0]))
+    sft_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]))

@@ -7,4 +7,4 @@ from graftlab.synth.star import StarConfig, write_star
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):
     cfg = StarConfig(**p.sampling, seed=p.seed)
-    write_star(inp.model, inp.problems, cfg, out.sft, out.stats, p.backend, p.task)
+    write_star(p.model, inp.problems, cfg, out.sft, out.stats, p.backend, p.task)

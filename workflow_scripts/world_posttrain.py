@@ -8,7 +8,7 @@ from graftlab.world.build import posttrain
 p = snakemake.params
 with job_log(snakemake.log[0], snakemake.threads):
     posttrain(
-        snakemake.input.base,
+        p.base,
         Path(snakemake.input.benchmarks[0]).parent,
         p.tasks,
         p.posttrain,

@@ -1,18 +1,20 @@
-"""Pretrain the tiny model from scratch; every output is one checkpoint of the donor ladder."""
+"""Pretrain the tiny model from scratch: the donor ladder (one checkpoint `step~N` per ladder step) and
+the initialisation it started from."""
 
 from pathlib import Path
 
 from graftlab.joblog import job_log
 from graftlab.world.build import pretrain
 
-p = snakemake.params
+p, out = snakemake.params, snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):
     pretrain(
         snakemake.input.tokenizer,
         snakemake.input.corpus,
         p.arch,
         p.pretrain,
-        [Path(o) for o in snakemake.output],
+        Path(out.ladder),
+        Path(out.init),
         p.seed,
         snakemake.threads,
     )

@@ -38,45 +38,68 @@ def load_schema(path: Path = SCHEMA) -> dict:
 def resolve(config: dict, schema: dict | None = None) -> dict:
     """Validate `config` in place, fill in every default, and return it.
 
-    Raises ConfigError with one line naming the offending key.
+    Each named world of `worlds` becomes a whole world section (merged over `world`, with its seed), and
+    every experiment gets its seed, so the rules read one resolved value each. Resolving a resolved
+    config changes nothing. Raises ConfigError with one line naming the offending key.
     """
     schema = schema or load_schema()
-    validator = _with_defaults(Draft202012Validator)(schema)
-    # Fill defaults first (a full pass), then report the most relevant error, if any.
-    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.path), list(map(str, e.path))))
-    if errors:
-        err = errors[0]
-        # "not valid under any of the given schemas" names no key: a nullable section (`oneOf` null or an
-        # object) reports what is wrong inside the object instead.
-        while err.context:
-            err = max(err.context, key=lambda e: (e.validator != "type", len(e.absolute_path)))
-        where = ".".join(map(str, err.absolute_path)) or "(top level)"
-        # A regex says little to a researcher; the schema's description of the value says what is wanted.
-        message = err.message
-        if err.validator == "pattern" and "description" in err.schema:
-            message = f"{err.instance!r} is invalid: {err.schema['description']}"
-        raise ConfigError(f"config key {where}: {message}")
+    _validate(config, schema, ())
+    _resolve_worlds(config, schema)
+    for exp in config["experiments"].values():
+        if exp["seed"] is None:
+            exp["seed"] = config["seed"]
     _check_semantics(config)
     return config
 
 
+def _validate(instance: dict, schema: dict, prefix: tuple) -> None:
+    """Fill `instance`'s defaults and raise the most relevant error, its key path after `prefix`."""
+    validator = _with_defaults(Draft202012Validator)(schema)
+    # Fill defaults first (a full pass), then report the most relevant error, if any.
+    errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.path), list(map(str, e.path))))
+    if not errors:
+        return
+    err = errors[0]
+    # "not valid under any of the given schemas" names no key: a nullable section (`oneOf` null or an
+    # object) reports what is wrong inside the object instead.
+    while err.context:
+        err = max(err.context, key=lambda e: (e.validator != "type", len(e.absolute_path)))
+    where = ".".join(map(str, [*prefix, *err.absolute_path])) or "(top level)"
+    # A regex says little to a researcher; the schema's description of the value says what is wanted.
+    message = err.message
+    if err.validator in ("pattern", "not") and "description" in err.schema:
+        message = f"{err.instance!r} is invalid: {err.schema['description']}"
+    raise ConfigError(f"config key {where}: {message}")
+
+
+def _resolve_worlds(config: dict, schema: dict) -> None:
+    """Replace each partial section of `worlds` by the whole world it names: laid over `world`, checked
+    by the same world schema (so an unknown key is an error under `worlds.<name>`), seed filled in."""
+    world_schema = {"$defs": schema["$defs"], "$ref": "#/$defs/world"}
+    for name, partial in config["worlds"].items():
+        partial = dict(partial)
+        seed = partial.pop("seed", None)
+        world = _deep_merge(config["world"], partial)
+        _validate(world, world_schema, ("worlds", name))
+        config["worlds"][name] = world | {"seed": config["seed"] if seed is None else seed}
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    """`over` laid on a copy of `base`: maps merge key by key; lists and values replace."""
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
 def _check_semantics(config: dict) -> None:
     """What a schema cannot say: cross-references between keys, and limits of the tiny world."""
-    from graftlab.world.arith import distinct_problems
-
-    world = config["world"]
-    ladder, steps = world["pretrain"]["ladder"], world["pretrain"]["steps"]
-    model = world["model"]
-    checks = [
-        (ladder == sorted(ladder) and ladder[-1] == steps, "world.pretrain.ladder", f"must increase and end at step {steps} (the base model)"),
-        (model["heads"] % model["kv_heads"] == 0, "world.model.kv_heads", f"must divide world.model.heads = {model['heads']}"),
-        (model["hidden_size"] % model["heads"] == 0, "world.model.heads", f"must divide world.model.hidden_size = {model['hidden_size']}"),
-        (world["corpus"]["block"] <= model["max_positions"], "world.corpus.block", f"exceeds world.model.max_positions = {model['max_positions']}"),
-        (world["candidates"] <= distinct_problems(world["new_task"]), "world.candidates", f"exceeds the {distinct_problems(world['new_task'])} distinct {world['new_task']} problems"),
-    ]
-    for task in world["old_tasks"]:
-        room = distinct_problems(task) - world["benchmark_size"]
-        checks.append((world["posttrain"]["examples_per_task"] <= room, "world.posttrain.examples_per_task", f"exceeds the {room} {task} problems left outside its benchmark"))
+    checks = _world_checks(config["world"], "world")
+    for name, world in config["worlds"].items():
+        checks += _world_checks(world, f"worlds.{name}")
     for name, exp in config["experiments"].items():
         checks += _experiment_checks(config, exp, f"experiments.{name}")
     for ok, where, problem in checks:
@@ -84,12 +107,40 @@ def _check_semantics(config: dict) -> None:
             raise ConfigError(f"config key {where}: {problem}")
 
 
+def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:
+    from graftlab.world.arith import distinct_problems
+
+    ladder, steps = world["pretrain"]["ladder"], world["pretrain"]["steps"]
+    model = world["model"]
+    checks = [
+        (ladder == sorted(ladder) and ladder[-1] == steps, f"{key}.pretrain.ladder", f"must increase and end at step {steps} (the base model)"),
+        (model["heads"] % model["kv_heads"] == 0, f"{key}.model.kv_heads", f"must divide {key}.model.heads = {model['heads']}"),
+        (model["hidden_size"] % model["heads"] == 0, f"{key}.model.heads", f"must divide {key}.model.hidden_size = {model['hidden_size']}"),
+        (world["corpus"]["block"] <= model["max_positions"], f"{key}.corpus.block", f"exceeds {key}.model.max_positions = {model['max_positions']}"),
+        (world["candidates"] <= distinct_problems(world["new_task"]), f"{key}.candidates", f"exceeds the {distinct_problems(world['new_task'])} distinct {world['new_task']} problems"),
+    ]
+    for task in world["old_tasks"]:
+        room = distinct_problems(task) - world["benchmark_size"]
+        checks.append((world["posttrain"]["examples_per_task"] <= room, f"{key}.posttrain.examples_per_task", f"exceeds the {room} {task} problems left outside its benchmark"))
+    return checks
+
+
+def _world_of(config: dict, exp: dict, key: str) -> tuple[dict, str]:
+    """The world section experiment `exp` (at config key `key`) runs on, and that section's key."""
+    name = exp["world"]
+    if name == "world":
+        return config["world"], "world"
+    if name not in config["worlds"]:
+        raise ConfigError(f"config key {key}.world: {name!r} is neither `world` nor a name in worlds {sorted(config['worlds'])}")
+    return config["worlds"][name], f"worlds.{name}"
+
+
 def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, str, str]]:
-    world, models = config["world"], set(config["models"])
+    (world, wkey), models = _world_of(config, exp, key), set(config["models"])
     ladder = world["pretrain"]["ladder"]
     checks = []
     if exp["data"] != "knowledge" and exp["problems"] is None:
-        checks.append((exp["mining"]["heldout"] < world["candidates"], f"{key}.mining.heldout", f"leaves no training problems of world.candidates = {world['candidates']}"))
+        checks.append((exp["mining"]["heldout"] < world["candidates"], f"{key}.mining.heldout", f"leaves no training problems of {wkey}.candidates = {world['candidates']}"))
     for method in ("graft", "merge"):
         for where, epochs in ((method, exp[method]["epochs"]), (f"{method}.masks", exp[method]["masks"]["epochs"])):
             late = [e for e in epochs or [] if e > exp["sft"]["epochs"]]
@@ -104,7 +155,7 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
     checks.append((opsd["checkpoints"] <= opsd["steps"], f"{key}.opsd.checkpoints", f"exceeds opsd.steps = {opsd['steps']}"))
     for donor in exp["donors"]:
         on_ladder = donor.startswith("step~") and int(donor.split("~")[1]) in ladder
-        checks.append((on_ladder or donor in models, f"{key}.donors", f"{donor} is neither on world.pretrain.ladder {ladder} nor a name in models {sorted(models)}"))
+        checks.append((on_ladder or donor in models, f"{key}.donors", f"{donor} is neither on {wkey}.pretrain.ladder {ladder} nor a name in models {sorted(models)}"))
     checks.append((exp["post"] == "post" or exp["post"] in models, f"{key}.post", f"{exp['post']!r} is neither `post` nor a name in models {sorted(models)}"))
     teacher = exp["teacher"]["model"]
     if exp["data"] == "teacher":

@@ -111,10 +111,16 @@ def posttrain_problems(tasks: list[str], per_task: int, seed: int, benchmark_dir
     return problems
 
 
-def pretrain(tokenizer_dir, corpus, arch: dict, cfg: dict, ladder: list[Path], seed: int, threads: int) -> None:
-    """Pretrain from scratch; keep the checkpoints at `cfg["ladder"]` steps as the donor ladder."""
+def pretrain(
+    tokenizer_dir, corpus, arch: dict, cfg: dict, ladder_dir: Path, init_dir: Path, seed: int, threads: int
+) -> None:  # fmt: skip
+    """Pretrain from scratch; keep the checkpoints at `cfg["ladder"]` steps as the donor ladder,
+    `ladder_dir/step~N`, and the model before any step as `init_dir` (the drift diagnostics measure how
+    far pretraining moved it). Each directory appears whole or not at all."""
     from transformers import AutoTokenizer
 
+    from graftlab.atomic import atomic_dir
+    from graftlab.models import write_provenance
     from graftlab.train.sft import TrainConfig, finetune
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -123,7 +129,14 @@ def pretrain(tokenizer_dir, corpus, arch: dict, cfg: dict, ladder: list[Path], s
     train_cfg = TrainConfig(
         lr=cfg["lr"], batch_size=cfg["batch_size"], steps=cfg["steps"], save_steps=tuple(cfg["ladder"]), seed=seed, threads=threads
     )
-    finetune(tokenizer_dir, blocks, train_cfg, ladder, model=init_model(tok, arch, seed), data=corpus)
+    model = init_model(tok, arch, seed)
+    # Saved before training, which changes the model in place: the only moment these weights exist.
+    with atomic_dir(init_dir) as tmp:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        write_provenance(tmp, {"model": "initialised from scratch", "tokenizer": str(tokenizer_dir)}, {"arch": arch, "seed": seed})
+    with atomic_dir(ladder_dir) as tmp:
+        finetune(tokenizer_dir, blocks, train_cfg, [tmp / f"step~{s}" for s in cfg["ladder"]], model=model, data=corpus)
 
 
 def posttrain(base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: Path, seed: int, threads: int) -> None:
