@@ -23,3 +23,4 @@ rule all:
         expand("results/{exp}/sensitivity.png", exp=EXPERIMENTS),
         "results/moe/moe.png",
         expand("results/{exp}/latency.png", exp=EXPERIMENTS),
+        "results/study/study.png",

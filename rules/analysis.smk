@@ -1,5 +1,6 @@
 # One table and one Pareto plot per experiment, over every evaluated model, and what each method's
-# models cost to train (sampling vs weight update, grafting paper §7).
+# models cost to train (sampling vs weight update, grafting paper §7); the weight-space drift of each
+# tiny world's experiment, and the study table over all experiments (issue 6's fidelity study).
 
 
 rule summary:
@@ -62,3 +63,49 @@ rule latency:
         "../envs/cpu.yaml"
     script:
         "../workflow_scripts/latency.py"
+
+
+rule drift:
+    input:
+        init=lambda w: f"{world_of(w.exp)[0]}/init",
+        ladder=lambda w: f"{world_of(w.exp)[0]}/ladder",
+        post=post_dir,
+        sft=lambda w: [
+            f"results/{w.exp}/sft/{b}/lr~{lr}"
+            for b in ["post"] + xcfg(w, "donors")
+            for lr in xcfg(w, "sft", "lr")
+        ],
+    output:
+        "results/{exp}/drift.parquet",
+    log:
+        "logs/{exp}/drift.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        # The base model is the last ladder checkpoint, the one post-training started from.
+        base=lambda w: f"{world_of(w.exp)[0]}/ladder/step~{world_of(w.exp)[1]['pretrain']['steps']}",
+        updates=drift_updates,
+    script:
+        "../workflow_scripts/drift.py"
+
+
+rule study:
+    input:
+        [e["summary"] for e in study_experiments()],
+        [e["drift"] for e in study_experiments() if e["drift"]],
+    output:
+        runs="results/study/study.parquet",
+        groups="results/study/groups.parquet",
+        png=report(
+            "results/study/study.png",
+            caption="../report/study.rst",
+            category="Fidelity study",
+        ),
+    log:
+        "logs/study.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        experiments=study_experiments(),
+    script:
+        "../workflow_scripts/study.py"

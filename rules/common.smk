@@ -285,6 +285,47 @@ def latency_records(wildcards):
     )
 
 
+def on_tiny_world(exp):
+    """Whether the experiment's post model and donors are its tiny world's own: the drift ratio needs the
+    world's initialisation, which a real model does not come with."""
+    x = config["experiments"][exp]
+    return x["post"] == "post" and all(d.startswith("step~") for d in x["donors"])
+
+
+def drift_updates(wildcards):
+    """Each grafted donor update (donor, lr, epoch) with its directories and the post model's SFT update
+    at the same lr and epoch, for the drift table."""
+    exp, x = wildcards.exp, config["experiments"][wildcards.exp]
+    epochs = x["graft"]["epochs"] or range(1, x["sft"]["epochs"] + 1)
+    return [
+        {
+            "donor": d,
+            "lr": lr,
+            "epoch": e,
+            "donor_dir": model_dir(d, exp),
+            "tuned_dir": f"results/{exp}/sft/{d}/lr~{lr}/epoch~{e}",
+            "post_sft_dir": f"results/{exp}/sft/post/lr~{lr}/epoch~{e}",
+        }
+        for d in x["donors"]
+        for lr in x["sft"]["lr"]
+        for e in epochs
+    ]
+
+
+def study_experiments():
+    """Every experiment's line of the study: its group, seed, summary and (on a tiny world) drift table."""
+    return [
+        {
+            "exp": exp,
+            "group": x["group"],
+            "seed": x["seed"],
+            "summary": f"results/{exp}/summary.parquet",
+            "drift": f"results/{exp}/drift.parquet" if on_tiny_world(exp) else None,
+        }
+        for exp, x in config["experiments"].items()
+    ]
+
+
 def local_source(source):
     """[source] when it names a local path, else [] (a hub id): an input, so a local file or model
     another rule writes is built first, and an edited one is read again."""

@@ -19,8 +19,11 @@ rule evaluate:
         benchmarks=eval_benchmarks,
         # Only what sampling uses: switching donor_sft on or off must not re-run evaluations.
         sampling=lambda w: {
-            k: v for k, v in xcfg(w, "eval").items() if k != "donor_sft"
+            k: v
+            for k, v in xcfg(w, "eval").items()
+            if k not in ("donor_sft", "validation")
         },
+        validation=lambda w: xcfg(w, "eval", "validation"),
         seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:

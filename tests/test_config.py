@@ -122,6 +122,7 @@ def test_a_named_world_is_the_main_world_with_its_own_keys_laid_over_it():
     assert short["pretrain"]["ladder"] == [50, 100] and short["pretrain"]["lr"] == config["world"]["pretrain"]["lr"]
     assert (narrow["seed"], short["seed"]) == (7, 1)  # a world without a seed takes the top-level one
     assert [x["seed"] for x in config["experiments"].values()] == [7, 3]
+    assert [x["group"] for x in config["experiments"].values()] == ["a", "b"]  # its own name unless grouped
     assert resolve({})["experiments"]["expert"]["world"] == "world" and resolve({})["worlds"] == {}
 
 

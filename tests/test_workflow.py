@@ -14,7 +14,7 @@ from conftest import REPO, SMOKE, snakemake
 
 pytestmark = pytest.mark.workflow
 # The per-experiment analyses every change of a run re-makes, once each.
-ANALYSES = {"summary": 1, "pareto": 1, "sensitivity": 1, "latency": 1, "all": 1}
+ANALYSES = {"summary": 1, "pareto": 1, "sensitivity": 1, "latency": 1, "study": 1, "all": 1}
 
 
 def planned_jobs(workdir: Path, *configs: Path, targets: tuple[str, ...] = (), base: tuple[Path, ...] = (SMOKE,)) -> Counter:
@@ -128,6 +128,25 @@ def test_latency_charges_every_run_its_timed_work(smoke):
     assert 0 < steps["sampling_share"][0] < 1 and steps["sampling_share"][1:].to_list() == [0, 0, 0]
 
 
+def test_drift_and_the_study_cover_every_tiny_world_experiment(smoke):
+    from graftlab.analysis.drift import drift_ratio
+
+    drift = pl.read_parquet(smoke / "results/narrow/drift.parquet")
+    # graft epochs [2] x one donor x one lr; the ratio is the world's, from its own init, base and post.
+    assert drift.select("donor", "lr", "epoch").rows() == [("step~50", "1e-3", "2")]
+    world = smoke / "results/worlds/narrow"
+    assert drift["drift_ratio"][0] == pytest.approx(drift_ratio(world / "init", world / "ladder/step~150", world / "post"))
+    assert -1 <= drift["cos"][0] <= 1
+    study = pl.read_parquet(smoke / "results/study/study.parquet")
+    assert sorted(study["exp"]) == sorted(["expert", "knowledge", "teacher", "star", "pedagogical", "narrow"])
+    assert study.filter(exp="narrow")["drift_ratio"][0] == pytest.approx(drift["drift_ratio"][0])
+    # Only narrow is evaluated with a validation split: its verdict exists on both splits.
+    assert study.filter(pl.col("reproduces_val").is_not_null())["exp"].to_list() == ["narrow"]
+    summary = pl.read_parquet(smoke / "results/narrow/summary.parquet")
+    assert summary["old_val"].is_not_null().all() and summary["new_val"].is_not_null().all()
+    assert pl.read_parquet(smoke / "results/study/groups.parquet").height == 6
+
+
 def test_every_job_has_a_log(smoke):
     logs = {p.relative_to(smoke / "logs").as_posix() for p in (smoke / "logs").rglob("*.log")}
     assert {"world/pretrain.log", "world/posttrain.log", "expert/mine.log", "expert/sft/post/lr~1e-3.log"} <= logs
@@ -196,12 +215,12 @@ def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_pa
     # SFT of post and of the donor; per epoch one graft and one merge, the grafts masked too, the merge
     # masked at epoch 2; every new model evaluated. The Fisher belongs to the post model: kept.
     expected = {"sft": 2, "graft": 4 + 3, "evaluate": 4 + 7, "sensitivity_update": 2 + 7}  # SFT of post + grafts
-    assert jobs == expected | ANALYSES
+    assert jobs == expected | ANALYSES | {"drift": 1}  # new SFT updates: the cosines with the donor's
 
 
 # The smoke experiment `narrow` on its own world: every job of it, as re-planned when its inputs change.
 NARROW = {"mine": 1, "expert_traces": 1, "sft": 2, "graft": 2, "opsd": 1, "rollouts": 1, "fisher": 1, "evaluate": 6}
-NARROW |= {"sensitivity_update": 5} | ANALYSES
+NARROW |= {"sensitivity_update": 5, "drift": 1} | ANALYSES
 # A world's build: three old-task benchmarks, a job each.
 WORLD_BUILD = {"world_tokenizer": 1, "world_benchmarks": 3, "world_candidates": 1, "world_corpus": 1}
 WORLD_BUILD |= {"world_pretrain": 1, "world_posttrain": 1}

@@ -16,4 +16,5 @@ with job_log(snakemake.log[0], snakemake.threads):
         Path(snakemake.output.metrics).parent,
         snakemake.wildcards.run,
         p.backend,
+        validation=p.validation,
     )

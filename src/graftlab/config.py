@@ -39,15 +39,18 @@ def resolve(config: dict, schema: dict | None = None) -> dict:
     """Validate `config` in place, fill in every default, and return it.
 
     Each named world of `worlds` becomes a whole world section (merged over `world`, with its seed), and
-    every experiment gets its seed, so the rules read one resolved value each. Resolving a resolved
+    every experiment gets its seed and its study group (its own name by default), so the rules read one
+    resolved value each. Resolving a resolved
     config changes nothing. Raises ConfigError with one line naming the offending key.
     """
     schema = schema or load_schema()
     _validate(config, schema, ())
     _resolve_worlds(config, schema)
-    for exp in config["experiments"].values():
+    for name, exp in config["experiments"].items():
         if exp["seed"] is None:
             exp["seed"] = config["seed"]
+        if exp["group"] is None:
+            exp["group"] = name
     _check_semantics(config)
     return config
 
