@@ -89,8 +89,23 @@ def test_masked_grafts_count_and_qualifying_runs_come_largest_margin_first():
     assert [r["run"] for r in verdict["frontier_grafts"]] == [graft("0.25"), graft("0.5"), graft("1", "diag")]
 
 
+def test_a_graft_that_learned_nothing_does_not_reproduce_however_much_sft_forgot():
+    # SFT forgets before it learns: its first checkpoint sits at the post model's new-task accuracy with
+    # the old tasks gone. A graft that learned nothing (here a masked one that kept the post model's
+    # scores, so it shares the frontier with it) "beats" it, and so would the post model itself.
+    forgetful = {"post": (0.0, 0.99, 0.01), sft(1): (0.0, 0.01, 0.01), sft(2): (0.5, 0.0, 0.01)}
+    verdict = reproduces(summary(forgetful | {graft("0.5"): (0.0, 0.99, 0.01)}))
+    assert not verdict["reproduces"]
+    assert [(r["learned"], r["margin"] > 0) for r in verdict["frontier_grafts"]] == [(False, True)]
+    # A graft that learned a little, beyond the post model's interval, does reproduce.
+    learned = reproduces(summary(forgetful | {graft("0.5"): (0.05, 0.97, 0.01)}))
+    assert learned["reproduces"] and learned["frontier_grafts"][0]["learned"]
+    with pytest.raises(ValueError, match="post model's row"):
+        reproduces(summary({sft(1): (0.0, 0.01, 0.01), graft("0.5"): (0.05, 0.97, 0.01)}))
+
+
 def test_missing_intervals_are_refused_not_scored_as_a_loss():
-    with pytest.raises(ValueError, match=r"without old-task intervals.*epoch~1"):
+    with pytest.raises(ValueError, match=r"without intervals.*epoch~1"):
         reproduces(summary(BASE | {sft(1): (0.2, 0.6, None), graft("0.5"): (0.5, 0.8, 0.03)}))
     # The post model's and a donor SFT's intervals decide nothing and may be missing.
     ok = summary(BASE | {"post": (0.0, 0.9, None), DONOR_SFT: (0.5, 0.1, None), graft("0.5"): (0.5, 0.8, 0.03)})
@@ -104,7 +119,7 @@ def test_missing_intervals_are_refused_not_scored_as_a_loss():
 
 
 def test_the_validation_split_is_judged_on_its_own_scores():
-    test = summary({sft(1): (0.5, 0.2, 0.02), graft("1"): (0.6, 0.9, 0.02)})
+    test = summary({"post": (0.0, 0.95, 0.02), sft(1): (0.5, 0.2, 0.02), graft("1"): (0.6, 0.9, 0.02)})
     # On the validation problems the same graft loses: its validation scores replace old and new.
     val = test.with_columns(
         old_val=pl.col("old") * pl.when(pl.col("method") == "graft").then(0.1).otherwise(1.0),

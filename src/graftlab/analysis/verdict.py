@@ -4,11 +4,16 @@ The rule (issue 6): a graft run (method `graft`, masked or not) *reproduces* whe
 
 1. it lies on the Pareto frontier of (new, old) over every candidate: post, sft, merge, graft and opsd
    (donor SFTs left out, as in `pareto_figure`: their old-task score belongs to another model line), and
-2. at least one SFT-of-post point (method `sft`) has new-task accuracy <= the graft's, and
-3. for every such SFT point, the graft's old-task lower bound exceeds (strictly) that point's old-task
+2. it learned the new task: its new-task lower bound exceeds the post model's new-task upper bound
+   (the post model's point where it has no interval), and
+3. at least one SFT-of-post point (method `sft`) has new-task accuracy <= the graft's, and
+4. for every such SFT point, the graft's old-task lower bound exceeds (strictly) that point's old-task
    upper bound: its margin, `old_lo(graft) - max old_hi(compared SFT points)`, is > 0.
 
-Condition 2 refuses the vacuous win. The claim is that grafting keeps more old-task accuracy than SFT
+Condition 2 is the issue's rule made to mean what it says. Without it, in a world where SFT of the post
+model forgets before it learns (an SFT checkpoint at the post model's new-task accuracy and far below its
+old one), a graft that learned nothing, or the post model itself, would beat that checkpoint and
+"reproduce": the first fidelity runs did exactly that. Condition 3 refuses the other vacuous win. The claim is that grafting keeps more old-task accuracy than SFT
 *at no less new-task accuracy*; a graft that learned less of the new task than every SFT checkpoint has
 no SFT point to be compared with, and a graft barely moved from the post model (small lambda) would
 otherwise "reproduce" by forgetting nothing because it learned nothing. Such a graft is reported with
@@ -20,7 +25,7 @@ import polars as pl
 from graftlab.analysis.summary import ROLE_COLUMNS, VALIDATION_COLUMNS, pareto_front
 
 CANDIDATES = ("post", "sft", "merge", "graft", "opsd")
-NEEDED = ("run", "method", "new", "old", "old_lo", "old_hi")
+NEEDED = ("run", "method", "new", "old", "old_lo", "old_hi", "new_lo", "new_hi")
 
 
 def _scored(summary: pl.DataFrame) -> pl.DataFrame:
@@ -37,15 +42,26 @@ def _scored(summary: pl.DataFrame) -> pl.DataFrame:
     # loss would hide the missing evaluation, so it is refused by name.
     judged = scored.filter(pl.col("method").is_in(["graft", "sft"]))
     blind = judged.filter(pl.col("old_lo").is_null() | pl.col("old_hi").is_null())["run"].to_list()
+    blind += judged.filter((pl.col("method") == "graft") & pl.col("new_lo").is_null())["run"].to_list()
     if blind:
-        raise ValueError(f"reproduces: run(s) without old-task intervals (re-evaluate them): {sorted(blind)}")
+        raise ValueError(f"reproduces: run(s) without intervals (re-evaluate them): {sorted(set(blind))}")
+    if scored.filter(method="post").height != 1:
+        raise ValueError("reproduces: the summary needs the post model's row: a graft must learn beyond it")
     return scored
 
 
-def _judge(graft: dict, sft: pl.DataFrame) -> dict:
-    """The graft's verdict against the SFT points of new-task accuracy <= its own."""
+def _post_new_bound(scored: pl.DataFrame) -> float:
+    """What a graft's new-task lower bound must exceed: the post model's upper bound, or its point."""
+    post = scored.filter(method="post").row(0, named=True)
+    return post["new_hi"] if post["new_hi"] is not None else post["new"]
+
+
+def _judge(graft: dict, sft: pl.DataFrame, post_new: float) -> dict:
+    """The graft's verdict: did it learn beyond the post model, and against the SFT points of new-task
+    accuracy <= its own, by how much does it keep more of the old tasks."""
     compared = sft.filter(pl.col("new") <= graft["new"])
-    out = {k: graft[k] for k in ("run", "new", "old", "old_lo", "old_hi")}
+    learned = graft["new_lo"] > post_new
+    out = {k: graft[k] for k in ("run", "new", "old", "old_lo", "old_hi")} | {"learned": learned}
     if compared.height == 0:
         return out | {"sft_compared": 0, "closest_sft": None, "sft_old_hi": None, "margin": None, "reproduces": False}
     # The binding comparison is the SFT point with the highest upper bound: beating it beats them all.
@@ -53,7 +69,7 @@ def _judge(graft: dict, sft: pl.DataFrame) -> dict:
     margin = graft["old_lo"] - closest["old_hi"]
     return out | {
         "sft_compared": compared.height, "closest_sft": closest["run"], "sft_old_hi": closest["old_hi"],
-        "margin": margin, "reproduces": margin > 0,
+        "margin": margin, "reproduces": learned and margin > 0,
     }  # fmt: skip
 
 
@@ -75,6 +91,7 @@ def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:
 
     Returns `reproduces` (whether any graft qualifies), `qualifying` (their runs, by margin, largest
     first) and `frontier_grafts`: per graft on the frontier, its run, `new`, `old`, `old_lo`, `old_hi`,
+    whether it `learned` the new task beyond the post model,
     how many SFT points it was compared with (`sft_compared`), the binding one (`closest_sft`, its
     `sft_old_hi`), `margin` (`old_lo - sft_old_hi`, None without a comparable SFT point; > 0 qualifies)
     and its own `reproduces`, so a near miss shows how near it was. `split`: `test` (the reported
@@ -86,6 +103,7 @@ def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:
     front = pareto_front(scored).filter("on_front")
     sft = scored.filter(method="sft")
     grafts = front.filter(method="graft").sort("new", "run")
-    verdicts = [_judge(g, sft) for g in grafts.iter_rows(named=True)]
+    post_new = _post_new_bound(scored)
+    verdicts = [_judge(g, sft, post_new) for g in grafts.iter_rows(named=True)]
     winners = sorted((v for v in verdicts if v["reproduces"]), key=lambda v: -v["margin"])
     return {"reproduces": bool(winners), "qualifying": [v["run"] for v in winners], "frontier_grafts": verdicts}
