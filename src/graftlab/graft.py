@@ -30,6 +30,7 @@ from graftlab.models import (
     TensorSpec,
     copy_model_files,
     read_config,
+    spec_differences,
     tensor_index,
     tensor_specs,
     write_provenance,
@@ -133,17 +134,14 @@ def _mismatches(post: _Model, other: _Model) -> list[str]:
     config_vocab_differs = None not in (post_vocab, other_vocab) and post_vocab != other_vocab
     if config_vocab_differs:
         problems.append(f"vocabulary size {other_vocab} vs post's {post_vocab} (config.json vocab_size)")
-    missing = sorted(post.specs.keys() - other.specs.keys())
-    extra = sorted(other.specs.keys() - post.specs.keys())
+    missing, extra, shapes_differ = spec_differences(post.specs, other.specs)
     if missing:
         problems.append(f"{len(missing)} tensor(s) missing: {_few(missing)}")
     if extra:
         problems.append(f"{len(extra)} extra tensor(s): {_few(extra)}")
     shapes, vocab_rows = [], []
-    for name in sorted(post.specs.keys() & other.specs.keys()):
+    for name in shapes_differ:
         want, got = post.specs[name].shape, other.specs[name].shape
-        if want == got:
-            continue
         shapes.append(f"{name} {list(got)} vs post {list(want)}")
         if _is_vocab_tensor(name) and want[1:] == got[1:]:
             vocab_rows.append(f"{name} has {got[0]} rows vs post's {want[0]}")

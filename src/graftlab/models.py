@@ -189,6 +189,17 @@ def tensor_specs(model_dir: str | Path, index: dict[str, Path] | None = None) ->
     return specs
 
 
+def spec_differences(
+    reference: dict[str, TensorSpec], specs: dict[str, TensorSpec]
+) -> tuple[list[str], list[str], list[str]]:
+    """How ``specs`` departs from ``reference``: names missing, names extra, common names whose shape
+    differs, each sorted. Graft, drift and sensitivity all refuse models that are not one architecture."""
+    missing = sorted(reference.keys() - specs.keys())
+    extra = sorted(specs.keys() - reference.keys())
+    shapes = sorted(n for n in reference.keys() & specs.keys() if reference[n].shape != specs[n].shape)
+    return missing, extra, shapes
+
+
 def _spec(file: Path, name: str, entry: Any, data_start: int, data_length: int) -> TensorSpec:
     try:
         dtype, shape, (start, end) = torch_dtype(entry["dtype"]), tuple(entry["shape"]), entry["data_offsets"]

@@ -22,7 +22,7 @@ import polars as pl
 
 from graftlab.analysis.sensitivity import KINDS, tensor_kind
 from graftlab.atomic import atomic_file
-from graftlab.models import GraftlabError, open_tensors, tensor_specs
+from graftlab.models import GraftlabError, open_tensors, spec_differences, tensor_specs
 
 Delta = tuple[str | Path, str | Path]  # (from, to) model directories
 
@@ -31,10 +31,8 @@ def _common_specs(dirs: list[Path]) -> dict:
     """The tensors every model holds, with one shape each; any difference is an error naming the model."""
     first = tensor_specs(dirs[0])
     for d in dirs[1:]:
-        specs = tensor_specs(d)
-        diff = sorted(first.keys() ^ specs.keys()) + sorted(
-            n for n in first.keys() & specs.keys() if first[n].shape != specs[n].shape
-        )
+        missing, extra, shapes = spec_differences(first, tensor_specs(d))
+        diff = sorted(missing + extra) + shapes
         if diff:
             raise GraftlabError(f"{d} and {dirs[0]} are not one architecture: tensors {diff[:3]} differ")
     return first

@@ -32,7 +32,7 @@ from graftlab.analysis.pareto import STYLES
 from graftlab.analysis.summary import parse_run
 from graftlab.atomic import atomic_file
 from graftlab.fisher.masks import load_diag_fisher
-from graftlab.models import GraftlabError, open_tensors, tensor_specs
+from graftlab.models import GraftlabError, open_tensors, spec_differences, tensor_specs
 
 KINDS = ("attention", "mlp", "embedding", "norm", "other")
 # The plot's groups left to right: the baselines (SFT, OPSD) first, then merging, then grafting from donors.
@@ -83,10 +83,7 @@ def _checked_fisher(fisher_dir, post_dir) -> dict[str, torch.Tensor]:
 
 
 def _check_matches(run: str, model_dir, post_dir, post_specs) -> None:
-    specs = tensor_specs(model_dir)
-    missing = sorted(post_specs.keys() - specs.keys())
-    extra = sorted(specs.keys() - post_specs.keys())
-    shapes = sorted(n for n in post_specs.keys() & specs.keys() if specs[n].shape != post_specs[n].shape)
+    missing, extra, shapes = spec_differences(post_specs, tensor_specs(model_dir))
     if missing or extra or shapes:
         raise GraftlabError(
             f"update {run!r}: model {model_dir} does not match the post model {post_dir}: "
