@@ -1,6 +1,7 @@
 # One table and one Pareto plot per experiment, over every evaluated model, and what each method's
 # models cost to train (sampling vs weight update, grafting paper §7); the weight-space drift of each
-# tiny world's experiment, and the study table over all experiments (issue 6's fidelity study).
+# tiny world's experiment and how often its models answer old tasks with the new task's procedure, and
+# the study table over all experiments (issue 6's fidelity study).
 
 
 rule summary:
@@ -89,10 +90,29 @@ rule drift:
         "../workflow_scripts/drift.py"
 
 
+rule takeover:
+    input:
+        lambda w: [f"results/{w.exp}/eval/{run}/metrics.json" for run in runs(w.exp)],
+    output:
+        "results/{exp}/takeover.parquet",
+    log:
+        "logs/{exp}/takeover.log",
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        eval_dir=lambda w: f"results/{w.exp}/eval",
+        runs=lambda w: runs(w.exp),
+        old=lambda w: list(old_benchmarks(w.exp)),
+        new_task=lambda w: new_benchmark(w.exp)[0],
+    script:
+        "../workflow_scripts/takeover.py"
+
+
 rule study:
     input:
         [e["summary"] for e in study_experiments()],
         [e["drift"] for e in study_experiments() if e["drift"]],
+        [e["takeover"] for e in study_experiments() if e["takeover"]],
     output:
         runs="results/study/study.parquet",
         groups="results/study/groups.parquet",

@@ -312,8 +312,22 @@ def drift_updates(wildcards):
     ]
 
 
+def shows_takeover(exp):
+    """Whether the experiment's old and new tasks are its tiny world's arithmetic, whose procedures tell
+    apart in writing which task a model took a problem for (`graftlab.analysis.takeover`).
+    """
+    x = config["experiments"][exp]
+    return (
+        on_tiny_world(exp)
+        and x["data"] != "knowledge"
+        and not x["problems"]
+        and not x["benchmarks"]
+    )
+
+
 def study_experiments():
-    """Every experiment's line of the study: its group, seed, summary and (on a tiny world) drift table."""
+    """Every experiment's line of the study: its group, seed, summary and (on a tiny world) drift and
+    takeover tables."""
     return [
         {
             "exp": exp,
@@ -321,6 +335,9 @@ def study_experiments():
             "seed": x["seed"],
             "summary": f"results/{exp}/summary.parquet",
             "drift": f"results/{exp}/drift.parquet" if on_tiny_world(exp) else None,
+            "takeover": (
+                f"results/{exp}/takeover.parquet" if shows_takeover(exp) else None
+            ),
         }
         for exp, x in config["experiments"].items()
     ]

@@ -13,8 +13,9 @@ import yaml
 from conftest import REPO, SMOKE, snakemake
 
 pytestmark = pytest.mark.workflow
-# The per-experiment analyses every change of a run re-makes, once each.
-ANALYSES = {"summary": 1, "pareto": 1, "sensitivity": 1, "latency": 1, "study": 1, "all": 1}
+# The per-experiment analyses every change of a run re-makes, once each (takeover: on the tiny world's
+# arithmetic, as in every experiment these tests change).
+ANALYSES = {"summary": 1, "pareto": 1, "sensitivity": 1, "latency": 1, "takeover": 1, "study": 1, "all": 1}
 
 
 def planned_jobs(workdir: Path, *configs: Path, targets: tuple[str, ...] = (), base: tuple[Path, ...] = (SMOKE,)) -> Counter:
@@ -145,6 +146,17 @@ def test_drift_and_the_study_cover_every_tiny_world_experiment(smoke):
     summary = pl.read_parquet(smoke / "results/narrow/summary.parquet")
     assert summary["old_val"].is_not_null().all() and summary["new_val"].is_not_null().all()
     assert pl.read_parquet(smoke / "results/study/groups.parquet").height == 6
+
+
+def test_takeover_reads_every_run_of_the_tiny_world_experiments(smoke):
+    summary = pl.read_parquet(smoke / "results/narrow/summary.parquet")
+    takeover = pl.read_parquet(smoke / "results/narrow/takeover.parquet")
+    assert sorted(takeover["run"]) == sorted(summary["run"])
+    assert takeover.filter(method="post")["takeover"].item() < 0.05  # it never saw a multiplication trace
+    assert takeover.select(pl.col("takeover", "own_form").is_between(0, 1).all()).row(0) == (True, True)
+    study = pl.read_parquet(smoke / "results/study/study.parquet")
+    shown = study.filter(pl.col("takeover_sft").is_not_null())["exp"]
+    assert sorted(shown) == ["expert", "narrow"]  # knowledge and the real-data settings have no procedures to read
 
 
 def test_every_job_has_a_log(smoke):

@@ -26,6 +26,16 @@ def extract_answer(completion: str) -> str | None:
     return completion.rsplit(THINK_CLOSE, 1)[1].replace("<|im_end|>", "").strip()
 
 
+def extract_thinking(completion: str) -> str | None:
+    """The thinking: text after the first `<think>`, up to the last `</think>` or to the end when the
+    model never closed it (its procedure shows either way); None without a `<think>`."""
+    start = completion.find(THINK_OPEN)
+    if start < 0:
+        return None
+    end = completion.rfind(THINK_CLOSE)
+    return completion[start + len(THINK_OPEN) : end if end > start else None]
+
+
 def is_correct(completion: str, answer: str) -> bool:
     return extract_answer(completion) == answer.strip()
 

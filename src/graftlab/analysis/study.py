@@ -2,7 +2,7 @@
 
 An experiment belongs to a *group*, the configuration that matters (a world and a sweep), run once per
 seed. Per experiment the table holds the world's drift ratio and the donor/post update cosines
-(`graftlab.analysis.drift`), and the verdict of `graftlab.analysis.verdict` on the validation split and
+(`graftlab.analysis.drift`), the takeover of SFT, donor SFT and grafts (`graftlab.analysis.takeover`), and the verdict of `graftlab.analysis.verdict` on the validation split and
 on the test split: whether a graft reproduces the paper's result, and the best margin of a frontier
 graft (its old-task lower bound minus the upper bound of the SFT points it must beat; > 0 reproduces).
 
@@ -40,7 +40,19 @@ def _verdict_columns(summary: pl.DataFrame) -> dict:
     return out
 
 
-def experiment_row(exp: str, group: str, seed: int, summary: pl.DataFrame, drift: pl.DataFrame | None) -> dict:
+def _takeover_columns(takeover: pl.DataFrame | None) -> dict:
+    """Mean takeover (`graftlab.analysis.takeover`) of SFT of post, of the donors' SFT and of the unmasked
+    grafts: how far each writes the new task into the old tasks' answers (None where not measured)."""
+    rows = {"sft": pl.col("method") == "sft", "donor_sft": pl.col("method") == "donor_sft",
+            "graft": (pl.col("method") == "graft") & (pl.col("mask") == "none")}  # fmt: skip
+    if takeover is None:
+        return {f"takeover_{m}": None for m in rows}
+    return {f"takeover_{m}": takeover.filter(keep)["takeover"].mean() for m, keep in rows.items()}
+
+
+def experiment_row(
+    exp: str, group: str, seed: int, summary: pl.DataFrame, drift: pl.DataFrame | None, takeover: pl.DataFrame | None = None
+) -> dict:
     """One experiment's line of the study."""
     sft = summary.filter(method="sft")
     row = {"exp": exp, "group": group, "seed": seed,
@@ -50,19 +62,20 @@ def experiment_row(exp: str, group: str, seed: int, summary: pl.DataFrame, drift
         row |= {"drift_ratio": drift["drift_ratio"][0], "cos": drift["cos"].mean(), "cos_mlp": drift["cos_mlp"].mean()}
     else:
         row |= {"drift_ratio": None, "cos": None, "cos_mlp": None}
-    return row | _verdict_columns(summary)
+    return row | _takeover_columns(takeover) | _verdict_columns(summary)
 
 
 def study_tables(experiments: list[dict]) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """(per experiment, per group) from dicts with `exp`, `group`, `seed`, `summary` (parquet path) and
-    `drift` (parquet path or None)."""
+    """(per experiment, per group) from dicts with `exp`, `group`, `seed`, `summary` (parquet path),
+    `drift` and `takeover` (parquet paths or None)."""
     rows = []
     for e in experiments:
-        drift = pl.read_parquet(e["drift"]) if e.get("drift") else None
-        rows.append(experiment_row(e["exp"], e["group"], e["seed"], pl.read_parquet(e["summary"]), drift))
+        drift, takeover = (pl.read_parquet(e[k]) if e.get(k) else None for k in ("drift", "takeover"))
+        rows.append(experiment_row(e["exp"], e["group"], e["seed"], pl.read_parquet(e["summary"]), drift, takeover))
     per_exp = pl.DataFrame(rows, infer_schema_length=None).sort("group", "seed")
     counts = [pl.col(c).fill_null(False).sum().alias(c) for c in ("reproduces_val", "reproduces")]
-    means = [pl.col(c).mean().alias(c) for c in ("drift_ratio", "cos", "margin_val", "margin", "sft_best_new", "graft_best_new")]
+    means = [pl.col(c).mean().alias(c) for c in ("drift_ratio", "cos", "takeover_sft", "takeover_donor_sft", "takeover_graft",
+                                                 "margin_val", "margin", "sft_best_new", "graft_best_new")]  # fmt: skip
     per_group = per_exp.group_by("group", maintain_order=True).agg(pl.len().alias("seeds"), *counts, *means)
     return per_exp, per_group
 

@@ -10,6 +10,7 @@ A problem is a dict `{"id", "task", "prompt", "answer", "thinking"}`; `prompt` i
 
 import random
 import re
+from collections import Counter
 from collections.abc import Callable
 
 OLD_TASKS = ("add", "sub", "compare")
@@ -73,6 +74,23 @@ SOLVERS: dict[str, Callable[[int, int], tuple[str, str, str]]] = {
     "mul": mul,
     "times": times,
 }
+
+
+# The operator a task's thinking steps are written with ("7+8+1=16", "13-5=8", "7<8", "7*8=56+5=61");
+# mul first, since its steps hold a "+" too. `times` thinks exactly as mul does.
+STEP_OPERATORS = {"mul": "*", "sub": "-", "compare": "<>", "add": "+"}
+THINKING_FORM = {"times": "mul"}
+
+
+def thinking_form(thinking: str) -> str | None:
+    """The task whose procedure a piece of thinking follows: the form most of its `;`-separated steps
+    are written in. None when no step has an operator or two forms tie."""
+    steps = thinking.replace("\n", ";").split(";")
+    forms = [next((t for t, ops in STEP_OPERATORS.items() if any(o in step for o in ops)), None) for step in steps]
+    ranked = Counter(f for f in forms if f).most_common(2)
+    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]
 
 
 def operands(task: str, rng: random.Random) -> tuple[int, int]:

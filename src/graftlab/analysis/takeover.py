@@ -1,0 +1,69 @@
+"""Implicit task inference, observed in the tiny world: how often a model answers an old-task problem with
+the new task's procedure.
+
+The grafting paper (§3) explains forgetting by routing: fine-tuning writes the new task into whatever
+machinery the model runs the new inputs through. In the two-expert model (`graftlab.analysis.moe`) a
+model that routes a share eps of task-B inputs through expert A moves expert A by eps times its update,
+so expert A then answers task-A inputs partly with task B. The tiny world's tasks each think in their
+own written procedure (`graftlab.world.arith.thinking_form`), so that is directly visible: an addition
+problem answered with `*` steps was handled as multiplication.
+
+Per evaluated run and old-task benchmark, over all its sampled completions (validation and test problems
+alike: this is a diagnostic, nothing is chosen by it): `takeover_{bench}`, the share whose thinking
+follows the new task's procedure, and `own_form_{bench}`, the share that follows the benchmark's own;
+`takeover` and `own_form` are their means over the old benchmarks (as `old` is of the accuracies).
+"""
+
+from pathlib import Path
+
+import polars as pl
+
+from graftlab.analysis.summary import parse_run
+from graftlab.atomic import atomic_file
+from graftlab.models import GraftlabError
+from graftlab.tasks import extract_thinking
+from graftlab.world.arith import NEW_TASKS, OLD_TASKS, THINKING_FORM, thinking_form
+
+
+def form_shares(completions: list[str], own: str, new: str) -> tuple[float, float]:
+    """(share of completions thinking in form `new`, share thinking in form `own`); a completion
+    without thinking counts in neither."""
+    if not completions:
+        raise GraftlabError("takeover: no completions to classify")
+    forms = [thinking_form(t) if (t := extract_thinking(c)) is not None else None for c in completions]
+    return sum(f == new for f in forms) / len(forms), sum(f == own for f in forms) / len(forms)
+
+
+def _check_tasks(old: list[str], new_task: str) -> None:
+    unknown = [t for t in old if t not in OLD_TASKS]
+    if unknown or not old:
+        raise GraftlabError(f"takeover: old benchmarks {unknown or old} are not tiny-world tasks {list(OLD_TASKS)}")
+    if new_task not in NEW_TASKS:
+        raise GraftlabError(f"takeover: new task {new_task!r} is not a tiny-world task {list(NEW_TASKS)}")
+
+
+def takeover_table(eval_dir: str | Path, runs: list[str], old: list[str], new_task: str) -> pl.DataFrame:
+    """One row per run (its ids parsed from the key, as in the summary) with the shares of the module
+    docstring, read from `{eval_dir}/{run}/{bench}.parquet`."""
+    _check_tasks(old, new_task)
+    new = THINKING_FORM.get(new_task, new_task)
+    rows = []
+    for run in runs:
+        row = {"run": run} | parse_run(run)
+        for bench in old:
+            path = Path(eval_dir) / run / f"{bench}.parquet"
+            if not path.is_file():
+                raise GraftlabError(f"takeover: run {run!r} has no completions for {bench}: {path} is missing")
+            completions = pl.read_parquet(path, columns=["completion"])["completion"].to_list()
+            row[f"takeover_{bench}"], row[f"own_form_{bench}"] = form_shares(completions, bench, new)
+        row["takeover"] = sum(row[f"takeover_{b}"] for b in old) / len(old)
+        row["own_form"] = sum(row[f"own_form_{b}"] for b in old) / len(old)
+        rows.append(row)
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def write_takeover(eval_dir, runs, old, new_task, out) -> pl.DataFrame:
+    table = takeover_table(eval_dir, runs, old, new_task)
+    with atomic_file(out) as tmp:
+        table.write_parquet(tmp)
+    return table
