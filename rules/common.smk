@@ -340,6 +340,7 @@ def study_experiments():
             ),
         }
         for exp, x in config["experiments"].items()
+        if exp in (config["study"]["experiments"] or config["experiments"])
     ]
 
 

@@ -85,6 +85,7 @@ def test_shipped_configs_validate(name):
             "config key experiments.x.problems: data: knowledge writes its own questions",
         ),
         ({"experiments": {"x": {"data": "grpo"}}}, "config key experiments.x.data: 'grpo' is not one of"),
+        ({"experiments": {"x": {}}, "study": {"experiments": ["x", "y"]}}, "config key study.experiments: ['y'] are not in `experiments`"),
         ({"experiments": {"x": {"world": "w9"}}}, "config key experiments.x.world: 'w9' is neither `world` nor a name in worlds []"),
         ({"worlds": {"w1": {"modle": {}}}}, "config key worlds.w1: Additional properties are not allowed ('modle' was unexpected)"),
         ({"worlds": {"w1": {"model": {"depth": 4}}}}, "config key worlds.w1.model: Additional properties are not allowed ('depth'"),

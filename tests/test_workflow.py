@@ -148,6 +148,11 @@ def test_drift_and_the_study_cover_every_tiny_world_experiment(smoke):
     assert pl.read_parquet(smoke / "results/study/groups.parquet").height == 6
 
 
+def test_the_study_can_cover_part_of_the_experiments(smoke, tmp_path):
+    part = write_config(tmp_path, "part", {"study": {"experiments": ["narrow"]}})
+    assert planned_jobs(smoke, part) == {"study": 1, "all": 1}  # the table only; every result is kept
+
+
 def test_takeover_reads_every_run_of_the_tiny_world_experiments(smoke):
     summary = pl.read_parquet(smoke / "results/narrow/summary.parquet")
     takeover = pl.read_parquet(smoke / "results/narrow/takeover.parquet")

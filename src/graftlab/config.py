@@ -105,6 +105,8 @@ def _check_semantics(config: dict) -> None:
         checks += _world_checks(world, f"worlds.{name}")
     for name, exp in config["experiments"].items():
         checks += _experiment_checks(config, exp, f"experiments.{name}")
+    unknown = [e for e in config["study"]["experiments"] or [] if e not in config["experiments"]]
+    checks.append((not unknown, "study.experiments", f"{unknown} are not in `experiments`"))
     for ok, where, problem in checks:
         if not ok:
             raise ConfigError(f"config key {where}: {problem}")
