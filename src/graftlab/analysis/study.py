@@ -81,12 +81,13 @@ def study_tables(experiments: list[dict]) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 def study_figure(per_exp: pl.DataFrame) -> "Figure":
-    """Left: each seed's best graft margin per group, validation and test (> 0: reproduces). Right: the
-    mechanism's two numbers per experiment, drift ratio against donor/post update cosine."""
+    """Left: each seed's best graft margin per group, validation and test (> 0: reproduces). Middle: the
+    weight-space view per experiment, drift ratio against donor/post update cosine. Right: the behaviour,
+    drift ratio against takeover of SFT of post, of donor SFT and of unmasked grafts."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4.8))
-    left, right = fig.subplots(1, 2)
+    fig = Figure(figsize=(16, 4.8))
+    left, middle, right = fig.subplots(1, 3)
     groups = per_exp["group"].unique(maintain_order=True).to_list()
     for offset, (split, suffix, color) in zip((-0.12, 0.12), (("validation", "_val", "tab:gray"), ("test", "", "tab:blue"))):
         pts = per_exp.filter(pl.col(f"margin{suffix}").is_not_null())
@@ -99,12 +100,21 @@ def study_figure(per_exp: pl.DataFrame) -> "Figure":
     left.legend(fontsize=8)
     for g in groups:
         pts = per_exp.filter(group=g).filter(pl.col("drift_ratio").is_not_null())
-        right.scatter(pts["drift_ratio"], pts["cos"], label=g, s=25)
+        middle.scatter(pts["drift_ratio"], pts["cos"], label=g, s=25)
+    middle.set_xlabel("drift ratio |post - base| / |base - init|")
+    middle.set_ylabel("cosine(donor update, post SFT update)")
+    middle.set_title("Weight space per world")
+    middle.legend(fontsize=7)
+    for column, label, marker in (("takeover_sft", "SFT of post", "o"), ("takeover_donor_sft", "donor SFT", "s"),
+                                  ("takeover_graft", "unmasked grafts", "^")):  # fmt: skip
+        pts = per_exp.filter(pl.col(column).is_not_null() & pl.col("drift_ratio").is_not_null())
+        right.scatter(pts["drift_ratio"], pts[column], marker=marker, label=label, s=30, alpha=0.7)
     right.set_xlabel("drift ratio |post - base| / |base - init|")
-    right.set_ylabel("cosine(donor update, post SFT update)")
-    right.set_title("The mechanism per world")
+    right.set_ylabel("old-task answers in the new task's procedure")
+    right.set_title("Takeover (implicit task inference), mean per method")
+    right.set_ylim(-0.03, 1.03)
     right.legend(fontsize=7)
-    for ax in (left, right):
+    for ax in (left, middle, right):
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
