@@ -189,9 +189,10 @@ def graft_keys(x, method):
 def runs(exp):
     """Every evaluated model of an experiment, as its key path under results/{exp}/."""
     x = config["experiments"][exp]
+    evaluated_donors = x["donors"] if x["eval"]["donor_sft"] else []
     sft = [
         f"sft/{base}/lr~{lr}/epoch~{e}"
-        for base in ["post"] + (x["donors"] if x["eval"]["donor_sft"] else [])
+        for base in ["post"] + evaluated_donors
         for lr in x["sft"]["lr"]
         for e in range(1, x["sft"]["epochs"] + 1)
     ]
@@ -207,7 +208,8 @@ def runs(exp):
         for lr in x["opsd"]["lr"]
         for s in opsd_steps(x["opsd"])
     ]
-    return ["post"] + sft + grafts + opsd
+    donors = [f"donor/{d}" for d in evaluated_donors]
+    return ["post"] + donors + sft + grafts + opsd
 
 
 def opsd_steps(section):
@@ -246,8 +248,11 @@ def eval_model(wildcards):
     if run.startswith("graft/"):
         path = f"results/{wildcards.exp}/{run}/model"
         return path, path
+    if run.startswith("donor/"):
+        name = run.split("/", 1)[1]
+        return model_input(name, wildcards.exp), model_dir(name, wildcards.exp)
     raise WorkflowError(
-        f"no model for evaluation key {run!r}: expected post, sft/... or graft/..."
+        f"no model for evaluation key {run!r}: expected post, donor/..., sft/... or graft/..."
     )
 
 

@@ -21,6 +21,7 @@ def test_parse_run_each_method() -> None:
         {"method": "sft", "donor": "post"} | empty | {"lr": "1e-3", "epoch": "2"}
     )
     assert parse_run("sft/step~400/lr~1e-3/epoch~1")["method"] == "donor_sft"
+    assert parse_run("donor/step~400") == {"method": "donor", "donor": "step~400"} | empty
     assert parse_run("sft/step~400/lr~1e-3/epoch~1")["donor"] == "step~400"
     graft = parse_run(GRAFT)
     assert graft == {
@@ -42,6 +43,7 @@ def test_parse_run_keeps_extra_keys() -> None:
         ("grpo/post/lr~1e-6", "unknown method 'grpo'"),
         ("", "unknown method ''"),
         ("post/lr~1e-3", "post model takes no keys"),
+        ("donor/step~400/lr~1e-3", "a donor as it is takes no keys"),
         ("sft", "needs a base model"),
         ("sft/post/lr~1e-3", r"lacks key\(s\) \['epoch'\]"),
         ("graft/post/lr~1e-3/epoch~2/lam~0.5", r"lacks key\(s\) \['mask', 'rho'\]"),

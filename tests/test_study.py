@@ -51,8 +51,10 @@ def test_study_counts_seeds_that_reproduce_per_group(tmp_path):
 
 def test_takeover_is_averaged_per_method_and_unmasked_grafts_only(tmp_path):
     masked = GRAFT.replace("mask~none/rho~0", "mask~kfac/rho~0.1")
-    runs = {"post": 0.0, SFT: 0.9, "sft/post/lr~1e-3/epoch~4": 0.7, "sft/step~100/lr~1e-3/epoch~2": 0.8, GRAFT: 0.4, masked: 0.0}
-    takeover = pl.DataFrame([{"run": r, "takeover": t} | parse_run(r) for r, t in runs.items()])
+    runs = {"post": 0.0, SFT: 0.9, "sft/post/lr~1e-3/epoch~4": 0.7, "sft/step~100/lr~1e-3/epoch~2": 0.8, GRAFT: 0.4, masked: 0.0,
+            "donor/step~100": 0.0, "donor/step~300": 0.0}  # fmt: skip
+    misrouted = {"post": 0.9, "donor/step~100": 0.2, "donor/step~300": 0.4}
+    takeover = pl.DataFrame([{"run": r, "takeover": t, "misrouted": misrouted.get(r, 0.0)} | parse_run(r) for r, t in runs.items()])
     takeover.write_parquet(tmp_path / "t.parquet")
     exps = [{"exp": "e", "group": "g", "seed": 0, "summary": _summary(tmp_path / "s.parquet", 0.8), "drift": None,
              "takeover": tmp_path / "t.parquet"}]  # fmt: skip
@@ -60,6 +62,7 @@ def test_takeover_is_averaged_per_method_and_unmasked_grafts_only(tmp_path):
     groups = write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
     row = pl.read_parquet(out / "study.parquet").row(0, named=True)
     assert (row["takeover_sft"], row["takeover_donor_sft"], row["takeover_graft"]) == (pytest.approx(0.8), 0.8, 0.4)
+    assert (row["misrouted_post"], row["misrouted_donor"]) == (0.9, pytest.approx(0.3))  # eps_P and eps_D
     assert groups["takeover_sft"].item() == pytest.approx(0.8)
 
 
@@ -69,4 +72,4 @@ def test_an_experiment_without_validation_scores_or_drift_leaves_those_columns_e
     write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
     row = pl.read_parquet(out / "study.parquet").row(0, named=True)
     assert row["reproduces"] and row["reproduces_val"] is None and row["drift_ratio"] is None
-    assert row["takeover_sft"] is None
+    assert row["takeover_sft"] is None and row["misrouted_post"] is None

@@ -54,15 +54,23 @@ def _write_eval(root, run, per_bench):
 def test_table_has_one_row_per_run_with_ids_and_the_mean_over_old_benchmarks(tmp_path):
     mul, add, sub = chat_completion("7*8=56+0=56", "56"), chat_completion("7+8+0=15", "15"), chat_completion("8-7=1", "1")
     sft = "sft/post/lr~1e-3/epoch~1"
-    _write_eval(tmp_path, "post", {"add": [add, add], "sub": [sub, sub]})
-    _write_eval(tmp_path, sft, {"add": [mul, add], "sub": [mul, mul, mul, sub]})
+    _write_eval(tmp_path, "post", {"add": [add, add], "sub": [sub, sub], "times": [add, sub, mul, "<think>\n12", mul]})
+    _write_eval(tmp_path, sft, {"add": [mul, add], "sub": [mul, mul, mul, sub], "times": [mul]})
     table = takeover_table(tmp_path, ["post", sft], ["add", "sub"], "times")
     assert table["run"].to_list() == ["post", sft]
+    assert table["misrouted"].to_list() == [pytest.approx(2 / 5), 0]  # new-task answers in add's or sub's form
     row = table.row(1, named=True)
     assert (row["method"], row["lr"], row["epoch"]) == ("sft", "1e-3", "1")
     assert (row["takeover_add"], row["takeover_sub"]) == (0.5, 0.75)
     assert row["takeover"] == pytest.approx(0.625) and row["own_form"] == pytest.approx((0.5 + 0.25) / 2)
     assert table.row(0, named=True)["takeover"] == 0 and table.row(0, named=True)["own_form"] == 1
+
+
+def test_a_donor_as_it_is_is_a_run_of_its_own(tmp_path):
+    add = chat_completion("7+8+0=15", "15")
+    _write_eval(tmp_path, "donor/step~300", {"add": [add], "mul": [add, "42<|im_end|>"]})
+    row = takeover_table(tmp_path, ["donor/step~300"], ["add"], "mul").row(0, named=True)
+    assert (row["method"], row["donor"], row["misrouted"], row["own_form"]) == ("donor", "step~300", 0.5, 1)
 
 
 def test_a_missing_benchmark_file_or_a_task_outside_the_tiny_world_is_named(tmp_path):

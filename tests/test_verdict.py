@@ -63,9 +63,10 @@ def test_a_graft_off_the_frontier_does_not_reproduce_however_far_above_sft():
     points = BASE | {graft("0.5"): (0.3, 0.75, 0.01), MERGE: (0.35, 0.8, 0.01)}
     verdict = reproduces(summary(points))
     assert verdict == {"reproduces": False, "qualifying": [], "frontier_grafts": []}
-    # Dominated by OPSD likewise; a donor's own SFT is no candidate and dominates nothing.
+    # Dominated by OPSD likewise; a donor, as it is or after its own SFT, is no candidate and dominates nothing.
     assert reproduces(summary(points | {MERGE: (0.1, 0.5, 0.01), OPSD: (0.3, 0.76, 0.01)}))["frontier_grafts"] == []
     assert reproduces(summary(points | {MERGE: (0.1, 0.5, 0.01), DONOR_SFT: (0.9, 0.9, 0.01)}))["reproduces"]
+    assert reproduces(summary(points | {MERGE: (0.1, 0.5, 0.01), "donor/step~400": (0.9, 0.9, 0.01)}))["reproduces"]
 
 
 def test_a_graft_with_no_sft_point_at_or_below_its_new_accuracy_does_not_reproduce():

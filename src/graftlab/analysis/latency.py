@@ -91,7 +91,7 @@ class Ledger:
         method = keys["method"]
         if method == "opsd":
             cost |= self.opsd_to_step(keys["alpha"], keys["lr"], keys["step"])
-        elif method != "post":
+        elif method not in ("post", "donor"):
             cost |= self.sft_to_epoch(keys["donor"], keys["lr"], keys["epoch"])
         if method in ("graft", "merge"):
             cost["graft_s"] = _json(self.root / run / "seconds.json", "seconds of this graft")["graft_s"]

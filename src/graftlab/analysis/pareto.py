@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from graftlab.analysis.summary import pareto_front
+from graftlab.analysis.summary import INGREDIENTS, pareto_front
 from graftlab.atomic import atomic_file
 from graftlab.evaluate.metrics import INTERVAL
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# One look per method; donor SFTs are drawn faint: they are ingredients of grafts, not candidates.
+# One look per method; donors and their SFTs are drawn faint: ingredients of grafts, not candidates.
 STYLES = {
     "graft": {"marker": "o", "color": "tab:blue", "label": "graft"},
     "merge": {"marker": "s", "color": "tab:orange", "label": "merge (donor = post)"},
@@ -33,6 +33,7 @@ STYLES = {
         "s": 18,
         "label": "donor SFT (faint)",
     },
+    "donor": {"marker": "d", "color": "0.6", "alpha": 0.5, "s": 30, "label": "donor as it is (faint)"},
     "post": {"marker": "*", "color": "black", "s": 220, "zorder": 5, "label": "post (reference)"},
 }
 # Hollow markers per mask kind; a kind not listed here (a new one) takes the next spare marker.
@@ -116,8 +117,8 @@ def _error_bars(ax: "Axes", pts: pl.DataFrame, style: dict) -> bool:
 def pareto_figure(summary: str | Path | pl.DataFrame, title: str | None = None) -> "Figure":
     """Scatter new-task (x) against old-task (y) accuracy per method and mask; the frontier as a step line.
 
-    The frontier is taken over every candidate (post, sft, merge, graft, masked or not); donor SFTs are
-    left out of it, since their old-task score belongs to another model line.
+    The frontier is taken over every candidate (post, sft, merge, graft, masked or not); donors and their
+    SFTs are left out of it, since their old-task score belongs to another model line.
     """
     # A bare Figure renders through Agg without pyplot: no global backend is switched and no figure
     # is left registered in a notebook or a long-lived process.
@@ -128,7 +129,7 @@ def pareto_figure(summary: str | Path | pl.DataFrame, title: str | None = None) 
     if unknown:
         raise ValueError(f"plot_pareto: unknown method(s) {unknown}")
     df = df.filter(pl.col("new").is_not_null() & pl.col("old").is_not_null())
-    cands = pareto_front(df.filter(pl.col("method") != "donor_sft"))
+    cands = pareto_front(df.filter(~pl.col("method").is_in(INGREDIENTS)))
     if cands.height == 0:
         raise ValueError("plot_pareto: no run with both old and new scores to plot")
     front = cands.filter("on_front").sort("new", -pl.col("old"))

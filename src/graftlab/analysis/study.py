@@ -42,12 +42,15 @@ def _verdict_columns(summary: pl.DataFrame) -> dict:
 
 def _takeover_columns(takeover: pl.DataFrame | None) -> dict:
     """Mean takeover (`graftlab.analysis.takeover`) of SFT of post, of the donors' SFT and of the unmasked
-    grafts: how far each writes the new task into the old tasks' answers (None where not measured)."""
+    grafts: how far each writes the new task into the old tasks' answers; and the share of new-task
+    answers the post model and the donors (as they are) write in an old task's procedure, eps_P and
+    eps_D (None where not measured)."""
     rows = {"sft": pl.col("method") == "sft", "donor_sft": pl.col("method") == "donor_sft",
             "graft": (pl.col("method") == "graft") & (pl.col("mask") == "none")}  # fmt: skip
     if takeover is None:
-        return {f"takeover_{m}": None for m in rows}
-    return {f"takeover_{m}": takeover.filter(keep)["takeover"].mean() for m, keep in rows.items()}
+        return {f"takeover_{m}": None for m in rows} | {"misrouted_post": None, "misrouted_donor": None}
+    misrouted = {f"misrouted_{m}": takeover.filter(method=m)["misrouted"].mean() for m in ("post", "donor")}
+    return {f"takeover_{m}": takeover.filter(keep)["takeover"].mean() for m, keep in rows.items()} | misrouted
 
 
 def experiment_row(
@@ -74,8 +77,9 @@ def study_tables(experiments: list[dict]) -> tuple[pl.DataFrame, pl.DataFrame]:
         rows.append(experiment_row(e["exp"], e["group"], e["seed"], pl.read_parquet(e["summary"]), drift, takeover))
     per_exp = pl.DataFrame(rows, infer_schema_length=None).sort("group", "seed")
     counts = [pl.col(c).fill_null(False).sum().alias(c) for c in ("reproduces_val", "reproduces")]
-    means = [pl.col(c).mean().alias(c) for c in ("drift_ratio", "cos", "takeover_sft", "takeover_donor_sft", "takeover_graft",
-                                                 "margin_val", "margin", "sft_best_new", "graft_best_new")]  # fmt: skip
+    means = [pl.col(c).mean().alias(c) for c in ("drift_ratio", "cos", "misrouted_post", "misrouted_donor", "takeover_sft",
+                                                 "takeover_donor_sft", "takeover_graft", "margin_val", "margin",
+                                                 "sft_best_new", "graft_best_new")]  # fmt: skip
     per_group = per_exp.group_by("group", maintain_order=True).agg(pl.len().alias("seeds"), *counts, *means)
     return per_exp, per_group
 

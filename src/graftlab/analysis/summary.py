@@ -4,6 +4,7 @@ A run is named by its key path under `results/{exp}/eval/`, built of `name~value
 method and its base model (`post` or a donor such as `step~400`):
 
     post                                            the post-trained model, the reference
+    donor/step~400                                  a donor as it is, before SFT     -> "donor"
     sft/post/lr~1e-3/epoch~2                        SFT of the post model           -> "sft"
     sft/step~400/lr~1e-3/epoch~1                    SFT of a donor                  -> "donor_sft"
     graft/step~400/lr~.../lam~.../mask~.../rho~...  a donor's update added to post  -> "graft"
@@ -31,11 +32,14 @@ POST = "post"
 KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
 ID_COLUMNS = ("exp", "run", "method", "donor", *KEY_COLUMNS)
 # Keys each kind of run must carry; a path lacking one was written by another layout.
-REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, "opsd": ("alpha", "lr", "step")}
+REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, "opsd": ("alpha", "lr", "step"), "donor": ()}
 # Old- and new-task scores with their interval bounds: in every summary, null where a run lacks them.
 ROLE_COLUMNS = ("old", "new", "old_lo", "old_hi", "new_lo", "new_hi")
 # The same on the validation problems: only in summaries of experiments evaluated with a validation share.
 VALIDATION_COLUMNS = tuple(c.replace("old", "old_val").replace("new", "new_val") for c in ROLE_COLUMNS)
+# Runs that are ingredients of grafts, not candidates for the frontier: their old-task scores belong to
+# another model line (a donor before and after its SFT).
+INGREDIENTS = ("donor", "donor_sft")
 # Key names that would overwrite a summary column of another meaning.
 RESERVED = {"exp", "run", "method", "donor", *ROLE_COLUMNS, *VALIDATION_COLUMNS}
 
@@ -67,7 +71,7 @@ def parse_run(run: str) -> dict[str, str | None]:
             raise ValueError(f"run {run!r}: the post model takes no keys")
         return {"method": "post", "donor": None} | dict.fromkeys(KEY_COLUMNS)
     if kind not in REQUIRED_KEYS:
-        raise ValueError(f"run {run!r}: unknown method {kind!r}; expected post, sft, graft or opsd")
+        raise ValueError(f"run {run!r}: unknown method {kind!r}; expected post, donor, sft, graft or opsd")
     if len(segments) < 2:
         raise ValueError(f"run {run!r}: {kind} needs a base model segment (post or a donor)")
     donor = segments[1]
@@ -75,7 +79,11 @@ def parse_run(run: str) -> dict[str, str | None]:
     absent = [k for k in REQUIRED_KEYS[kind] if k not in keys]
     if absent:
         raise ValueError(f"run {run!r}: {kind} lacks key(s) {absent}")
-    if kind == "opsd":
+    if kind == "donor":
+        if segments[2:]:
+            raise ValueError(f"run {run!r}: a donor as it is takes no keys")
+        method = "donor"
+    elif kind == "opsd":
         if donor != POST:
             raise ValueError(f"run {run!r}: OPSD trains the post model, not {donor!r}")
         method = "opsd"

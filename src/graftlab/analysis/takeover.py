@@ -12,6 +12,11 @@ Per evaluated run and old-task benchmark, over all its sampled completions (vali
 alike: this is a diagnostic, nothing is chosen by it): `takeover_{bench}`, the share whose thinking
 follows the new task's procedure, and `own_form_{bench}`, the share that follows the benchmark's own;
 `takeover` and `own_form` are their means over the old benchmarks (as `old` is of the accuracies).
+
+And the routing itself, before any fine-tuning: `misrouted`, the share of the run's new-task answers
+whose thinking follows an old task's procedure. For the post model and for a donor as it is
+(`donor/step~N`) this is the paper's eps_P and eps_D, the share of new inputs a model sends through the
+old tasks' machinery; §3 needs eps_D < eps_P for a graft to forget less than SFT.
 """
 
 from pathlib import Path
@@ -25,13 +30,23 @@ from graftlab.tasks import extract_thinking
 from graftlab.world.arith import NEW_TASKS, OLD_TASKS, THINKING_FORM, thinking_form
 
 
+def _forms(completions: list[str]) -> list[str | None]:
+    if not completions:
+        raise GraftlabError("takeover: no completions to classify")
+    return [thinking_form(t) if (t := extract_thinking(c)) is not None else None for c in completions]
+
+
 def form_shares(completions: list[str], own: str, new: str) -> tuple[float, float]:
     """(share of completions thinking in form `new`, share thinking in form `own`); a completion
     without thinking counts in neither."""
-    if not completions:
-        raise GraftlabError("takeover: no completions to classify")
-    forms = [thinking_form(t) if (t := extract_thinking(c)) is not None else None for c in completions]
+    forms = _forms(completions)
     return sum(f == new for f in forms) / len(forms), sum(f == own for f in forms) / len(forms)
+
+
+def misrouted_share(completions: list[str], old: list[str]) -> float:
+    """Share of new-task completions thinking in the procedure of one of the `old` tasks."""
+    forms = _forms(completions)
+    return sum(f in old for f in forms) / len(forms)
 
 
 def _check_tasks(old: list[str], new_task: str) -> None:
@@ -40,6 +55,13 @@ def _check_tasks(old: list[str], new_task: str) -> None:
         raise GraftlabError(f"takeover: old benchmarks {unknown or old} are not tiny-world tasks {list(OLD_TASKS)}")
     if new_task not in NEW_TASKS:
         raise GraftlabError(f"takeover: new task {new_task!r} is not a tiny-world task {list(NEW_TASKS)}")
+
+
+def _completions(eval_dir: str | Path, run: str, bench: str) -> list[str]:
+    path = Path(eval_dir) / run / f"{bench}.parquet"
+    if not path.is_file():
+        raise GraftlabError(f"takeover: run {run!r} has no completions for {bench}: {path} is missing")
+    return pl.read_parquet(path, columns=["completion"])["completion"].to_list()
 
 
 def takeover_table(eval_dir: str | Path, runs: list[str], old: list[str], new_task: str) -> pl.DataFrame:
@@ -51,13 +73,11 @@ def takeover_table(eval_dir: str | Path, runs: list[str], old: list[str], new_ta
     for run in runs:
         row = {"run": run} | parse_run(run)
         for bench in old:
-            path = Path(eval_dir) / run / f"{bench}.parquet"
-            if not path.is_file():
-                raise GraftlabError(f"takeover: run {run!r} has no completions for {bench}: {path} is missing")
-            completions = pl.read_parquet(path, columns=["completion"])["completion"].to_list()
-            row[f"takeover_{bench}"], row[f"own_form_{bench}"] = form_shares(completions, bench, new)
+            shares = form_shares(_completions(eval_dir, run, bench), bench, new)
+            row[f"takeover_{bench}"], row[f"own_form_{bench}"] = shares
         row["takeover"] = sum(row[f"takeover_{b}"] for b in old) / len(old)
         row["own_form"] = sum(row[f"own_form_{b}"] for b in old) / len(old)
+        row["misrouted"] = misrouted_share(_completions(eval_dir, run, new_task), old)
         rows.append(row)
     return pl.DataFrame(rows, infer_schema_length=None)
 

@@ -22,7 +22,7 @@ no margin and does not qualify; a sweep that wants it judged needs an earlier or
 
 import polars as pl
 
-from graftlab.analysis.summary import ROLE_COLUMNS, VALIDATION_COLUMNS, pareto_front
+from graftlab.analysis.summary import INGREDIENTS, ROLE_COLUMNS, VALIDATION_COLUMNS, pareto_front
 
 CANDIDATES = ("post", "sft", "merge", "graft", "opsd")
 NEEDED = ("run", "method", "new", "old", "old_lo", "old_hi", "new_lo", "new_hi")
@@ -34,9 +34,9 @@ def _scored(summary: pl.DataFrame) -> pl.DataFrame:
         hint = " (a summary written before bootstrap intervals: re-run the evaluations)" if "old_lo" in missing else ""
         raise ValueError(f"reproduces: summary lacks column(s) {missing}{hint}")
     # A method unknown here could dominate a graft; leaving it out would put the graft on a false frontier.
-    unknown = sorted(set(summary["method"].to_list()) - {*CANDIDATES, "donor_sft"})
+    unknown = sorted(set(summary["method"].to_list()) - {*CANDIDATES, *INGREDIENTS})
     if unknown:
-        raise ValueError(f"reproduces: unknown method(s) {unknown}; known: {[*CANDIDATES, 'donor_sft']}")
+        raise ValueError(f"reproduces: unknown method(s) {unknown}; known: {[*CANDIDATES, *INGREDIENTS]}")
     scored = summary.filter(pl.col("method").is_in(CANDIDATES) & pl.col("new").is_not_null() & pl.col("old").is_not_null())
     # Without intervals a graft or SFT point cannot be judged "beyond the intervals"; calling it a
     # loss would hide the missing evaluation, so it is refused by name.
