@@ -11,10 +11,11 @@ GRAFT = "graft/step~100/lr~1e-3/epoch~2/lam~1/mask~none/rho~0"
 SFT = "sft/post/lr~1e-3/epoch~2"
 
 
-def _summary(path, graft_old: float, validation: bool = True):
-    """post (0, 0.9), SFT (0.5, 0.2), a graft (0.6, graft_old); intervals +-0.05; validation = test scores."""
+def _summary(path, graft_old: float, validation: bool = True, graft_new: float = 0.6, sft_new: float = 0.5):
+    """post (0, 0.9), SFT (sft_new, 0.2), a graft (graft_new, graft_old); intervals +-0.05; validation =
+    test scores."""
     rows = []
-    for run, new, old in (("post", 0.0, 0.9), (SFT, 0.5, 0.2), (GRAFT, 0.6, graft_old)):
+    for run, new, old in (("post", 0.0, 0.9), (SFT, sft_new, 0.2), (GRAFT, graft_new, graft_old)):
         row = {"run": run, "new": new, "old": old} | parse_run(run)
         row |= {"old_lo": old - 0.05, "old_hi": old + 0.05, "new_lo": new - 0.05, "new_hi": new + 0.05}
         if validation:
@@ -73,3 +74,14 @@ def test_an_experiment_without_validation_scores_or_drift_leaves_those_columns_e
     row = pl.read_parquet(out / "study.parquet").row(0, named=True)
     assert row["reproduces"] and row["reproduces_val"] is None and row["drift_ratio"] is None
     assert row["takeover_sft"] is None and row["misrouted_post"] is None
+
+
+def test_a_graft_that_learned_nothing_has_no_margin(tmp_path):
+    # SFT forgot before it learned (new 0, old 0.2); the graft kept the old tasks (0.8) by learning nothing
+    # (new 0.02, within the post model's interval): no win, and no margin that would read as a near miss.
+    summary = _summary(tmp_path / "s.parquet", 0.8, graft_new=0.02, sft_new=0.0)
+    exps = [{"exp": "e", "group": "g", "seed": 0, "summary": summary, "drift": None}]
+    out = tmp_path / "out"
+    write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
+    row = pl.read_parquet(out / "study.parquet").row(0, named=True)
+    assert not row["reproduces"] and row["margin"] is None and row["margin_val"] is None

@@ -2,9 +2,11 @@
 
 An experiment belongs to a *group*, the configuration that matters (a world and a sweep), run once per
 seed. Per experiment the table holds the world's drift ratio and the donor/post update cosines
-(`graftlab.analysis.drift`), the takeover of SFT, donor SFT and grafts (`graftlab.analysis.takeover`), and the verdict of `graftlab.analysis.verdict` on the validation split and
-on the test split: whether a graft reproduces the paper's result, and the best margin of a frontier
-graft (its old-task lower bound minus the upper bound of the SFT points it must beat; > 0 reproduces).
+(`graftlab.analysis.drift`), the routing and takeover measures (`graftlab.analysis.takeover`), and the
+verdict of `graftlab.analysis.verdict` on the validation split and on the test split: whether a graft
+reproduces the paper's result, and the best margin of a frontier graft that learned the new task (its
+old-task lower bound minus the upper bound of the SFT points it must beat; > 0 reproduces; None when no
+frontier graft learned).
 
 Per group: how many seeds reproduce on each split, and the means. A world is chosen on the validation
 columns; the test columns are what gets reported (no result is tuned on the held-out problems).
@@ -35,7 +37,9 @@ def _verdict_columns(summary: pl.DataFrame) -> dict:
                 out |= {f"reproduces{suffix}": None, f"margin{suffix}": None}
                 continue
             raise
-        margins = [g["margin"] for g in verdict["frontier_grafts"] if g["margin"] is not None]
+        # Only a graft that learned the new task can win; another's margin (a graft that kept the old
+        # tasks by learning nothing, beside SFT points that forgot first) would read as a near miss.
+        margins = [g["margin"] for g in verdict["frontier_grafts"] if g["learned"] and g["margin"] is not None]
         out |= {f"reproduces{suffix}": verdict["reproduces"], f"margin{suffix}": max(margins, default=None)}
     return out
 
