@@ -49,10 +49,10 @@ def write_config(tmp_path: Path, name: str, config: dict) -> Path:
 def test_smoke_run_writes_summary_and_plot(smoke):
     exp = smoke / "results" / "expert"
     summary = pl.read_parquet(exp / "summary.parquet")
-    # post; SFT of post and of donor step~50 at 2 epochs; graft lam 1 and merge lam 0.5 at 2 epochs;
-    # diag-masked at rho 0.1: the grafts at both epochs, the merge at epoch 2 (merge.masks.epochs).
-    assert summary.height == 1 + 4 + 4 + 3 + 3
-    assert Counter(summary["method"]) == {"post": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3, "opsd": 3}
+    # post; donor step~50 as it is; SFT of post and of the donor at 2 epochs; graft lam 1 and merge lam 0.5
+    # at 2 epochs; diag-masked at rho 0.1: the grafts at both epochs, the merge at epoch 2 (merge.masks.epochs).
+    assert summary.height == 1 + 1 + 4 + 4 + 3 + 3
+    assert Counter(summary["method"]) == {"post": 1, "donor": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3, "opsd": 3}
     assert set(summary.filter(pl.col("method") == "opsd")["alpha"]) == {"0", "0.5", "1"}
     masked = summary.filter(pl.col("mask") == "diag")
     assert Counter(masked["method"]) == {"graft": 2, "merge": 1} and set(masked["rho"]) == {"0.1"}
@@ -314,8 +314,8 @@ def test_a_configfile_replaces_the_default_experiments(tmp_path):
 def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
     jobs = planned_jobs(tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}), targets=("results/expert/summary.parquet",))
     # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2;
-    # evaluated with post, the 4 SFT checkpoints and the 3 OPSD runs.
-    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 4 + 5 + 3
+    # evaluated with post, the donor as it is, the 4 SFT checkpoints and the 3 OPSD runs.
+    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 1 + 4 + 5 + 3
 
 
 @pytest.mark.parametrize(
