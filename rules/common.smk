@@ -3,7 +3,7 @@ from pathlib import Path
 from graftlab.analysis.summary import parse_run
 from graftlab.config import ConfigError, load_schema, resolve
 from graftlab.fisher import KINDS as FISHER_KINDS
-from graftlab.problem_sources import looks_local
+from graftlab.fetch import looks_local
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
 # leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).

@@ -1,7 +1,7 @@
 # The grafting paper's §3 model: two linear-regression tasks, a mixture of two linear experts, routing
 # eps_D in the donor and eps_P in the post model. Closed forms checked by simulation; no other input.
 from graftlab.analysis.moe import MoeConfig
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 # The schema cannot compare eps_donor with eps_post: check them here, so that a bad value stops the
 # dry-run rather than the job at the end of a long workflow.

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.train.divergence import generalized_divergence, token_divergence
 
 ALPHAS = (0.0, 0.3, 0.5, 1.0)

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save_file
 
 from graftlab.analysis.drift import delta_geometry, drift_ratio, update_cosines
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 NAMES = {
     "model.embed_tokens.weight": (6, 4),

@@ -10,7 +10,7 @@ import pytest
 
 from graftlab.evaluate.metrics import INTERVAL, acc_interval
 from graftlab.evaluate.run import RECORD_COLUMNS, Benchmark, evaluate
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
 from graftlab.world.knowledge import EMPTY_THINK
 from graftlab.world.tokenizer import save_tokenizer
@@ -131,7 +131,7 @@ def test_metrics_json_matches_hand_computation(setup):
     assert (math["task"], math["acc@n"], math["pass@1"], math["pass@4"]) == ("math", 3 / 8, 3 / 8, 1 / 2)
     assert facts == {
         "role": "new", "task": "knowledge", "n": 1, "problems": 3,
-        "decoding": {"mode": "greedy", "n": 1},
+        "decoding": {"mode": "greedy", "n": 1, "temperature": 0.0, "top_p": 1.0},
         "acc@n": pytest.approx(2 / 3), "pass@1": pytest.approx(2 / 3),
     }
     assert metrics["old"] == pytest.approx(float((Fraction(5, 12) + Fraction(3, 8)) / 2))
@@ -178,7 +178,7 @@ def test_the_grader_follows_the_benchmark_task_not_the_data(tmp_path):
     ("frame", "message"),
     [
         (pl.DataFrame({"id": ["q0"], "prompt": ["1+1="]}), r"lacks columns \['answer'\]"),
-        (pl.DataFrame(schema={"id": pl.String, "prompt": pl.String, "answer": pl.String}), "holds no problems"),
+        (pl.DataFrame(schema={"id": pl.String, "prompt": pl.String, "answer": pl.String}), "holds no rows"),
         (
             pl.DataFrame({"id": ["q0"], "prompt": ["Q?"], "answer": ["A"], "task": ["knowledge"]}),
             r"holds \['knowledge'\] problems but is graded as task 'arith'",
@@ -198,7 +198,7 @@ def test_a_bad_benchmark_fails_before_any_sampling_and_writes_no_metrics(setup, 
 
 def test_a_missing_file_or_repeated_name_is_refused(setup):
     tmp_path, benches, sampler = setup
-    with pytest.raises(GraftlabError, match="benchmark gone .*cannot read problems"):
+    with pytest.raises(GraftlabError, match="benchmark gone .*cannot read"):
         run(tmp_path, [*benches, Benchmark("gone", tmp_path / "gone.parquet", "old")], sampler)
     with pytest.raises(GraftlabError, match="distinct names"):
         run(tmp_path, [*benches, benches[0]], sampler)

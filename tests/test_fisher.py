@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from graftlab.fisher.diag import diag_fisher, write_diag_fisher
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 
 def _rollouts(seed: int, count: int, vocab: int = 32) -> list[tuple[list[int], list[int]]]:
@@ -58,7 +58,7 @@ def test_written_fisher_is_named_like_the_weights(pico_model, tmp_path):
 
 def test_rollouts_without_required_columns_are_refused(pico_model, tmp_path):
     pl.DataFrame({"prompt_ids": [[1, 2]]}).write_parquet(tmp_path / "r.parquet")
-    with pytest.raises(GraftlabError, match="missing \\['completion_ids'\\]"):
+    with pytest.raises(GraftlabError, match="rollouts .* lacks columns \\['completion_ids'\\]"):
         write_diag_fisher(pico_model("m"), tmp_path / "r.parquet", tmp_path / "fisher")
     assert not (tmp_path / "fisher").exists()
 
@@ -184,7 +184,7 @@ def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_p
     capsys.readouterr()  # the progress bars of the good run
     assert main(["fisher", "--model", str(path), "--rollouts", str(tmp_path / "bad.parquet"), "--out", str(tmp_path / "g")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("graftlab: error:") and err.count("\n") == 1 and "missing ['completion_ids']" in err
+    assert err.startswith("graftlab: error:") and err.count("\n") == 1 and "lacks columns ['completion_ids']" in err
     assert not (tmp_path / "g").exists()
 
 

@@ -17,14 +17,10 @@ from conftest import build_pico_model
 from graftlab.atomic import atomic_dir
 from graftlab.cli import main
 from graftlab.graft import graft
-from graftlab.models import (
-    GraftlabError,
-    SafetensorsWriter,
-    copy_model_files,
-    read_header,
-    tensor_index,
-    write_provenance,
-)
+from graftlab.errors import GraftlabError
+from graftlab.fetch import copy_model_files
+from graftlab.provenance import write_provenance
+from graftlab.safetensors_io import SafetensorsWriter, read_header, tensor_index
 
 
 def load_model(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -182,7 +182,7 @@ def test_bad_kfac_input_is_a_one_line_error_without_output(kfac_trio, tmp_path, 
 
 
 def test_a_parameter_no_module_call_reaches_is_refused_not_given_zero_fisher(pico_model):
-    from graftlab.models import GraftlabError
+    from graftlab.errors import GraftlabError
 
     model = AutoModelForCausalLM.from_pretrained(pico_model("m")).eval()
     model.model.unused = nn.LayerNorm(16)  # in named_parameters, never called by forward

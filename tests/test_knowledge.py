@@ -11,11 +11,14 @@ import polars as pl
 import pytest
 from transformers import AutoTokenizer
 
-from graftlab.models import GraftlabError
-from graftlab.tasks import chat_completion, is_correct
+from graftlab.errors import GraftlabError
+from graftlab.sampling import SamplingConfig
+from graftlab.tasks import EMPTY_THINK, chat_completion, get_task, is_correct
 from graftlab.world import arith, build
 from graftlab.world import knowledge as kn
 from graftlab.world.tokenizer import CHARS, build_tokenizer, save_tokenizer
+
+KNOWLEDGE = get_task("knowledge")
 
 OLD = ["add", "sub", "compare"]
 SMALL = kn.KnowledgeConfig(entities=12, facts=30, train_phrasings=4, heldout_phrasings=2, replay=9, seed=0)
@@ -92,11 +95,11 @@ def test_every_person_has_a_fact_and_no_fact_is_stated_twice(data):
 
 def test_answers_exact_match_their_completions(data):
     for row in pl.concat([qa(data["train"]), data["heldout"]]).iter_rows(named=True):
-        assert kn.grade(row["completion"], row["answer"]), row
-    assert kn.grade("<think>\n\n</think>\n\n  velmora. <|im_end|>", "Velmora")
-    assert not kn.grade("<think>\n\n</think>\n\nVelmor<|im_end|>", "Velmora")
-    assert not kn.grade("<think>\n\n</think>\n\n1843 or 1844<|im_end|>", "1843")
-    assert not kn.grade("Velmora<|im_end|>", "Velmora")  # no closed think block: nothing to grade
+        assert KNOWLEDGE.grade(row["completion"], row["answer"]), row
+    assert KNOWLEDGE.grade("<think>\n\n</think>\n\n  velmora. <|im_end|>", "Velmora")
+    assert not KNOWLEDGE.grade("<think>\n\n</think>\n\nVelmor<|im_end|>", "Velmora")
+    assert not KNOWLEDGE.grade("<think>\n\n</think>\n\n1843 or 1844<|im_end|>", "1843")
+    assert not KNOWLEDGE.grade("Velmora<|im_end|>", "Velmora")  # no closed think block: nothing to grade
 
 
 def test_empty_think_prefix_on_qa_examples_and_full_thinking_on_replay(data, tokenizer):
@@ -104,13 +107,13 @@ def test_empty_think_prefix_on_qa_examples_and_full_thinking_on_replay(data, tok
     for row in qa(train).iter_rows(named=True):
         assert row["completion"] == f"<think>\n\n</think>\n\n{row['answer']}<|im_end|>"
     # The same prefix the chat template pre-fills with enable_thinking=False, which evaluation uses.
-    assert kn.knowledge_prompt(tokenizer, "Q?").endswith("<|im_start|>assistant\n" + kn.EMPTY_THINK)
+    assert KNOWLEDGE.chat_prompt(tokenizer, "Q?").endswith("<|im_start|>assistant\n" + EMPTY_THINK)
     replay = train.filter(pl.col("split") == "replay")
     assert replay.height == SMALL.replay and set(replay["task"]) == set(OLD)
     for row in replay.iter_rows(named=True):
         thinking, answer = arith.solve(row["task"], row["prompt"])
         assert thinking and row["completion"] == chat_completion(thinking, answer)
-        assert not row["completion"].startswith(kn.EMPTY_THINK)
+        assert not row["completion"].startswith(EMPTY_THINK)
         assert is_correct(row["completion"], row["answer"])
 
 
@@ -152,7 +155,7 @@ def test_every_template_and_value_is_tokenizable(tokenizer):
             assert t.count("{e}") == 1 and set(t.replace("{e}", "")) <= set(CHARS), (relation, t)
     values = kn.PROFESSIONS + kn.COLOURS + kn.PETS + kn.INSTRUMENTS
     assert all(set(v) <= set(CHARS) for v in values)
-    full = kn.knowledge_prompt(tokenizer, "Pet of Taven Drumaveth:") + chat_completion("", "ferret")[len(kn.EMPTY_THINK) :]
+    full = KNOWLEDGE.chat_prompt(tokenizer, "Pet of Taven Drumaveth:") + chat_completion("", "ferret")[len(EMPTY_THINK) :]
     assert tokenizer.decode(tokenizer(full, add_special_tokens=False)["input_ids"]) == full
 
 
@@ -204,7 +207,7 @@ def test_closed_book_accuracy_is_one_for_a_sampler_that_knows_and_zero_for_one_t
     save_tokenizer(tmp_path)
     tok = AutoTokenizer.from_pretrained(tmp_path)
     heldout = data["heldout"]
-    prompts = [kn.knowledge_prompt(tok, q) for q in heldout["prompt"]]
+    prompts = [KNOWLEDGE.chat_prompt(tok, q) for q in heldout["prompt"]]
     # Case and a final full stop are surface form; the words must be exact.
     knows = FakeSampler({p: f"{a.lower()}.<|im_end|>" for p, a in zip(prompts, heldout["answer"])})
     assert kn.closed_book_accuracy(tmp_path, heldout, sampler=knows) == 1.0
@@ -212,8 +215,9 @@ def test_closed_book_accuracy_is_one_for_a_sampler_that_knows_and_zero_for_one_t
     assert kn.closed_book_accuracy(tmp_path, heldout, sampler=guesses) == pytest.approx(
         (heldout["answer"] == "Brigrefer").mean()
     )
-    records = kn.knowledge_records(knows, tok, heldout)
-    assert records["completion"].str.starts_with(kn.EMPTY_THINK).all() and records["correct"].all()
+    cfg = SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=32)
+    records = KNOWLEDGE.sample_and_grade(knows, tok, heldout, cfg)
+    assert records["completion"].str.starts_with(EMPTY_THINK).all() and records["correct"].all()
 
 
 def test_closed_book_accuracy_of_an_untrained_tiny_model_is_near_zero(tmp_path):

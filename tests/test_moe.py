@@ -9,7 +9,7 @@ from conftest import REPO, snakemake
 from graftlab.analysis import moe
 from graftlab.analysis.moe import MoeConfig
 from graftlab.config import ConfigError, resolve
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 
 DEFAULTS = resolve({})  # the schema's defaults, once: resolving checks the whole world (0.5 s)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.tasks import chat_completion
 from graftlab.train.opsd import Opsd, OpsdConfig, demonstration, opsd_examples, teacher_text, train_opsd
 from graftlab.world import arith, build
@@ -27,7 +27,7 @@ def post(tmp_path_factory):
 
 
 def examples(count=6):
-    rows = [dict(p, completion=chat_completion(p["thinking"], p["answer"])) for p in arith.sample_problems("mul", count, 0)]
+    rows = [dict(p, completion=chat_completion(p["thinking"], p["answer"])) for p in arith.sample_problems("mul", count, "test", 0)]
     return opsd_examples(pl.DataFrame(rows).select("id", "task", "prompt", "completion"))
 
 

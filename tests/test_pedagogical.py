@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 import torch
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.synth import pedagogical as ped
 from graftlab.synth.star import StarConfig
 from graftlab.tasks import chat_completion, chat_prompt
@@ -20,7 +20,7 @@ from graftlab.world.tokenizer import build_tokenizer
 
 TOK = build_tokenizer()
 ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=128)
-PROBLEMS = arith.sample_problems("mul", 4, seed=0)
+PROBLEMS = arith.sample_problems("mul", 4, "test", 0)
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +184,7 @@ def test_grpo_dataset_gives_the_teacher_the_solution_and_the_student_the_problem
         assert row["prompt"] == chat_prompt(TOK, ped.teacher_prompt(p["prompt"], p["answer"]))
         assert row["student_prompt"] == chat_prompt(TOK, p["prompt"]) and row["answer"] == p["answer"]
         assert "Reference" not in row["student_prompt"]
-    with pytest.raises(GraftlabError, match="lack column"):
+    with pytest.raises(GraftlabError, match=r"pedagogical RL problems lacks columns \[.answer.\]"):
         ped.teacher_dataset(TOK, pl.DataFrame(PROBLEMS).drop("answer"))
 
 
@@ -207,10 +207,10 @@ def test_reward_func_for_trl_reads_exact_ids_and_logs_every_component(student):
 def test_train_teacher_with_trl_grpo_logs_components_per_step(student, tmp_path, monkeypatch):
     # A random pico model is never correct nor well formed, so every reward would be 0 and GRPO would not
     # move: pass both checks, leaving learnability to vary within groups and drive the update.
-    import graftlab.tasks_registry as registry
+    import graftlab.tasks as tasks
 
-    always = registry.Task("always", prompt=str, grade=lambda completion, answer: True, reference=str)
-    monkeypatch.setattr(registry, "get_task", lambda name: always)
+    always = tasks.Task("always", prompt=str, grade=lambda completion, answer: True, reference=str)
+    monkeypatch.setattr(tasks, "get_task", lambda name: always)
     monkeypatch.setattr(ped, "well_formed", lambda completion, tokens, min_tokens: True)
     student.save_pretrained(tmp_path / "post")
     TOK.save_pretrained(tmp_path / "post")

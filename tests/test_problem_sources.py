@@ -6,9 +6,9 @@ import datasets
 import polars as pl
 import pytest
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.problem_sources import ProblemSource, load_problems, read_table, write_problems
-from graftlab.tasks_registry import MATH_INSTRUCTION
+from graftlab.tasks.math import MATH_INSTRUCTION
 
 ROWS = [
     {"uid": "q1", "question": "What is 1/2 as a decimal?", "final": "0.5", "level": 1},

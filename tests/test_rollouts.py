@@ -19,7 +19,7 @@ from graftlab.fisher.rollouts import (
     sample_rollouts,
     write_rollouts,
 )
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.sampling import HfSampler, SamplingConfig, _vllm_completion_ids
 from graftlab.tasks import chat_completion, chat_prompt
 from graftlab.world import arith, build
@@ -195,7 +195,7 @@ def test_each_rollout_is_graded_by_its_task():
     frame = sample_rollouts(ScriptedSampler(tok, completions), tok, problems, SamplingConfig(1, 1.0, 1.0, 64))
     assert frame["correct"].to_list() == [True, False, True, False]
     assert frame["completion"].to_list() == [completions[chat_prompt(tok, p["prompt"])] for p in problems]
-    with pytest.raises(GraftlabError, match=r"no grader for task 'maths'"):
+    with pytest.raises(GraftlabError, match=r"unknown task 'maths'"):
         sample_rollouts(None, tok, [{**problems[0], "task": "maths"}], SamplingConfig(1, 1.0, 1.0, 64))
 
 
@@ -203,7 +203,7 @@ def test_write_rollouts_from_a_problems_file(world, tmp_path, monkeypatch):
     tok = AutoTokenizer.from_pretrained(world / "model")
     held = {p["id"] for f in benchmarks(world) for p in pl.read_parquet(f).to_dicts()}
     # 29 fresh problems and one benchmark problem, which is never drawn.
-    pool = arith.sample_problems("add", 29, seed=5) + pl.read_parquet(benchmarks(world)[0]).head(1).to_dicts()
+    pool = arith.sample_problems("add", 29, "test", 5) + pl.read_parquet(benchmarks(world)[0]).head(1).to_dicts()
     problems, out = tmp_path / "problems.parquet", tmp_path / "rollouts.parquet"
     pl.DataFrame(pool).select("id", "task", "prompt", "answer").write_parquet(problems)
     fresh = {p["id"] for p in pool} - held

@@ -17,7 +17,7 @@ from graftlab.analysis.sensitivity import (
     collect_sensitivity,
     write_update_sensitivity,
 )
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 SFT = "sft/post/lr~1e-3/epoch~2"
 GRAFT = "graft/step~100/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.01"

@@ -8,11 +8,11 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.evaluate.run import Benchmark, evaluate
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig, generate, generate_ids
 from graftlab.synth.mining import MiningConfig, split_hard
 from graftlab.synth.traces import expert_traces
-from graftlab.tasks_registry import get_task
+from graftlab.tasks import get_task
 from graftlab.tasks import chat_prompt
 from graftlab.train.sft import TrainConfig, encode_chat, sft_epochs
 from graftlab.world import arith, build
@@ -58,7 +58,7 @@ def test_unknown_backend_is_an_error(world_model):
 
 
 def test_split_hard_keeps_never_solved_problems_and_holds_out_disjointly():
-    problems = arith.sample_problems("mul", 40, seed=0)
+    problems = arith.sample_problems("mul", 40, "test", 0)
     rates = [0.0] * 20 + [0.25] * 10 + [0.5] * 10
     train, heldout = split_hard(problems, rates, MiningConfig(8, max_pass_rate=0.25, heldout=10, temperature=1.0, max_new_tokens=8))
     assert train.height == 20 and heldout.height == 10
@@ -69,7 +69,7 @@ def test_split_hard_keeps_never_solved_problems_and_holds_out_disjointly():
 
 
 def test_expert_traces_verify_and_refuse_a_wrong_trace():
-    problems = pl.DataFrame(arith.sample_problems("mul", 5, seed=0))
+    problems = pl.DataFrame(arith.sample_problems("mul", 5, "test", 0))
     traces, stats = expert_traces(problems)
     assert traces.height == 5 and traces["completion"].str.ends_with("<|im_end|>").all()
     assert stats == {"problems": 5, "traces": 5, "skipped": 0, "skipped_ids": []}
@@ -102,7 +102,7 @@ def test_encode_chat_puts_loss_on_completion_tokens_only():
 
 def test_sft_writes_one_loadable_checkpoint_per_epoch_that_moved(world_model, tmp_path):
     data = tmp_path / "sft.parquet"
-    expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, seed=0)))[0].write_parquet(data)
+    expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, "test", 0)))[0].write_parquet(data)
     sft_epochs(world_model, data, TrainConfig(lr=1e-2, batch_size=8, epochs=2), tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch~1", "epoch~2", "steps.jsonl"]
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").open()]
@@ -117,14 +117,14 @@ def test_sft_writes_one_loadable_checkpoint_per_epoch_that_moved(world_model, tm
 
 def test_sft_refuses_data_without_columns(world_model, tmp_path):
     pl.DataFrame({"prompt": ["1+1="]}).write_parquet(tmp_path / "bad.parquet")
-    with pytest.raises(GraftlabError, match="missing \\['completion'\\]"):
+    with pytest.raises(GraftlabError, match="SFT data .* lacks columns \\['completion'\\]"):
         sft_epochs(world_model, tmp_path / "bad.parquet", TrainConfig(lr=1e-3, batch_size=2, epochs=1), tmp_path / "o")
 
 
 def test_evaluate_writes_records_and_metrics(world_model, tmp_path):
     benches = []
     for task, role in (("add", "old"), ("sub", "old"), ("mul", "new")):
-        pl.DataFrame(arith.sample_problems(task, 6, seed=0)).write_parquet(tmp_path / f"{task}.parquet")
+        pl.DataFrame(arith.sample_problems(task, 6, "test", 0)).write_parquet(tmp_path / f"{task}.parquet")
         benches.append(Benchmark(task, tmp_path / f"{task}.parquet", role))
     metrics = evaluate(world_model, benches, SamplingConfig(4, 1.0, 1.0, 6), tmp_path / "eval", "post")
     records = pl.read_parquet(tmp_path / "eval" / "add.parquet")
@@ -148,7 +148,7 @@ def test_vllm_is_optional_and_its_absence_is_explained(world_model):
 def test_pass_rates_count_correct_samples_per_problem_in_order():
     from graftlab.synth.mining import pass_rates
 
-    problems = arith.sample_problems("mul", 5, seed=0)
+    problems = arith.sample_problems("mul", 5, "test", 0)
     answers = {p["prompt"]: p["answer"] for p in problems}
 
     def sampler(prompts, cfg):  # problem i gets i % 3 correct samples of cfg.n

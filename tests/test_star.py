@@ -8,7 +8,7 @@ from collections import Counter
 import polars as pl
 import pytest
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.synth import star
 from graftlab.synth.star import StarConfig, star_traces
 from graftlab.tasks import chat_completion, is_correct
@@ -16,7 +16,7 @@ from graftlab.world import arith
 from graftlab.world.tokenizer import build_tokenizer
 
 TOK = build_tokenizer()
-PROBLEMS = pl.DataFrame(arith.sample_problems("mul", 6, seed=0))
+PROBLEMS = pl.DataFrame(arith.sample_problems("mul", 6, "test", 0))
 ANSWERS = dict(zip(PROBLEMS["prompt"], PROBLEMS["answer"]))
 
 
@@ -78,7 +78,7 @@ def test_only_verified_traces_with_their_first_success_and_stats():
 
 
 def test_a_task_grader_decides_what_is_verified():
-    from graftlab.tasks_registry import get_task
+    from graftlab.tasks import get_task
 
     boxed = {"What is 1/2 + 1/4?": "<think>\nquarters\n</think>\n\n\\boxed{0.75}<|im_end|>"}
     problems = pl.DataFrame({"id": ["m"], "prompt": list(boxed), "answer": ["\\frac{3}{4}"]})
@@ -177,7 +177,7 @@ def test_bad_config_and_bad_sampler_are_clear_errors():
         StarConfig(attempts=0)
     with pytest.raises(GraftlabError, match="sampler returned"):
         star_traces(lambda prompts, cfg: [[]] * len(prompts), TOK, PROBLEMS, StarConfig(attempts=2))
-    with pytest.raises(GraftlabError, match="no training problems"):
+    with pytest.raises(GraftlabError, match="star problems holds no rows"):
         star_traces(Scripted(solves_at), TOK, PROBLEMS.clear(), StarConfig())
-    with pytest.raises(GraftlabError, match=r"lack column\(s\) \['answer'\]"):
+    with pytest.raises(GraftlabError, match=r"star problems lacks columns \[.answer.\]"):
         star_traces(Scripted(solves_at), TOK, PROBLEMS.drop("answer"), StarConfig())

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from graftlab.analysis.takeover import form_shares, takeover_table
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.tasks import chat_completion, extract_thinking
 from graftlab.world.arith import NEW_TASKS, OLD_TASKS, operands, problem, thinking_form
 

@@ -38,7 +38,7 @@ def test_chat_template_matches_qwen3_layout(tokenizer):
 
 @pytest.mark.parametrize("task", ["add", "sub", "compare", "mul"])
 def test_solvers_answer_correctly_and_every_thinking_step_is_true(task):
-    for p in arith.sample_problems(task, 200, seed=1):
+    for p in arith.sample_problems(task, 200, "test", 1):
         a, b = map(int, re.findall(r"\d+", p["prompt"]))
         expected = {"add": a + b, "sub": a - b, "mul": a * b}.get(task)
         if task == "compare":
@@ -53,13 +53,13 @@ def test_solvers_answer_correctly_and_every_thinking_step_is_true(task):
 
 
 def test_sample_problems_is_deterministic_distinct_and_respects_exclusions():
-    first = arith.sample_problems("add", 50, seed=3)
-    assert first == arith.sample_problems("add", 50, seed=3)
+    first = arith.sample_problems("add", 50, "test", 3)
+    assert first == arith.sample_problems("add", 50, "test", 3)
     assert len({p["id"] for p in first}) == 50
     excluded = {p["id"] for p in first[:25]}
-    assert not excluded & {p["id"] for p in arith.sample_problems("add", 50, seed=3, exclude=excluded)}
+    assert not excluded & {p["id"] for p in arith.sample_problems("add", 50, "test", 3, exclude=excluded)}
     with pytest.raises(ValueError, match="fewer than"):
-        arith.sample_problems("mul", 10_000, seed=0)
+        arith.sample_problems("mul", 10_000, "test", 0)
 
 
 def test_corpus_has_no_assembled_multiplication():

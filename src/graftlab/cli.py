@@ -22,7 +22,7 @@ def _set_threads(threads: int | None) -> None:
 def _cmd_graft(args: argparse.Namespace) -> None:
     _set_threads(args.threads)
     from graftlab.graft import graft
-    from graftlab.models import GraftlabError
+    from graftlab.errors import GraftlabError
 
     project = None
     if args.mask != "none":
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from safetensors import SafetensorError
 
-    from graftlab.models import GraftlabError
+    from graftlab.errors import GraftlabError
 
     try:
         args.run(args)

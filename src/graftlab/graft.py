@@ -1,11 +1,12 @@
-"""Grafting (DESIGN §3): ``theta = post + scale * P(donor_tuned - donor)``, streamed tensor by tensor.
+"""Grafting (docs/methods.md): ``theta = post + scale * P(donor_tuned - donor)``, streamed tensor by tensor.
 
 Each tensor is computed in fp32 and cast back to the post model's dtype. Nothing ever holds a whole
 model: tensors are read one at a time (large ones in row blocks) into reused buffers and appended to
 the output as they are finished. Model merging is the case donor == post.
 
-Imports stay minimal (torch and graftlab.models; not transformers, not even safetensors, whose headers
-graftlab.models parses itself): start-up is a large share of a graft's wall time (DESIGN §7).
+Imports stay minimal (torch and graftlab.safetensors_io; not transformers, not even safetensors, whose
+headers graftlab.safetensors_io parses itself): start-up is a large share of a graft's wall time
+(benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -22,18 +23,17 @@ from typing import Any
 import torch
 
 from graftlab.atomic import atomic_dir
-from graftlab.models import (
+from graftlab.errors import GraftlabError
+from graftlab.fetch import copy_model_files
+from graftlab.provenance import write_provenance
+from graftlab.safetensors_io import (
     INDEX_NAME,
     SINGLE_NAME,
-    GraftlabError,
     SafetensorsWriter,
     TensorSpec,
-    copy_model_files,
-    read_config,
     spec_differences,
     tensor_index,
     tensor_specs,
-    write_provenance,
 )
 
 # P(delta) for one tensor: receives the tensor's name and its whole fp32 delta (scratch memory, valid
@@ -346,3 +346,14 @@ def graft(
         for model in models:
             model.close()
     return counts
+
+
+def read_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """The model's config.json, or None when it has none."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise GraftlabError(f"{path}: not valid JSON ({e})") from None

@@ -21,12 +21,14 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.atomic import write_table_with_stats
-from graftlab.models import GraftlabError
-from graftlab.tasks_registry import get_task
+from graftlab.errors import GraftlabError
+from graftlab.fetch import DATA_SUFFIXES, looks_local
+from graftlab.tasks import get_task
 
 log = logging.getLogger(__name__)
 
 FILE_READERS = {".parquet": pl.read_parquet, ".jsonl": pl.read_ndjson, ".ndjson": pl.read_ndjson, ".json": pl.read_json}
+assert tuple(FILE_READERS) == DATA_SUFFIXES, "every data file a source may name has a reader"
 ON_UNPARSABLE = ("skip", "error")
 SHOWN_IDS = 20  # ids listed in messages and stats; the counts are always complete
 
@@ -71,13 +73,6 @@ class ProblemSource:
                 f"dataset {name}: needs `source`; unknown keys {sorted(unknown)}; allowed {sorted(allowed)}"
             )
         return cls(name=name, **cfg)
-
-
-def looks_local(source: str) -> bool:
-    """Whether `source` names a local path rather than a hub id: it exists, starts like a path or names
-    a data file type. Such a path must exist here: it is never sent to the hub. (The workflow asks too,
-    to make a local file an input that another rule may build.)"""
-    return Path(source).exists() or source.startswith(("/", ".", "~")) or Path(source).suffix in FILE_READERS
 
 
 def _pick_split(data, src: ProblemSource):

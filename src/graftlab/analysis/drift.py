@@ -22,7 +22,8 @@ import polars as pl
 
 from graftlab.analysis.sensitivity import KINDS, tensor_kind
 from graftlab.atomic import atomic_file
-from graftlab.models import GraftlabError, open_tensors, spec_differences, tensor_specs
+from graftlab.errors import GraftlabError
+from graftlab.safetensors_io import open_tensors, spec_differences, tensor_specs
 
 Delta = tuple[str | Path, str | Path]  # (from, to) model directories
 

@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from graftlab.atomic import atomic_file
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

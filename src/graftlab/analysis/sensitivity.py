@@ -32,7 +32,8 @@ from graftlab.analysis.pareto import STYLES
 from graftlab.analysis.summary import parse_run
 from graftlab.atomic import atomic_file
 from graftlab.fisher.masks import load_diag_fisher
-from graftlab.models import GraftlabError, open_tensors, spec_differences, tensor_specs
+from graftlab.errors import GraftlabError
+from graftlab.safetensors_io import open_tensors, spec_differences, tensor_specs
 
 KINDS = ("attention", "mlp", "embedding", "norm", "other")
 # The plot's groups left to right: the baselines (SFT, OPSD) first, then merging, then grafting from donors.

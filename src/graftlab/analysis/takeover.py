@@ -25,7 +25,7 @@ import polars as pl
 
 from graftlab.analysis.summary import parse_run
 from graftlab.atomic import atomic_file
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.tasks import extract_thinking
 from graftlab.world.arith import NEW_TASKS, OLD_TASKS, THINKING_FORM, thinking_form
 

@@ -1,9 +1,9 @@
-"""Evaluation of one model on its benchmarks, each graded by its own task (DESIGN §3 "Evaluation").
+"""Evaluation of one model on its benchmarks, each drawn and graded as its task has it (docs/methods.md).
 
-A benchmark names a task of `graftlab.tasks_registry`. Knowledge benchmarks are answered greedily, once,
-after a pre-filled empty think block (as knowledge training wrote its examples); every other benchmark is
-sampled `cfg.n` times and graded by its task's grader (exact match for the tiny world, math-verify for
-boxed math answers). Both give the same per-sample records, so metrics and readers treat them alike.
+A benchmark names a task of `graftlab.tasks`, which says how its answers are drawn (knowledge: once,
+greedily, after a pre-filled empty think block; every other task: `cfg.n` samples) and graded (exact
+match for the tiny world, math-verify for boxed math answers). Every task gives the same per-sample
+records, so metrics and readers treat them alike.
 
 Writes one parquet of per-sample records per benchmark and, last, `metrics.json`, so a directory with
 `metrics.json` is a finished evaluation. Every Acc@n in it, and `old` and `new`, carries a 95% bootstrap
@@ -25,14 +25,13 @@ import polars as pl
 
 from graftlab.atomic import atomic_file
 from graftlab.evaluate.metrics import INTERVAL, acc_interval, benchmark_metrics, correct_counts
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig, load_sampler
-from graftlab.tasks import sample_and_grade
-from graftlab.tasks_registry import TASKS, get_task
+from graftlab.tables import read_table
+from graftlab.tasks import Task, find_task, get_task
 
 ROLES = ("old", "new")
 VALIDATION = "_val"  # suffix of a role's scores on the validation problems
-KNOWLEDGE = "knowledge"  # the registry task scored greedily by the knowledge world
 RECORD_COLUMNS = ("problem_id", "sample", "completion", "answer", "correct")
 
 
@@ -46,58 +45,33 @@ class Benchmark:
     def __post_init__(self) -> None:
         # Refused here rather than mid-evaluation: a typo would otherwise surface only after the
         # earlier benchmarks had been sampled, or (a bad role) silently drop out of the role means.
-        if self.task not in TASKS:
-            raise GraftlabError(f"benchmark {self.name}: unknown task {self.task!r}; known tasks: {sorted(TASKS)}")
+        try:
+            get_task(self.task)
+        except GraftlabError as err:
+            raise GraftlabError(f"benchmark {self.name}: {err}") from None
         if self.role not in ROLES:
             raise GraftlabError(f"benchmark {self.name}: role must be one of {list(ROLES)}, got {self.role!r}")
 
 
 def read_problems(bench: Benchmark) -> pl.DataFrame:
     """The benchmark's problems, refused (naming benchmark and file) when they cannot be graded."""
+    problems = read_table(bench.path, ("id", "prompt", "answer"), f"benchmark {bench.name}")
     where = f"benchmark {bench.name} ({bench.path})"
-    try:
-        problems = pl.read_parquet(bench.path)
-    except (OSError, pl.exceptions.PolarsError) as err:
-        raise GraftlabError(f"{where}: cannot read problems: {err}") from None
-    missing = {"id", "prompt", "answer"} - set(problems.columns)
-    if missing:
-        raise GraftlabError(f"{where} lacks columns {sorted(missing)}")
-    if problems.is_empty():
-        raise GraftlabError(f"{where} holds no problems")
     # Problem files written from the registry say their task; grading them as another task is a wiring
     # mistake (e.g. knowledge questions sampled and exact-matched as arithmetic). Tiny-world files name
-    # their arithmetic operation instead ("add"), which is no registry task and so is not compared.
+    # their arithmetic operation ("add"), a name of the arith task; labels no task knows are not compared.
     if "task" in problems.columns:
-        named = {t for t in problems["task"].unique().to_list() if t in TASKS}
+        named = {task.name for t in problems["task"].unique().to_list() if (task := find_task(t))}
         if named - {bench.task}:
             raise GraftlabError(f"{where} holds {sorted(named)} problems but is graded as task {bench.task!r}")
     return problems
 
 
-def decoding(bench: Benchmark, cfg: SamplingConfig) -> dict:
-    """How the benchmark's answers were drawn, recorded beside its scores."""
-    if bench.task == KNOWLEDGE:
-        return {"mode": "greedy", "n": 1}
-    mode = "greedy" if cfg.temperature == 0 else "sampled"
-    return {"mode": mode, "n": cfg.n, "temperature": cfg.temperature, "top_p": cfg.top_p}
-
-
-def score_benchmark(sampler, tokenizer, bench: Benchmark, problems: pl.DataFrame, cfg: SamplingConfig) -> pl.DataFrame:
-    """Per-sample records (`RECORD_COLUMNS`) of one benchmark, graded by its task."""
-    if bench.task != KNOWLEDGE:
-        return sample_and_grade(sampler, tokenizer, problems, cfg, grade=get_task(bench.task).grade)
-    from graftlab.world.knowledge import knowledge_records
-
-    # Knowledge is greedy exact match by definition (DESIGN §3), so the sampling config contributes
-    # only its token budget; `answer` holds the parsed prediction, as sample_and_grade's does.
-    records = knowledge_records(sampler, tokenizer, problems, cfg.max_new_tokens)
-    return records.select(
-        pl.col("id").alias("problem_id"),
-        pl.lit(0, dtype=pl.Int64).alias("sample"),
-        "completion",
-        pl.col("predicted").alias("answer"),
-        "correct",
-    )
+def decoding(task: Task, cfg: SamplingConfig) -> dict:
+    """How a benchmark's answers were drawn, recorded beside its scores."""
+    drawn = task.decoding(cfg)
+    mode = "greedy" if drawn.temperature == 0 else "sampled"
+    return {"mode": mode, "n": drawn.n, "temperature": drawn.temperature, "top_p": drawn.top_p}
 
 
 def role_scores(per_bench: dict[str, dict], counts: dict[str, tuple[int, list[int]]], suffix: str = "") -> dict:
@@ -163,7 +137,8 @@ def evaluate(
     out_dir.mkdir(parents=True, exist_ok=True)
     per_bench, counts, val_bench, val_counts = {}, {}, {}, {}
     for bench in benchmarks:
-        records = score_benchmark(sampler, tokenizer, bench, problems[bench.name], cfg)
+        task = get_task(bench.task)
+        records = task.sample_and_grade(sampler, tokenizer, problems[bench.name], cfg)
         records.write_parquet(out_dir / f"{bench.name}.parquet")
         if validation > 0:
             records, held = split_records(bench, records, validation)
@@ -171,7 +146,7 @@ def evaluate(
             val_bench[bench.name] = {"role": bench.role, **benchmark_metrics(held)}
         counts[bench.name] = correct_counts(records)
         per_bench[bench.name] = {
-            "role": bench.role, "task": bench.task, "decoding": decoding(bench, cfg), **benchmark_metrics(records)
+            "role": bench.role, "task": bench.task, "decoding": decoding(task, cfg), **benchmark_metrics(records)
         }
         if validation > 0:
             per_bench[bench.name]["validation"] = val_bench[bench.name]

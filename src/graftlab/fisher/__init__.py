@@ -22,11 +22,11 @@ def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int =
     elif kind == "kfac":
         from graftlab.fisher.kfac import write_kfac_fisher as write
     else:
-        from graftlab.models import GraftlabError
+        from graftlab.errors import GraftlabError
 
         raise GraftlabError(f"unknown Fisher kind {kind!r}: expected one of {list(KINDS)}")
     if kfac_options and kind != "kfac":
-        from graftlab.models import GraftlabError
+        from graftlab.errors import GraftlabError
 
         raise GraftlabError(f"options {sorted(kfac_options)} apply to kind kfac only, not {kind}")
     start = time.perf_counter()
@@ -43,7 +43,7 @@ def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope
     elif kind == "kfac":
         from graftlab.fisher.kfac_mask import kfac_mask as build
     else:
-        from graftlab.models import GraftlabError
+        from graftlab.errors import GraftlabError
 
         raise GraftlabError(f"unknown mask kind {kind!r}: expected one of {list(KINDS)}")
     if exact_limit is None:

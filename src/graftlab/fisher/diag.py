@@ -1,5 +1,5 @@
 """Diagonal retention Fisher: `F = (1/N) sum_n g_n * g_n`, with `g_n` the gradient of the summed
-log-likelihood of rollout n's completion tokens (DESIGN §3). Rollouts are the model's own samples, so this
+log-likelihood of rollout n's completion tokens (docs/methods.md). Rollouts are the model's own samples, so this
 is the true Fisher by Monte Carlo, not the empirical one.
 
 Per-example gradients come from `torch.func` (vmap over grad), one batched pass rather than one backward
@@ -10,22 +10,17 @@ only ever follows the real tokens, so it cannot change their logits, and its own
 
 from pathlib import Path
 
-import polars as pl
 import torch
 from tqdm import tqdm
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
+from graftlab.tables import read_table
 
 ROLLOUT_COLUMNS = ("prompt_ids", "completion_ids")
 
 
 def read_rollouts(path) -> list[tuple[list[int], list[int]]]:
-    frame = pl.read_parquet(path)
-    missing = [c for c in ROLLOUT_COLUMNS if c not in frame.columns]
-    if missing:
-        raise GraftlabError(f"{path}: rollouts need columns {list(ROLLOUT_COLUMNS)}; missing {missing}")
-    if frame.is_empty():
-        raise GraftlabError(f"{path}: no rollouts")
+    frame = read_table(path, ROLLOUT_COLUMNS, "rollouts")
     return list(zip(frame["prompt_ids"].to_list(), frame["completion_ids"].to_list()))
 
 
@@ -71,7 +66,7 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from transformers import AutoModelForCausalLM
 
     from graftlab.atomic import atomic_dir
-    from graftlab.models import write_provenance
+    from graftlab.provenance import write_provenance
 
     rollouts = read_rollouts(rollouts_path)
     # Eager attention: its backward has vmap batching rules; SDPA's CPU backward falls back to a loop.

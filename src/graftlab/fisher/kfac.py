@@ -26,7 +26,7 @@ from torch import nn
 from tqdm import tqdm
 
 from graftlab.fisher.diag import fisher_device, read_rollouts, right_pad
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 FORMAT = "graftlab-kfac/1"
 FACTORS = ("A", "G", "A_eigvals", "A_eigvecs", "G_eigvals", "G_eigvecs")
@@ -249,7 +249,7 @@ def write_kfac_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from transformers import AutoModelForCausalLM
 
     from graftlab.atomic import atomic_dir
-    from graftlab.models import write_provenance
+    from graftlab.provenance import write_provenance
 
     rollouts = read_rollouts(rollouts_path)
     # fp32 whatever the checkpoint's dtype: a bf16 forward and backward put 0.4-2% errors into G and the

@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from graftlab.fisher.kfac import FACTORS, FORMAT
 from graftlab.fisher.masks import EXACT_LIMIT, FisherMask, check_fisher, diag_score, read_deltas, zero_entries
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 
 def load_kfac_fisher(fisher_dir, post_dir) -> dict[str, dict[str, torch.Tensor]]:

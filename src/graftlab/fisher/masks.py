@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from graftlab.models import GraftlabError, tensor_index, tensor_specs
+from graftlab.errors import GraftlabError
+from graftlab.safetensors_io import tensor_index, tensor_specs
 
 # Up to this many entries the global threshold is exact (scores and deltas held in fp32: 8 bytes each).
 EXACT_LIMIT = 2**28

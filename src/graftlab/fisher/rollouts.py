@@ -1,5 +1,5 @@
 """Retention rollouts: the post model's own samples on old-domain prompts, the data of the retention
-Fisher (DESIGN §3: `y ~ pi_post(.|x)`, so the Fisher is the true one by Monte Carlo).
+Fisher (docs/methods.md: `y ~ pi_post(.|x)`, so the Fisher is the true one by Monte Carlo).
 
 The prompts are problems of the tiny world's old tasks, spread evenly over them and disjoint from the
 old-task benchmarks, so the Fisher never looks at what evaluation scores. They may coincide with
@@ -16,23 +16,20 @@ One sample per prompt, kept as the exact token ids the model read and wrote (`pr
 import time
 from dataclasses import dataclass
 
+import polars as pl
+
 from graftlab.atomic import atomic_file, write_table_with_stats
+from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
-from graftlab.tasks import chat_prompt, is_correct
+from graftlab.streams import stream, stream_seed
+from graftlab.tables import read_table
+from graftlab.tasks import get_task
 from graftlab.world import arith
 
-# polars and graftlab.models (torch) are imported where used: the workflow's config check imports this
-# module for `per_task_counts` on every Snakemake start.
-
-# Benchmarks draw their problems with `seed` and post-training with `seed + 1` (world.build): a stream of
-# its own keeps the retention prompts from being a prefix of either (overlap by chance remains possible).
-SEED_OFFSET = 2
 PROBLEM_COLUMNS = ("id", "task", "prompt", "answer")
 
 
 def _schema() -> dict:
-    import polars as pl
-
     ids = pl.List(pl.Int64)
     text = {c: pl.String for c in ("problem_id", "task", "prompt", "completion")}
     return text | {"correct": pl.Boolean, "prompt_ids": ids, "completion_ids": ids}
@@ -46,25 +43,16 @@ class RolloutConfig:
     seed: int = 0
 
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(1, self.temperature, 1.0, self.max_new_tokens, self.seed)
-
-
-def per_task_counts(tasks: list[str], count: int) -> list[int]:
-    """`count` split as evenly as possible over `tasks`, the first tasks taking the remainder."""
-    return [count // len(tasks) + (i < count % len(tasks)) for i in range(len(tasks))]
+        return SamplingConfig(1, self.temperature, 1.0, self.max_new_tokens, stream_seed("rollouts", self.seed))
 
 
 def retention_problems(tasks: list[str], count: int, seed: int, benchmark_files) -> list[dict]:
     """`count` distinct old-task problems, none of them in any of `benchmark_files`."""
-    import polars as pl
-
-    from graftlab.models import GraftlabError
-
     held_out = {pid for f in benchmark_files for pid in pl.read_parquet(f)["id"]}
     problems = []
-    for task, k in zip(tasks, per_task_counts(tasks, count)):
+    for task, k in zip(tasks, arith.per_task_counts(tasks, count)):
         try:
-            problems += arith.sample_problems(task, k, seed + SEED_OFFSET, exclude=held_out) if k else []
+            problems += arith.sample_problems(task, k, "retention", seed, exclude=held_out) if k else []
         except ValueError as err:
             raise GraftlabError(f"retention rollouts: {err}") from None
     return problems
@@ -79,16 +67,7 @@ def problems_from_file(prompts_file, count: int, seed: int, benchmark_files) -> 
     """`count` problems of the problems parquet `prompts_file` (id, task, prompt, answer), drawn by a
     seeded shuffle, none whose id or prompt text is in any of `benchmark_files`. Too few left is an
     error: a Fisher over fewer rollouts than configured would be silently noisier."""
-    import random
-
-    import polars as pl
-
-    from graftlab.models import GraftlabError
-
-    frame = pl.read_parquet(prompts_file)
-    missing = [c for c in PROBLEM_COLUMNS if c not in frame.columns]
-    if missing:
-        raise GraftlabError(f"retention rollouts: {prompts_file} lacks columns {missing}; it has {frame.columns}")
+    frame = read_table(prompts_file, PROBLEM_COLUMNS, "retention prompts")
     held_ids, held_prompts = set(), set()
     for f in benchmark_files:
         bench = pl.read_parquet(f)
@@ -96,7 +75,7 @@ def problems_from_file(prompts_file, count: int, seed: int, benchmark_files) -> 
         held_prompts |= {_normalised(p) for p in bench["prompt"]} if "prompt" in bench.columns else set()
     rows = [{c: str(r[c]) for c in PROBLEM_COLUMNS} for r in frame.iter_rows(named=True)]
     # Shuffle before excluding: a new benchmark then removes only its own problems from the draw.
-    random.Random(seed + SEED_OFFSET).shuffle(rows)
+    stream("retention", seed).shuffle(rows)
     fresh = [r for r in rows if r["id"] not in held_ids and _normalised(r["prompt"]) not in held_prompts]
     if len(fresh) < count:
         raise GraftlabError(
@@ -106,39 +85,22 @@ def problems_from_file(prompts_file, count: int, seed: int, benchmark_files) -> 
     return fresh[:count]
 
 
-def grader(task: str):
-    """`grade(completion, answer)` of `task`: the registry's (e.g. math's boxed answers) where it has
-    the task, else the tiny world's exact match for a world task (add, sub, compare, mul)."""
-    from graftlab.models import GraftlabError
-    from graftlab.tasks_registry import TASKS
-
-    if task in TASKS:
-        return TASKS[task].grade
-    if task in arith.SOLVERS:
-        return is_correct
-    raise GraftlabError(
-        f"retention rollouts: no grader for task {task!r}; registry tasks {sorted(TASKS)}, "
-        f"world tasks {sorted(arith.SOLVERS)}"
-    )
-
-
 def sample_rollouts(sampler, tokenizer, problems: list[dict], cfg: SamplingConfig):
     """One rollout per problem (a polars frame): its ids, the decoded completion and whether it is
     correct by its task's grader."""
-    import polars as pl
-
     # Looked up before sampling, so an unknown task fails before any compute is spent.
-    grades = {task: grader(task) for task in {p["task"] for p in problems}}
-    samples = sampler.sample_ids([chat_prompt(tokenizer, p["prompt"]) for p in problems], cfg)
+    tasks = [get_task(p["task"]) for p in problems]
+    prompts = [task.chat_prompt(tokenizer, p["prompt"]) for task, p in zip(tasks, problems)]
+    samples = sampler.sample_ids(prompts, cfg)
     rows = []
-    for problem, ((prompt_ids, completion_ids), *_) in zip(problems, samples, strict=True):
-        completion = tokenizer.decode(completion_ids, skip_special_tokens=False)
+    for problem, task, ((prompt_ids, completion_ids), *_) in zip(problems, tasks, samples, strict=True):
+        completion = task.turn(tokenizer.decode(completion_ids, skip_special_tokens=False))
         rows.append({
             "problem_id": problem["id"],
             "task": problem["task"],
             "prompt": problem["prompt"],
             "completion": completion,
-            "correct": grades[problem["task"]](completion, problem["answer"]),
+            "correct": task.grade(completion, problem["answer"]),
             "prompt_ids": prompt_ids,
             "completion_ids": completion_ids,
         })  # fmt: skip

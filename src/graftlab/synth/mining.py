@@ -4,14 +4,15 @@ Never-solved problems are kept on purpose (DESIGN §3): dropping them would drop
 new task the model cannot yet do.
 """
 
-import random
 from dataclasses import dataclass
 
 import polars as pl
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
-from graftlab.tasks import sample_and_grade
+from graftlab.streams import stream, stream_seed
+from graftlab.tables import PROBLEM_COLUMNS, read_table
+from graftlab.tasks import get_task
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,10 @@ class MiningConfig:
     seed: int = 0
 
 
-def pass_rates(sampler, tokenizer, problems: list[dict], cfg: MiningConfig, grade=None) -> list[float]:
-    """Each problem's fraction of correct samples; `grade(completion, answer)` defaults to exact match."""
-    scfg = SamplingConfig(cfg.samples, cfg.temperature, 1.0, cfg.max_new_tokens, cfg.seed)
-    records = sample_and_grade(sampler, tokenizer, pl.DataFrame(problems), scfg, grade)
+def pass_rates(sampler, tokenizer, problems: list[dict], cfg: MiningConfig, task: str = "arith") -> list[float]:
+    """Each problem's fraction of correct samples, drawn and graded as task `task` has them."""
+    scfg = SamplingConfig(cfg.samples, cfg.temperature, 1.0, cfg.max_new_tokens, stream_seed("mining", cfg.seed))
+    records = get_task(task).sample_and_grade(sampler, tokenizer, pl.DataFrame(problems), scfg)
     per_problem = records.group_by("problem_id", maintain_order=True).agg(pl.col("correct").mean())
     return per_problem["correct"].to_list()
 
@@ -40,7 +41,7 @@ def split_hard(problems: list[dict], rates: list[float], cfg: MiningConfig) -> t
             f"mining kept {len(hard)} of {len(problems)} problems at pass rate <= {cfg.max_pass_rate}; "
             f"need more than mining.heldout = {cfg.heldout} to leave any for training"
         )
-    random.Random(f"mining:{cfg.seed}").shuffle(hard)
+    stream("mining-split", cfg.seed).shuffle(hard)
     return pl.DataFrame(hard[cfg.heldout :]), pl.DataFrame(hard[: cfg.heldout])
 
 
@@ -50,11 +51,10 @@ def mine(model_dir, candidates, cfg: MiningConfig, train_out, heldout_out, backe
     from transformers import AutoTokenizer
 
     from graftlab.sampling import load_sampler
-    from graftlab.tasks_registry import get_task
 
-    problems = pl.read_parquet(candidates).to_dicts()
+    problems = read_table(candidates, PROBLEM_COLUMNS, "mining candidates").to_dicts()
     sampler, tokenizer = load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir)
-    rates = pass_rates(sampler, tokenizer, problems, cfg, get_task(task).grade)
+    rates = pass_rates(sampler, tokenizer, problems, cfg, task)
     train, heldout = split_hard(problems, rates, cfg)
     print(f"mined {len(train) + len(heldout)} of {len(problems)} problems (pass rate <= {cfg.max_pass_rate}); "
           f"{sum(r == 0 for r in rates)} never solved; {len(train)} train, {len(heldout)} held out")

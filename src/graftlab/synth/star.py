@@ -20,8 +20,9 @@ from dataclasses import asdict, dataclass, replace
 import polars as pl
 
 from graftlab.atomic import write_table_with_stats
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
+from graftlab.tables import PROBLEM_COLUMNS, read_table, require_columns
 from graftlab.tasks import chat_prompt, is_correct
 
 Grader = Callable[[str, str], bool]  # (completion, answer) -> correct
@@ -85,12 +86,7 @@ def first_verified(
 
 def require_problems(problems: pl.DataFrame, stage: str) -> list[dict]:
     """The problems as rows; a clear error when there are none or a required column is missing."""
-    missing = {"id", "prompt", "answer"} - set(problems.columns)
-    if missing:
-        raise GraftlabError(f"{stage}: problems lack column(s) {sorted(missing)}")
-    if problems.is_empty():
-        raise GraftlabError(f"{stage}: no training problems to sample")
-    return problems.to_dicts()
+    return require_columns(problems, PROBLEM_COLUMNS, f"{stage} problems").to_dicts()
 
 
 def hint_prompt(prompt: str, answer: str) -> str:
@@ -172,10 +168,10 @@ def write_star(model_dir, problems, cfg: StarConfig, out, stats_out, backend: st
     from transformers import AutoTokenizer
 
     from graftlab.sampling import load_sampler
-    from graftlab.tasks_registry import get_task
+    from graftlab.tasks import get_task
 
     traces, stats = star_traces(
-        load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), pl.read_parquet(problems), cfg,
+        load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), read_table(problems, PROBLEM_COLUMNS, "star problems"), cfg,
         get_task(task).grade,
     )
     print(f"star: solved {stats['solved']} of {stats['problems']} ({stats['solved_by_rationalization']} by "

@@ -12,7 +12,7 @@ problem at all is an error.
 import polars as pl
 
 from graftlab.atomic import write_table_with_stats
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 from graftlab.tasks import chat_completion, is_correct
 from graftlab.world import arith
 

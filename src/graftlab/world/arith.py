@@ -13,6 +13,8 @@ import re
 from collections import Counter
 from collections.abc import Callable
 
+from graftlab.streams import stream
+
 OLD_TASKS = ("add", "sub", "compare")
 # `times` is `mul` in a format of its own ("product(47,8)?"), like no old task's: the fidelity study asks
 # whether a new task that shares the old tasks' format is what routes its update into their machinery.
@@ -110,14 +112,17 @@ def problem(task: str, a: int, b: int) -> dict:
     return {"id": f"{task}:{prompt}", "task": task, "prompt": prompt, "answer": answer, "thinking": thinking}
 
 
-def sample_problems(task: str, count: int, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
-    """`count` distinct problems of `task`, none of whose ids is in `exclude`.
+def per_task_counts(tasks: list[str], count: int) -> list[int]:
+    """`count` split as evenly as possible over `tasks`, the first tasks taking the remainder."""
+    return [count // len(tasks) + (i < count % len(tasks)) for i in range(len(tasks))]
 
-    Seeds are explicit integers: Python's `hash()` is salted per process, so nothing derives from it.
-    """
+
+def sample_problems(task: str, count: int, purpose: str, seed: int, exclude: set[str] = frozenset()) -> list[dict]:
+    """`count` distinct problems of `task`, none of whose ids is in `exclude`, drawn from the stream of
+    `purpose` (benchmark, posttrain, retention, replay, candidates, ...), `task` and `seed`."""
     if task not in SOLVERS:
         raise ValueError(f"unknown task {task!r}; known: {sorted(SOLVERS)}")
-    rng, seen, out = random.Random(f"{task}:{seed}"), set(exclude), []
+    rng, seen, out = stream(purpose, task, seed), set(exclude), []
     for _ in range(count * 200):
         p = problem(task, *operands(task, rng))
         if p["id"] not in seen:

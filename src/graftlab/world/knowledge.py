@@ -23,14 +23,11 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.atomic import write_table_with_stats
-from graftlab.models import GraftlabError
-from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_completion, extract_answer
+from graftlab.errors import GraftlabError
+from graftlab.streams import stream
+from graftlab.tasks import EMPTY_THINK, chat_completion, get_task
 from graftlab.world import arith
 
-# Benchmarks draw with `seed`, post-training `seed + 1`, retention rollouts `seed + 2` (world.build,
-# fisher.rollouts): replay has a stream of its own, and benchmark problems are excluded outright.
-REPLAY_SEED_OFFSET = 3
-EMPTY_THINK = f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
 TASK = "knowledge"
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z")
@@ -221,7 +218,7 @@ def _split_phrasings(rng: random.Random, cfg: KnowledgeConfig) -> tuple[dict, di
 
 def make_world(cfg: KnowledgeConfig) -> KnowledgeWorld:
     """People, their facts and the phrasing split; everything follows from `cfg.seed`."""
-    rng = random.Random(f"knowledge:{cfg.seed}")
+    rng = stream("knowledge", cfg.seed)
     words = _Words(rng)
     people = [f"{words.draw(2)} {words.draw(3)}" for _ in range(cfg.entities)]
     pools = _value_pools(words, cfg.entities)
@@ -273,12 +270,10 @@ def qa_frame(world: KnowledgeWorld, split: str) -> pl.DataFrame:
 def replay_frame(tasks: list[str], count: int, seed: int, exclude: set[str] = frozenset()) -> pl.DataFrame:
     """`count` old-task problems with their expert traces (thinking kept), spread evenly over `tasks`,
     drawn from the replay seed stream and never one of `exclude` (the benchmark ids)."""
-    from graftlab.fisher.rollouts import per_task_counts
-
     rows = []
-    for task, k in zip(tasks, per_task_counts(tasks, count)):
+    for task, k in zip(tasks, arith.per_task_counts(tasks, count)):
         try:
-            problems = arith.sample_problems(task, k, seed + REPLAY_SEED_OFFSET, exclude=exclude) if k else []
+            problems = arith.sample_problems(task, k, "replay", seed, exclude=exclude) if k else []
         except ValueError as err:
             raise GraftlabError(f"knowledge replay: {err}") from None
         for p in problems:
@@ -292,7 +287,7 @@ def training_frame(world: KnowledgeWorld, replay: pl.DataFrame, seed: int) -> pl
     """QA in the training phrasings plus replay, shuffled in Python (so the order does not depend on
     the polars version): one SFT data set, the same mixture for every method."""
     rows = qa_frame(world, "train").to_dicts() + replay.to_dicts()
-    random.Random(f"knowledge-mix:{seed}").shuffle(rows)
+    stream("knowledge-mix", seed).shuffle(rows)
     return pl.DataFrame(rows, schema=SCHEMA)
 
 
@@ -318,59 +313,21 @@ def write_knowledge_data(out_dir, cfg: KnowledgeConfig, old_tasks: list[str], be
     return stats
 
 
-def normalise(text: str) -> str:
-    """Exact match forgives only surface form: case, spacing and a final full stop."""
-    return " ".join(text.split()).removesuffix(".").strip().casefold()
-
-
-def grade(completion: str, answer: str) -> bool:
-    """Exact match of the text after the thinking of a whole assistant turn (think block included)."""
-    predicted = extract_answer(completion)
-    return predicted is not None and normalise(predicted) == normalise(answer)
-
-
-def knowledge_prompt(tokenizer, question: str) -> str:
-    """The user turn and the assistant header with the empty think block pre-filled, as training wrote it."""
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True, enable_thinking=False
-    )
-
-
-def knowledge_records(sampler, tokenizer, questions: pl.DataFrame, max_new_tokens: int | None = None) -> pl.DataFrame:
-    """Greedy answers to `questions` (`id`, `prompt`, `answer`), one graded row each. The completion is
-    stored with the pre-filled think block in front, so it reads as the whole assistant turn."""
-    from graftlab.sampling import SamplingConfig
-
-    missing = {"id", "prompt", "answer"} - set(questions.columns)
-    if missing or questions.is_empty():
-        raise GraftlabError(f"knowledge evaluation needs rows with id, prompt, answer (missing {sorted(missing)})")
-    # Characters bound tokens from above for any tokenizer; the margin lets a wrong answer run on a little.
-    budget = max_new_tokens or max(len(a) for a in questions["answer"]) + 8
-    cfg = SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=budget)
-    outputs = sampler([knowledge_prompt(tokenizer, q) for q in questions["prompt"]], cfg)
-    turns = [EMPTY_THINK + out[0] for out in outputs]
-    return pl.DataFrame(
-        {
-            "id": questions["id"],
-            "answer": questions["answer"],
-            "completion": turns,
-            "predicted": [extract_answer(t) for t in turns],
-            "correct": [grade(t, a) for t, a in zip(turns, questions["answer"])],
-        },
-        schema={**{c: pl.String for c in ("id", "answer", "completion", "predicted")}, "correct": pl.Boolean},
-    )
-
-
 def closed_book_accuracy(model_dir, questions, backend: str = "auto", sampler=None, max_new_tokens=None) -> float:
     """Greedy exact-match accuracy of a model on questions (a frame or a parquet path); `sampler`
     replaces loading one from `model_dir` (the tokenizer still comes from `model_dir`)."""
     from transformers import AutoTokenizer
 
-    from graftlab.sampling import load_sampler
+    from graftlab.sampling import SamplingConfig, load_sampler
 
     frame = questions if isinstance(questions, pl.DataFrame) else pl.read_parquet(questions)
+    if frame.is_empty():
+        raise GraftlabError("closed-book accuracy: no questions to ask")
     sampler = sampler or load_sampler(model_dir, backend)
-    records = knowledge_records(sampler, AutoTokenizer.from_pretrained(model_dir), frame, max_new_tokens)
+    # Characters bound tokens from above for any tokenizer; the margin lets a wrong answer run on a little.
+    budget = max_new_tokens or max(len(a) for a in frame["answer"]) + 8
+    cfg = SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=budget)
+    records = get_task(TASK).sample_and_grade(sampler, AutoTokenizer.from_pretrained(model_dir), frame, cfg)
     return float(records["correct"].mean())
 
 

@@ -1,24 +1,17 @@
-"""Model-directory I/O shared by every stage: tensor indexes, safetensors headers, a streaming
-safetensors writer, atomic output directories, provenance files, copying of non-weight files, and
-fetching model references (a local directory, or a hub id pinned by a revision) into `resources/models/`.
+"""Safetensors I/O of model directories: tensor indexes, headers read without the safetensors library,
+a lazy per-tensor reader and a streaming writer.
 
-Kept light on imports (torch and the standard library only; huggingface_hub only inside `fetch_model`):
-the graft path imports this module and start-up time is a measurable share of a graft (DESIGN §7).
+Kept light on imports (torch and the standard library; safetensors only inside `open_tensors`): the
+graft imports this module, and start-up is a large share of a graft's wall time (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
-import fnmatch
-import importlib.metadata
 import json
 import math
 import os
-import platform
-import shutil
 import struct
-import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +19,10 @@ from typing import Any, BinaryIO
 
 import torch
 
-from graftlab.atomic import atomic_dir
+from graftlab.errors import GraftlabError
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-PROVENANCE_NAME = "graftlab.json"
 
 # A header larger than this is a corrupt or hostile file, not a model (the safetensors library uses
 # the same bound).
@@ -51,24 +43,6 @@ _DTYPES: dict[str, torch.dtype] = {
     "F8_E5M2": torch.float8_e5m2,
 }
 _DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in _DTYPES.items()}
-
-# Files of a model directory that are weights, graftlab's own record, or trainer state: a derived
-# model must never inherit them from its source.
-_NOT_COPIED_SUFFIXES = (
-    ".safetensors",
-    ".safetensors.index.json",
-    ".bin",
-    ".bin.index.json",
-    ".pt",
-    ".pth",
-    ".ckpt",
-)
-_NOT_COPIED_NAMES = {PROVENANCE_NAME, "trainer_state.json"}
-
-
-class GraftlabError(Exception):
-    """A user-facing failure; its message is one line naming the offending key, file or tensor."""
-
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -300,175 +274,3 @@ class SafetensorsWriter:
             # The caller's exception is the story; the file is garbage that atomic_dir removes.
             self._file.close()
             self._file = None
-
-
-def _package_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for package in ("torch", "transformers", "safetensors", "graftlab"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    return versions
-
-
-def _git_revision() -> str | None:
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-            cwd=Path(__file__).parent,  # graftlab's checkout, not the workflow's working directory
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
-def write_provenance(
-    out_dir: str | Path, inputs: dict[str, Any], params: dict[str, Any], extra: dict[str, Any] | None = None
-) -> Path:
-    """Write ``out_dir/graftlab.json``: what produced this directory, with which code."""
-    record = {
-        "inputs": {
-            key: str(value) if isinstance(value, os.PathLike) else value for key, value in inputs.items()
-        },
-        "params": params,
-        "versions": _package_versions(),
-        "git_revision": _git_revision(),
-        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    if extra:
-        record.update(extra)
-    path = Path(out_dir) / PROVENANCE_NAME
-    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    return path
-
-
-def copy_model_files(src_dir: str | Path, dst_dir: str | Path) -> list[str]:
-    """Copy the non-weight files of a model directory (config, generation config, tokenizer, chat
-    template, ...). Subdirectories are skipped: in HF model directories they hold trainer checkpoints
-    and logs, never files a model needs to load. Returns the names copied."""
-    src_dir, dst_dir = Path(src_dir), Path(dst_dir)
-    copied = []
-    for path in sorted(src_dir.iterdir()):
-        if not path.is_file() or path.name in _NOT_COPIED_NAMES or path.name.endswith(_NOT_COPIED_SUFFIXES):
-            continue
-        if path.name.startswith(("optimizer", "scheduler", "rng_state", "scaler", "training_args")):
-            continue
-        shutil.copy2(path, dst_dir / path.name)
-        copied.append(path.name)
-    return copied
-
-
-def read_config(model_dir: str | Path) -> dict[str, Any] | None:
-    """The model's config.json, or None when it has none."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise GraftlabError(f"{path}: not valid JSON ({e})") from None
-
-
-# What a fetched model needs to load, and nothing else: weights as safetensors only (pickled .bin
-# weights run code when loaded, and every model graftlab targets ships safetensors), the configs, and
-# every tokenizer and chat-template format transformers reads.
-MODEL_FILE_PATTERNS = (
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "*.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-    "*.tiktoken",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-
-
-def fetch_model(source: str, out_dir: str | Path, revision: str | None = None) -> Path:
-    """Write the model `source` to `out_dir`: its top-level model files (`MODEL_FILE_PATTERNS`) and a
-    provenance file, atomically, so a failed fetch leaves nothing at `out_dir`.
-
-    `source` is a local model directory (copied; `revision` must be None, it pins hub ids only) or a
-    hub id, downloaded at `revision` (default: the main branch) and recorded with its resolved commit.
-    A source that starts like a path (/ . ~) is local whether or not it exists: never sent to the hub."""
-    local = Path(source).expanduser()
-    is_local = local.exists() or source.startswith(("/", ".", "~"))
-    if is_local:
-        _check_local_source(source, local, revision)
-    with atomic_dir(out_dir) as tmp:
-        if is_local:
-            _copy_matching(local, tmp)
-            commit = None
-        else:
-            commit = _download(source, revision, tmp)
-        _check_fetched(source, tmp)
-        write_provenance(tmp, {"source": source, "revision": revision, "commit": commit}, {})
-    return Path(out_dir)
-
-
-def _check_local_source(source: str, path: Path, revision: str | None) -> None:
-    if not path.exists():
-        raise GraftlabError(
-            f"model source {source}: no such directory (a path-like source is never looked up on the hub)"
-        )
-    if not path.is_dir():
-        raise GraftlabError(f"model source {source}: not a directory")
-    if revision is not None:
-        raise GraftlabError(f"model source {source}: revision {revision!r} pins hub ids only; {source} is local")
-
-
-def _copy_matching(src_dir: Path, dst_dir: Path) -> None:
-    for path in sorted(src_dir.iterdir()):
-        if path.is_file() and any(fnmatch.fnmatchcase(path.name, p) for p in MODEL_FILE_PATTERNS):
-            shutil.copy2(path, dst_dir / path.name)
-
-
-def _download(repo_id: str, revision: str | None, out: Path) -> str:
-    """Download the model files of hub repo `repo_id` at `revision` into `out`; returns the commit."""
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import HTTPError  # the transport's base error (httpx's), raised unwrapped
-
-    try:
-        # Resolve a branch or tag once and download that commit, so the commit recorded is the one
-        # fetched even if the branch moves meanwhile; snapshot_download skips its own lookup for a hash.
-        commit = HfApi().repo_info(repo_id, revision=revision).sha
-        snapshot_download(
-            repo_id=repo_id,
-            revision=commit,
-            local_dir=out,
-            allow_patterns=list(MODEL_FILE_PATTERNS),
-            ignore_patterns=["*/*"],  # subfolders hold other formats (e.g. original/ weights), never needed
-        )
-    except (OSError, ValueError, HTTPError) as e:
-        cause = " ".join(f"{type(e).__name__}: {e}".split())  # hub messages span lines; ours is one line
-        where = f"model {repo_id!r} at revision {revision or 'main'}"
-        raise GraftlabError(f"{where}: cannot fetch from the hub: {cause}") from e
-    # snapshot_download's bookkeeping for resuming into local_dir; not part of the model.
-    shutil.rmtree(out / ".cache", ignore_errors=True)
-    return commit
-
-
-def _check_fetched(source: str, model_dir: Path) -> None:
-    """A fetched model holds config.json and a complete set of safetensors weights."""
-    names = sorted(p.name for p in model_dir.iterdir())
-    if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
-        raise GraftlabError(
-            f"model {source}: needs config.json and safetensors weights (pickled .bin weights are not "
-            f"fetched); found {names or 'no model files'}"
-        )
-    try:
-        tensor_index(model_dir)
-    except GraftlabError as e:
-        raise GraftlabError(f"model {source}: {e}") from None

@@ -5,10 +5,11 @@ import pytest
 from math_verify.errors import TimeoutException
 
 from graftlab import tasks
-from graftlab.models import GraftlabError
-from graftlab.tasks import chat_completion
-from graftlab.tasks_registry import MATH_INSTRUCTION, TASKS, get_task, last_boxed, math_grade, math_reference
-from graftlab.world import arith, knowledge
+from graftlab.errors import GraftlabError
+from graftlab.sampling import SamplingConfig
+from graftlab.tasks import EMPTY_THINK, TASKS, chat_completion, find_task, get_task
+from graftlab.tasks.math import MATH_INSTRUCTION, last_boxed, math_grade, math_reference
+from graftlab.world import arith
 
 
 def turn(final: str, thinking: str = "let me think") -> str:
@@ -140,7 +141,7 @@ def test_math_prompt_asks_for_a_boxed_answer():
 
 def test_arith_task_grades_as_tasks_is_correct():
     task = get_task("arith")
-    problems = arith.sample_problems("add", 5, seed=0) + arith.sample_problems("mul", 5, seed=0)
+    problems = arith.sample_problems("add", 5, "test", 0) + arith.sample_problems("mul", 5, "test", 0)
     for p in problems:
         right = chat_completion(p["thinking"], p["answer"])
         wrong = chat_completion(p["thinking"], p["answer"] + "1")
@@ -150,13 +151,12 @@ def test_arith_task_grades_as_tasks_is_correct():
     assert task.prompt(problems[0]["prompt"]) == problems[0]["prompt"]
 
 
-def test_knowledge_task_grades_as_the_knowledge_world():
+def test_knowledge_task_forgives_only_case_spacing_and_a_final_full_stop():
     task = get_task("knowledge")
-    cases = [("Paris.", "paris"), ("  New   York ", "New York"), ("Lyon", "Paris"), ("", "Paris")]
-    for said, answer in cases:
-        completion = knowledge.EMPTY_THINK + said + "<|im_end|>"
-        assert task.grade(completion, answer) == knowledge.grade(completion, answer)
-    assert task.grade(knowledge.EMPTY_THINK + "Paris.", "paris")
+    cases = [("Paris.", "paris", True), ("  New   York ", "New York", True), ("Lyon", "Paris", False),
+             ("", "Paris", False), ("Paris!", "Paris", False), ("Pa ris", "Paris", False)]  # fmt: skip
+    for said, answer, right in cases:
+        assert task.grade(EMPTY_THINK + said + "<|im_end|>", answer) == right, (said, answer)
     assert not task.grade("Paris", "Paris")  # no closed thinking: no answer
 
 
@@ -164,6 +164,12 @@ def test_unknown_task_names_the_known_ones():
     with pytest.raises(GraftlabError, match=r"unknown task 'maths'.*\['arith', 'knowledge', 'math'\]"):
         get_task("maths")
     assert set(TASKS) == {"arith", "knowledge", "math"}
+    assert find_task("maths") is None
+
+
+@pytest.mark.parametrize("operation", arith.OLD_TASKS + arith.NEW_TASKS)
+def test_tiny_world_operations_are_graded_as_arith(operation):
+    assert get_task(operation) is get_task("arith")
 
 
 def test_sample_and_grade_grades_with_the_task_it_is_given():
@@ -174,6 +180,29 @@ def test_sample_and_grade_grades_with_the_task_it_is_given():
 
     problems = pl.DataFrame({"id": ["p"], "prompt": ["What is 1/2?"], "answer": ["\\frac{1}{2}"]})
     sampler = lambda prompts, cfg: [[chat_completion("half", "\\boxed{0.5}")] for _ in prompts]  # noqa: E731
-    exact = tasks.sample_and_grade(sampler, build_tokenizer(), problems, None)
-    graded = tasks.sample_and_grade(sampler, build_tokenizer(), problems, None, grade=get_task("math").grade)
+    cfg = SamplingConfig(n=1, temperature=1.0, top_p=1.0, max_new_tokens=16)
+    exact = get_task("arith").sample_and_grade(sampler, build_tokenizer(), problems, cfg)
+    graded = get_task("math").sample_and_grade(sampler, build_tokenizer(), problems, cfg)
     assert exact["correct"].to_list() == [False] and graded["correct"].to_list() == [True]
+
+
+def test_knowledge_is_answered_once_greedily_after_a_prefilled_empty_think():
+    """The task, not its caller, decides the decoding: evaluation asks the task, never tests its name."""
+    import polars as pl
+
+    from graftlab.world.tokenizer import build_tokenizer
+
+    seen = []
+
+    def sampler(prompts, cfg):
+        seen.append((prompts, cfg))
+        return [["Velmora<|im_end|>"] for _ in prompts]
+
+    problems = pl.DataFrame({"id": ["q"], "prompt": ["Home city of Taven?"], "answer": ["velmora"]})
+    cfg = SamplingConfig(n=4, temperature=1.0, top_p=0.9, max_new_tokens=16)
+    records = get_task("knowledge").sample_and_grade(sampler, build_tokenizer(), problems, cfg)
+    (prompts, drawn), = seen
+    assert (drawn.n, drawn.temperature, drawn.top_p, drawn.max_new_tokens) == (1, 0.0, 1.0, 16)
+    assert prompts[0].endswith("<|im_start|>assistant\n" + EMPTY_THINK)
+    assert records["completion"].to_list() == [EMPTY_THINK + "Velmora<|im_end|>"]
+    assert records["correct"].to_list() == [True] and records["answer"].to_list() == ["Velmora"]

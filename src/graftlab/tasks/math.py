@@ -1,27 +1,14 @@
-"""The task registry: how a problem becomes a user prompt, and how a completion is graded.
-
-A sibling of `graftlab.tasks` rather than a `tasks/` package: `tasks.py`'s functions are imported by
-every stage and edited by several people at once, so the registry is added beside them without moving
-a file; `tasks.py` stays the single home of chat formatting and of the tiny world's exact-match grader.
-
-Every task grades only the text after the last `</think>` (Qwen3's thinking mode): a completion that
-never closes its thinking has no final answer and is wrong, whatever it says.
-
-- `arith`: the tiny world's arithmetic, exact match (`graftlab.tasks.is_correct`);
-- `knowledge`: the knowledge world's QA, exact match up to case, spacing and a final full stop;
-- `math`: the final answer is the last `\\boxed{...}` of the answer text, compared with the reference by
-  Hugging Face's math-verify (symbolic and numeric equivalence: `\\frac{1}{2}` equals `0.5`).
+"""The `math` task: the final answer is the last `\\boxed{...}` of the text after the thinking, compared
+with the reference by Hugging Face's math-verify (symbolic and numeric equivalence: `\\frac{1}{2}`
+equals `0.5`). math-verify and sympy are imported where used: the registry is imported by the workflow.
 """
 
 import logging
 import re
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 
-from graftlab.models import GraftlabError
-from graftlab.tasks import extract_answer, is_correct
+from graftlab.tasks.chat import extract_answer
 
 log = logging.getLogger(__name__)
 
@@ -31,31 +18,6 @@ MATH_INSTRUCTION = "Please reason step by step, and put your final answer within
 # (a model writing 10^{10^{10}}), so an unbounded grader could stall a whole evaluation job.
 PARSE_TIMEOUT_S = 5
 VERIFY_TIMEOUT_S = 5
-
-
-@dataclass(frozen=True)
-class Task:
-    """One kind of problem. `prompt` turns the problem text into the user turn; `grade(completion,
-    answer)` judges a whole assistant turn against the reference; `reference(raw)` turns a data set's
-    answer cell into the stored reference, or None when the task could never grade against it."""
-
-    name: str
-    prompt: Callable[[str], str]
-    grade: Callable[[str, str], bool]
-    reference: Callable[[str], str | None]
-
-
-def _plain_reference(raw: str) -> str | None:
-    text = raw.strip()
-    return text or None
-
-
-def _knowledge_grade(completion: str, answer: str) -> bool:
-    # world.knowledge imports graftlab.tasks; importing it here, not at the top, keeps the registry
-    # importable from anywhere below the world without risking an import cycle.
-    from graftlab.world.knowledge import grade
-
-    return grade(completion, answer)
 
 
 _BOXED = re.compile(r"\\boxed\s*\{")
@@ -149,19 +111,5 @@ def math_grade(completion: str, answer: str) -> bool:
         return False
 
 
-def _math_prompt(problem: str) -> str:
+def math_prompt(problem: str) -> str:
     return f"{problem.strip()}\n\n{MATH_INSTRUCTION}"
-
-
-TASKS: dict[str, Task] = {
-    "arith": Task("arith", prompt=str, grade=is_correct, reference=_plain_reference),
-    "knowledge": Task("knowledge", prompt=str, grade=_knowledge_grade, reference=_plain_reference),
-    "math": Task("math", prompt=_math_prompt, grade=math_grade, reference=math_reference),
-}
-
-
-def get_task(name: str) -> Task:
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise GraftlabError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}") from None

@@ -13,8 +13,9 @@ import torch
 from huggingface_hub.utils import filter_repo_objects
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from graftlab import models
-from graftlab.models import GraftlabError, fetch_model
+from graftlab import fetch
+from graftlab.errors import GraftlabError
+from graftlab.fetch import fetch_model
 from graftlab.world.tokenizer import build_tokenizer
 
 TOK = build_tokenizer()
@@ -65,7 +66,7 @@ def test_local_fetch_copies_exactly_the_model_files(source, tmp_path):
 
 @pytest.mark.parametrize("missing", ["/no/such/model", "./no-such-model", "~/no-such-model-here"])
 def test_missing_local_path_is_an_error_and_never_sent_to_the_hub(missing, tmp_path, monkeypatch):
-    monkeypatch.setattr(models, "_download", lambda *a: pytest.fail("a path-like source reached the hub"))
+    monkeypatch.setattr(fetch, "_download", lambda *a: pytest.fail("a path-like source reached the hub"))
     with pytest.raises(GraftlabError, match=r"no such directory"):
         fetch_model(missing, tmp_path / "m")
     assert_nothing_left(tmp_path / "m")

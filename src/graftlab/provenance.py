@@ -1,0 +1,60 @@
+"""The provenance file every output directory carries (`graftlab.json`): its inputs, parameters,
+package versions, git revision and time of creation."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+PROVENANCE_NAME = "graftlab.json"
+
+
+def _package_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for package in ("torch", "transformers", "safetensors", "graftlab"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def _git_revision() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            cwd=Path(__file__).parent,  # graftlab's checkout, not the workflow's working directory
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None
+
+
+def write_provenance(
+    out_dir: str | Path, inputs: dict[str, Any], params: dict[str, Any], extra: dict[str, Any] | None = None
+) -> Path:
+    """Write ``out_dir/graftlab.json``: what produced this directory, with which code."""
+    record = {
+        "inputs": {
+            key: str(value) if isinstance(value, os.PathLike) else value for key, value in inputs.items()
+        },
+        "params": params,
+        "versions": _package_versions(),
+        "git_revision": _git_revision(),
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if extra:
+        record.update(extra)
+    path = Path(out_dir) / PROVENANCE_NAME
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    return path

@@ -1,0 +1,105 @@
+"""Tasks: how a problem becomes a chat prompt, how its answers are drawn, and how they are graded.
+
+Every stage that samples or grades (evaluation, mining, trace synthesis, rollouts) asks the problem's
+task, `get_task(name)`, and never tests its name. A problem is a dict or row with `id`, `task`, `prompt`
+(the user turn) and `answer` (plus `thinking` where an expert trace is known). Every task grades only
+the text after the last `</think>`: a completion that never closes its thinking has no final answer.
+
+- `arith`: the tiny world's arithmetic, exact match; the world's operations (`add`, `sub`, `compare`,
+  `mul`, `times`) name it too, so its problem files grade by their own task column;
+- `knowledge`: the knowledge world's QA, answered once, greedily, after a pre-filled empty think block
+  (as knowledge training wrote its examples), exact match up to case, spacing and a final full stop;
+- `math`: the last `\\boxed{...}`, compared with the reference by math-verify (`graftlab.tasks.math`).
+
+Light to import (no torch, no polars at import time): the workflow parse imports the registry.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from graftlab.errors import GraftlabError
+from graftlab.tasks.chat import (
+    EMPTY_THINK,
+    THINK_CLOSE,
+    THINK_OPEN,
+    chat_completion,
+    chat_prompt,
+    extract_answer,
+    extract_thinking,
+)
+from graftlab.tasks.exact import is_correct, knowledge_grade, plain_reference
+from graftlab.tasks.math import math_grade, math_prompt, math_reference
+from graftlab.world.arith import NEW_TASKS, OLD_TASKS
+
+__all__ = [
+    "EMPTY_THINK", "THINK_CLOSE", "THINK_OPEN", "TASKS", "Task", "chat_completion", "chat_prompt",
+    "extract_answer", "extract_thinking", "find_task", "get_task", "is_correct",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Task:
+    """One kind of problem. `prompt` turns a data set's problem text into the user turn; `grade(completion,
+    answer)` judges a whole assistant turn against the reference; `reference(raw)` turns a data set's
+    answer cell into the stored reference, or None when the task could never grade against it.
+    `thinking=False` pre-fills an empty think block; `greedy` draws one greedy answer per problem."""
+
+    name: str
+    prompt: Callable[[str], str]
+    grade: Callable[[str, str], bool]
+    reference: Callable[[str], str | None]
+    thinking: bool = True
+    greedy: bool = False
+
+    def chat_prompt(self, tokenizer, user_turn: str) -> str:
+        """The text the model continues: the user turn, the assistant header and any pre-filled part."""
+        return chat_prompt(tokenizer, user_turn, self.thinking)
+
+    def decoding(self, cfg):
+        """The sampling config (`graftlab.sampling.SamplingConfig`) the task's answers are drawn with:
+        `cfg`, or for a greedy task one greedy answer within cfg's token budget."""
+        return replace(cfg, n=1, temperature=0.0, top_p=1.0) if self.greedy else cfg
+
+    def turn(self, completion: str) -> str:
+        """The whole assistant turn of a completion, the pre-filled part in front, as grading reads it."""
+        return completion if self.thinking else EMPTY_THINK + completion
+
+    def sample_and_grade(self, sampler, tokenizer, problems, cfg):
+        """Sample every problem (a frame with `id`, `prompt`, `answer`) as the task decodes, and grade each
+        answer: one row per sample with `problem_id`, `sample`, the whole assistant turn `completion`,
+        the parsed `answer` and `correct`."""
+        import polars as pl
+
+        outputs = sampler([self.chat_prompt(tokenizer, p) for p in problems["prompt"]], self.decoding(cfg))
+        rows = [
+            {"problem_id": pid, "sample": i, "completion": t, "answer": extract_answer(t), "correct": self.grade(t, ref)}
+            for pid, ref, samples in zip(problems["id"], problems["answer"], outputs)
+            for i, t in enumerate(map(self.turn, samples))
+        ]
+        return pl.DataFrame(rows, schema_overrides={"answer": pl.Utf8})
+
+
+TASKS: dict[str, Task] = {
+    "arith": Task("arith", prompt=str, grade=is_correct, reference=plain_reference),
+    "knowledge": Task(
+        "knowledge", prompt=str, grade=knowledge_grade, reference=plain_reference, thinking=False, greedy=True
+    ),
+    "math": Task("math", prompt=math_prompt, grade=math_grade, reference=math_reference),
+}
+# The tiny world's problems name their operation; each is graded as arithmetic.
+ALIASES = dict.fromkeys(OLD_TASKS + NEW_TASKS, "arith")
+
+
+def find_task(name: str) -> Task | None:
+    """The task of that name (or of a tiny-world operation), None when there is none."""
+    return TASKS.get(ALIASES.get(name, name))
+
+
+def get_task(name: str) -> Task:
+    """The task of that name (or of a tiny-world operation); unknown names are an error listing them."""
+    task = find_task(name)
+    if task is None:
+        raise GraftlabError(
+            f"unknown task {name!r}; known tasks: {sorted(TASKS)} (tiny-world operations {sorted(ALIASES)})"
+        )
+    return task
