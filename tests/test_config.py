@@ -1,11 +1,11 @@
-"""Configuration: schema defaults, unknown keys, cross-key checks, and the README's reference."""
+"""Configuration: schema defaults, unknown keys, cross-key checks, and the generated reference page."""
 
 from pathlib import Path
 
 import pytest
 import yaml
 
-from graftlab.config import ConfigError, load_schema, render_reference, resolve
+from graftlab.config import REFERENCE_PAGE, REGENERATE, ConfigError, load_schema, render_page, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,9 +150,9 @@ def test_schema_mask_kinds_are_the_fisher_kinds():
     assert tuple(kinds) == KINDS
 
 
-def test_readme_config_reference_is_generated_from_the_schema():
-    readme = (REPO / "README.md").read_text()
-    assert render_reference(load_schema()) in readme, "run `python -m graftlab.config >> README.md` section"
+def test_config_reference_page_is_generated_from_the_schema():
+    page = (REPO / REFERENCE_PAGE).read_text()
+    assert page == render_page(load_schema()), f"{REFERENCE_PAGE} is stale: run `{REGENERATE}`"
 
 
 KEYWORDS = {
@@ -177,6 +177,6 @@ def _schemas(node):
 
 def test_schema_uses_only_known_keywords():
     # A YAML slip (an unquoted comma in a flow mapping) turns text into a stray keyword that
-    # jsonschema ignores silently; the rendered README would then be cut short without a failure.
+    # jsonschema ignores silently; docs/config.md would then be cut short without a failure.
     for node in _schemas(load_schema()):
         assert set(node) <= KEYWORDS, set(node) - KEYWORDS

@@ -235,7 +235,7 @@ def _rows(schema: dict, defs: dict, prefix: str):
 
 
 def render_reference(schema: dict) -> str:
-    """The config reference as a Markdown table, one row per leaf key (README.md embeds it)."""
+    """The config reference as a Markdown table, one row per leaf key."""
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for key, kind, default, text in _rows(schema, schema.get("$defs", {}), ""):
         shown = "" if default is _NO_DEFAULT else f"`{json.dumps(default)}`"
@@ -245,5 +245,24 @@ def render_reference(schema: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+REFERENCE_PAGE = "docs/config.md"
+REGENERATE = f"python -m graftlab.config > {REFERENCE_PAGE}"
+_HEADER = f"""# Configuration reference
+
+Every key of `config.yaml`: its type, its default and what it means. Unknown keys are errors. A key
+is a dotted path; `<name>` stands for a name of your choosing (an experiment, a world, a model, a
+benchmark). Layering a file over the default, sweeps, worlds and seeds: [sweeps.md](sweeps.md).
+
+This page is generated from `schemas/config.schema.yaml`, and a test fails when the two disagree: edit
+the schema, then run `{REGENERATE}`.
+
+"""
+
+
+def render_page(schema: dict) -> str:
+    """The whole of docs/config.md: what it is and how to regenerate it, then the reference table."""
+    return _HEADER + render_reference(schema)
+
+
 if __name__ == "__main__":
-    print(render_reference(load_schema()), end="")
+    print(render_page(load_schema()), end="")
