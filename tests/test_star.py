@@ -11,6 +11,7 @@ import pytest
 from graftlab.errors import GraftlabError
 from graftlab.synth import star
 from graftlab.synth.star import StarConfig, star_traces
+from graftlab.streams import stream_seed
 from graftlab.tasks import chat_completion, is_correct
 from graftlab.world import arith
 from graftlab.world.tokenizer import build_tokenizer
@@ -93,7 +94,7 @@ def test_rounds_sample_only_open_problems_with_fresh_seeds_and_respect_k():
     sampler = Scripted(solves_at)
     _, stats = star_traces(sampler, TOK, PROBLEMS, StarConfig(attempts=5, attempts_per_round=2, seed=10))
     assert [cfg.n for _, cfg in sampler.calls] == [2, 2, 1]  # 5 attempts, never 6
-    assert [cfg.seed for _, cfg in sampler.calls] == [10, 11, 12]
+    assert [cfg.seed for _, cfg in sampler.calls] == [stream_seed("star", 10, r) for r in range(3)]
     assert len(sampler.calls[0][0]) == 6
     # After round 1 the problems solved at attempts 1 and 2 are gone; after round 2, the one at 3.
     assert sorted(sampler.calls[1][0]) == sorted(p for p, a in SOLVE_AT.items() if a not in (1, 2))

@@ -22,6 +22,7 @@ import polars as pl
 from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
+from graftlab.streams import stream_seed
 from graftlab.tables import PROBLEM_COLUMNS, read_table, require_columns
 from graftlab.tasks import chat_prompt, is_correct
 
@@ -59,10 +60,12 @@ class Found:
 
 
 def first_verified(
-    sampler, prompts: list[str], accept: Callable[[int, str], bool], attempts: int, per_round: int, scfg: SamplingConfig
-) -> tuple[dict[int, Found], int]:
+    sampler, prompts: list[str], accept: Callable[[int, str], bool], attempts: int, per_round: int, scfg: SamplingConfig,
+    purpose: str,
+) -> tuple[dict[int, Found], int]:  # fmt: skip
     """Sample the chat-formatted `prompts` in rounds until each has a completion `accept(i, completion)`
-    takes or has used `attempts`; returns ({prompt index: Found}, samples drawn in all)."""
+    takes or has used `attempts`; returns ({prompt index: Found}, samples drawn in all). Round r samples
+    with the seed of stream (`purpose`, `scfg.seed`, r)."""
     found: dict[int, Found] = {}
     used, drawn = 0, 0
     for round_no in range((attempts + per_round - 1) // per_round):
@@ -71,7 +74,8 @@ def first_verified(
         if not open_ or n <= 0:
             break
         # A fresh seed per round: the same seed would redraw the same samples for the same prompts.
-        outs = sampler([prompts[i] for i in open_], replace(scfg, n=n, seed=scfg.seed + round_no))
+        seed = stream_seed(purpose, scfg.seed, round_no)
+        outs = sampler([prompts[i] for i in open_], replace(scfg, n=n, seed=seed))
         if len(outs) != len(open_) or any(len(cs) != n for cs in outs):
             got = [len(cs) for cs in outs]
             raise GraftlabError(f"sampler returned {got} completions for {len(open_)} prompts x {n}")
@@ -107,7 +111,7 @@ def star_traces(
     scfg = SamplingConfig(1, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
     prompts = [chat_prompt(tokenizer, r["prompt"]) for r in rows]
     found, drawn = first_verified(
-        sampler, prompts, lambda i, c: grade(c, answers[i]), cfg.attempts, cfg.attempts_per_round, scfg
+        sampler, prompts, lambda i, c: grade(c, answers[i]), cfg.attempts, cfg.attempts_per_round, scfg, "star"
     )
     rationalized, r_drawn = (
         _rationalize(sampler, tokenizer, rows, found, cfg, scfg, grade) if cfg.rationalize else ({}, 0)
@@ -135,9 +139,10 @@ def _rationalize(sampler, tokenizer, rows, found, cfg: StarConfig, scfg: Samplin
     def accept(j: int, completion: str) -> bool:
         return grade(completion, str(rows[unsolved[j]]["answer"])) and not mentions_hint(completion)
 
-    # Seeds past those of the plain rounds, so the hinted rounds draw fresh noise.
-    seeded = replace(scfg, seed=scfg.seed + cfg.attempts)
-    hits, drawn = first_verified(sampler, prompts, accept, cfg.rationalize_attempts, cfg.attempts_per_round, seeded)
+    # A stream of its own, so the hinted rounds draw fresh noise.
+    hits, drawn = first_verified(
+        sampler, prompts, accept, cfg.rationalize_attempts, cfg.attempts_per_round, scfg, "star-rationalize"
+    )
     return {unsolved[j]: f for j, f in hits.items()}, drawn
 
 

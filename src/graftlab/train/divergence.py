@@ -41,7 +41,7 @@ from numbers import Real
 
 import torch
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
 
 SUPPORTS = ("full", "teacher_topk", "student_topk_tail")
 
