@@ -71,7 +71,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from graftlab.cli import main  # noqa: E402
 from graftlab.graft import graft  # noqa: E402
-from graftlab.fisher.masks import diag_mask  # noqa: E402
+from graftlab.fisher import make_mask  # noqa: E402
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_rho_zero_is_the_plain_graft_and_rho_one_keeps_post(trio, tmp_path):
     graft(post, donor, tuned, 0.5, tmp_path / "plain")
     for rho, expected in ((0.0, _weights(tmp_path / "plain")), (1.0, _weights(post))):
         out = tmp_path / f"rho{rho}"
-        graft(post, donor, tuned, 0.5, out, project=diag_mask(fisher_dir, post, donor, tuned, rho))
+        graft(post, donor, tuned, 0.5, out, project=make_mask("diag", fisher_dir, post, donor, tuned, rho))
         got = _weights(out)
         assert all(torch.equal(got[n], expected[n]) for n in expected), rho
 
@@ -108,7 +108,7 @@ def test_rho_zero_is_the_plain_graft_and_rho_one_keeps_post(trio, tmp_path):
 @pytest.mark.parametrize("score", ["fisher_delta", "fisher"])
 def test_global_mask_zeroes_exactly_round_rho_total_of_the_top_scores(trio, tmp_path, score):
     post, donor, tuned, fisher_dir, fisher = trio
-    mask = diag_mask(fisher_dir, post, donor, tuned, 0.3, score=score)
+    mask = make_mask("diag", fisher_dir, post, donor, tuned, 0.3, score=score)
     graft(post, donor, tuned, 1.0, tmp_path / "out", project=mask)
     total = sum(f.numel() for f in fisher.values())
     record = json.loads((tmp_path / "out" / "graftlab.json").read_text())["mask"]
@@ -128,7 +128,7 @@ def test_global_mask_zeroes_exactly_round_rho_total_of_the_top_scores(trio, tmp_
 
 def test_per_tensor_mask_zeroes_round_rho_of_each_tensor(trio, tmp_path):
     post, donor, tuned, fisher_dir, fisher = trio
-    mask = diag_mask(fisher_dir, post, donor, tuned, 0.25, scope="tensor")
+    mask = make_mask("diag", fisher_dir, post, donor, tuned, 0.25, scope="tensor")
     graft(post, donor, tuned, 1.0, tmp_path / "out", project=mask)
     assert mask.report()["masked_per_tensor"] == {n: round(0.25 * f.numel()) for n, f in fisher.items()}
 
@@ -199,3 +199,16 @@ def test_cli_exact_limit_switches_to_the_subsampled_threshold_and_reports_the_co
     out, p = _weights(tmp_path / "sampled"), _weights(post)
     assert sampled["masked"] == sum(int((out[n] == p[n]).sum()) for n in fisher)  # the count is the count zeroed
     assert abs(sampled["masked"] - exact["masked"]) <= 0.05 * exact["total"]
+
+
+def test_the_fisher_registry_is_what_the_command_line_offers_and_refuses_foreign_options(tmp_path):
+    from graftlab.cli import build_parser
+    from graftlab.fisher import FISHERS, KINDS, write_fisher
+
+    actions = {a.dest: a for p in build_parser()._subparsers._group_actions[0].choices.values() for a in p._actions}
+    assert tuple(actions["kind"].choices) == KINDS == tuple(FISHERS)
+    assert tuple(actions["mask"].choices) == ("none", *KINDS)
+    with pytest.raises(GraftlabError, match=r"options \['max_dim'\] do not apply to Fisher kind diag"):
+        write_fisher("diag", tmp_path, tmp_path / "r.parquet", tmp_path / "out", max_dim=8)
+    with pytest.raises(GraftlabError, match=r"unknown Fisher kind 'ekfac'"):
+        write_fisher("ekfac", tmp_path, tmp_path / "r.parquet", tmp_path / "out")

@@ -10,12 +10,15 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from graftlab.fisher import KINDS  # names only: the kinds' modules (torch) load when one runs
+
 
 def _set_threads(threads: int | None) -> None:
     if threads is not None:
         import torch
 
-        # Rules run several jobs side by side; oversubscribed cores slow torch 7x (DESIGN §7).
+        # Rules run several jobs side by side; two torch processes with 2 threads each
+        # on 2 cores ran 7x slower than one.
         torch.set_num_threads(threads)
 
 
@@ -55,7 +58,7 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-mb", type=int, default=4, help="fp32 row-block size for large tensors (MiB); cache-sized is fastest")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--fisher", help="directory with the post model's retention Fisher ({diag,kfac}.safetensors)")
-    p.add_argument("--mask", choices=["none", "diag", "kfac"], default="none",
+    p.add_argument("--mask", choices=["none", *KINDS], default="none",
                    help="zero the most Fisher-sensitive entries (diag) or Kronecker eigen-directions (kfac)")
     p.add_argument("--rho", type=float, default=0.0, help="fraction of entries / directions to zero, in [0, 1]")
     p.add_argument("--mask-scope", choices=["global", "tensor"], default="global", help="rank over all parameters or per tensor")
@@ -68,9 +71,9 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_fisher(args: argparse.Namespace) -> None:
     _set_threads(args.threads)
-    from graftlab.fisher import write_fisher
+    from graftlab.fisher import fisher_kind, write_fisher
 
-    options = {"max_dim": args.max_dim, "ekfac": args.ekfac, "positions": args.positions} if args.kind == "kfac" else {}
+    options = {option: getattr(args, option) for option in fisher_kind(args.kind).options}
     write_fisher(args.kind, args.model, args.rollouts, args.out, args.batch_size, **options)
     print(f"graftlab: wrote {args.out}/{args.kind}.safetensors")
 
@@ -86,11 +89,11 @@ def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="model directory (the post model)")
     p.add_argument("--rollouts", required=True, help="parquet with list columns prompt_ids, completion_ids")
-    p.add_argument("--kind", choices=["diag", "kfac"], default="diag", help="Fisher approximation")
+    p.add_argument("--kind", choices=list(KINDS), default="diag", help="Fisher approximation")
     p.add_argument("--ekfac", action="store_true", help="kfac: re-fit the diagonal in the eigenbasis (a second pass)")
     p.add_argument("--max-dim", type=int, default=8192, help="kfac: linear layers wider than this get the diagonal")
     p.add_argument("--positions", choices=["completion", "all"], default="completion",
-                   help="kfac: positions A and G count: those predicting a completion token (DESIGN), or every token")
+                   help="kfac: positions A and G count: those predicting a completion token (docs/methods.md), or every token")
     p.add_argument("--out", required=True, help="output directory (written atomically)")
     p.add_argument("--batch-size", type=int, default=16, help="rollouts per vmap batch")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

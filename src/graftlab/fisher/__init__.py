@@ -1,51 +1,78 @@
 """Retention Fisher of the post model on its own rollouts (diagonal or KFAC) and the graft masks built from it.
 
-`write_fisher` and `make_mask` are the two entry points the CLI and the workflow share; each kind lives in
-its own module (`diag`, `kfac`) and is imported only when asked for.
+`FISHERS` is the one registry of Fisher kinds: the masks, the command line and the workflow read their
+kinds from it. `write_fisher` and `make_mask` are the entry points they share. Each kind's code lives in
+its own modules (`diag`/`masks`, `kfac`/`kfac_mask`), named here as strings and imported only when that
+kind is used: this package is imported by every workflow parse, which must not pay for torch.
 """
 
+import importlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from graftlab.atomic import write_json
+from graftlab.errors import GraftlabError
 
-KINDS = ("diag", "kfac")
+
+@dataclass(frozen=True)
+class FisherKind:
+    """One Fisher approximation. `writer`, `loader` and `mask` are "module:name" references: the function
+    writing `{name}.safetensors`, the one reading it back checked against the post model, and the
+    `FisherMask` class ranking a graft's update by it. `options` are the writer's own keyword options."""
+
+    name: str
+    writer: str
+    loader: str
+    mask: str
+    options: tuple[str, ...] = ()
 
 
-def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16, **kfac_options) -> None:
+def _resolve(reference: str):
+    module, name = reference.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+FISHERS = {
+    "diag": FisherKind("diag", "graftlab.fisher.diag:write_diag_fisher", "graftlab.fisher.masks:load_diag_fisher",
+                       "graftlab.fisher.masks:DiagMask"),
+    "kfac": FisherKind("kfac", "graftlab.fisher.kfac:write_kfac_fisher", "graftlab.fisher.kfac_mask:load_kfac_fisher",
+                       "graftlab.fisher.kfac_mask:KfacMask", options=("max_dim", "ekfac", "positions")),
+}  # fmt: skip
+KINDS = tuple(FISHERS)  # the names, as the workflow's wildcards and the schema's enum list them
+
+
+def fisher_kind(kind: str) -> FisherKind:
+    try:
+        return FISHERS[kind]
+    except KeyError:
+        raise GraftlabError(f"unknown Fisher kind {kind!r}: expected one of {list(KINDS)}") from None
+
+
+def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16, **options) -> None:
     """`out_dir/{kind}.safetensors` (format: docs/formats.md), written atomically, and `out_dir/seconds.json`,
-    the seconds it took (`fisher_s`, loading the model included). `kfac_options`:
-    `max_dim` (wider linear layers get the diagonal), `ekfac` (re-fit the diagonal in the eigenbasis) and
-    `positions` (`completion` or `all`: the token positions the Kronecker factors count)."""
-    if kind == "diag":
-        from graftlab.fisher.diag import write_diag_fisher as write
-    elif kind == "kfac":
-        from graftlab.fisher.kfac import write_kfac_fisher as write
-    else:
-        from graftlab.errors import GraftlabError
-
-        raise GraftlabError(f"unknown Fisher kind {kind!r}: expected one of {list(KINDS)}")
-    if kfac_options and kind != "kfac":
-        from graftlab.errors import GraftlabError
-
-        raise GraftlabError(f"options {sorted(kfac_options)} apply to kind kfac only, not {kind}")
+    the seconds it took (`fisher_s`, loading the model included). `options` are the kind's own (kfac:
+    `max_dim`, wider linear layers get the diagonal; `ekfac`, re-fit the diagonal in the eigenbasis;
+    `positions`, `completion` or `all`, the token positions the Kronecker factors count)."""
+    spec = fisher_kind(kind)
+    unknown = sorted(set(options) - set(spec.options))
+    if unknown:
+        raise GraftlabError(f"options {unknown} do not apply to Fisher kind {kind} (its options: {list(spec.options)})")
     start = time.perf_counter()
-    write(model_dir, rollouts_path, Path(out_dir), batch_size, **kfac_options)
+    _resolve(spec.writer)(model_dir, rollouts_path, Path(out_dir), batch_size, **options)
     # Beside the Fisher, for the latency analysis: a masked graft is charged the Fisher it ranks by.
     write_json(Path(out_dir) / "seconds.json", {"fisher_s": time.perf_counter() - start})
 
 
 def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
-              exact_limit: int | None = None):
-    """The `project` callable of `graftlab.graft.graft` for one masked graft; its `report()` goes to graftlab.json."""
-    if kind == "diag":
-        from graftlab.fisher.masks import diag_mask as build
-    elif kind == "kfac":
-        from graftlab.fisher.kfac_mask import kfac_mask as build
-    else:
-        from graftlab.errors import GraftlabError
+              exact_limit: int | None = None):  # fmt: skip
+    """The `project` callable of `graftlab.graft.graft` for one masked graft, its Fisher checked against
+    the post model; its `report()` goes to graftlab.json. A global ranking by F * delta^2 reads every
+    delta first, to find the threshold before the streamed graft applies it."""
+    from graftlab.fisher.masks import EXACT_LIMIT, read_deltas
 
-        raise GraftlabError(f"unknown mask kind {kind!r}: expected one of {list(KINDS)}")
-    if exact_limit is None:
-        from graftlab.fisher.masks import EXACT_LIMIT as exact_limit
-    return build(fisher_dir, post, donor, donor_tuned, rho, scope, score, exact_limit)
+    spec = fisher_kind(kind)
+    entries = _resolve(spec.loader)(fisher_dir, post)
+    deltas = read_deltas(donor, donor_tuned, entries) if scope == "global" and score == "fisher_delta" else None
+    limit = EXACT_LIMIT if exact_limit is None else exact_limit
+    return _resolve(spec.mask)(entries, rho, scope=scope, score=score, deltas=deltas, exact_limit=limit)

@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from graftlab.fisher.kfac import FACTORS, FORMAT
-from graftlab.fisher.masks import EXACT_LIMIT, FisherMask, check_fisher, diag_score, read_deltas, zero_entries
+from graftlab.fisher.masks import FisherMask, check_fisher, diag_score, zero_entries
 from graftlab.errors import GraftlabError
 
 
@@ -76,11 +76,3 @@ class KfacMask(FisherMask):
     def report(self) -> dict:
         # For a KFAC layer, an entry masked is one eigen-direction (i, j) of the Kronecker basis.
         return super().report() | {"ekfac": self.ekfac}
-
-
-def kfac_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
-              exact_limit: int = EXACT_LIMIT) -> KfacMask:
-    """The KFAC mask for one graft, its Fisher checked against the post model."""
-    entries = load_kfac_fisher(fisher_dir, post)
-    deltas = read_deltas(donor, donor_tuned, entries) if scope == "global" and score == "fisher_delta" else None
-    return KfacMask(entries, rho, scope=scope, score=score, deltas=deltas, exact_limit=exact_limit)

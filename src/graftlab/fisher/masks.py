@@ -153,11 +153,3 @@ def read_deltas(donor, donor_tuned, names) -> dict[str, torch.Tensor]:
         with safe_open(str(tuned_index[name]), framework="pt") as t, safe_open(str(donor_index[name]), framework="pt") as d:
             deltas[name] = t.get_tensor(name).float() - d.get_tensor(name).float()
     return deltas
-
-
-def diag_mask(fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
-              exact_limit: int = EXACT_LIMIT) -> DiagMask:
-    """The mask for one graft, its Fisher checked against the post model."""
-    fisher = load_diag_fisher(fisher_dir, post)
-    deltas = read_deltas(donor, donor_tuned, fisher) if scope == "global" and score == "fisher_delta" else None
-    return DiagMask(fisher, rho, scope=scope, score=score, deltas=deltas, exact_limit=exact_limit)
