@@ -180,3 +180,40 @@ def test_schema_uses_only_known_keywords():
     # jsonschema ignores silently; docs/config.md would then be cut short without a failure.
     for node in _schemas(load_schema()):
         assert set(node) <= KEYWORDS, set(node) - KEYWORDS
+
+
+@pytest.mark.parametrize("path", ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))])
+def test_every_shipped_config_validates(path):
+    config = resolve(yaml.safe_load((REPO / path).read_text()))
+    assert config["experiments"], path
+
+
+def test_library_config_classes_take_their_defaults_from_the_schema():
+    """Defaults live only in the schema: a class field named like a schema key has the schema's default."""
+    import dataclasses
+
+    from graftlab.fisher.rollouts import RolloutConfig
+    from graftlab.synth.pedagogical import RewardConfig, TeacherConfig
+    from graftlab.synth.star import StarConfig
+    from graftlab.train.opsd import OpsdConfig
+    from graftlab.train.sft import TrainConfig
+    from graftlab.world.knowledge import KnowledgeConfig
+
+    experiment = load_schema()["$defs"]["experiment"]["properties"]
+    top = load_schema()["properties"]
+    # TrainConfig also pretrains the tiny world: its epochs/steps choose a mode, they are no sft defaults.
+    classes = {StarConfig: "star", TeacherConfig: "pedagogical", RewardConfig: "pedagogical", RolloutConfig: "fisher",
+               OpsdConfig: "opsd", TrainConfig: None, KnowledgeConfig: "knowledge"}  # fmt: skip
+    checked = 0
+    for cls, section in classes.items():
+        keys = experiment[section]["properties"] if section else {}
+        for f in dataclasses.fields(cls):
+            if f.default is dataclasses.MISSING:
+                continue
+            if f.name in keys and "default" in keys[f.name]:
+                assert f.default == keys[f.name]["default"], (cls.__name__, f.name)
+                checked += 1
+            elif f.name == "precision":  # the one top-level key a class field stands for
+                assert f.default == top[f.name]["default"], (cls.__name__, f.name)
+                checked += 1
+    assert checked >= 25

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from jsonschema import Draft202012Validator, validators
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+from graftlab.schema import SCHEMA, load_schema
 
 
 class ConfigError(ValueError):
@@ -29,10 +29,6 @@ def _with_defaults(base):
         yield from check_properties(validator, props, instance, schema)
 
     return validators.extend(base, {"properties": properties})
-
-
-def load_schema(path: Path = SCHEMA) -> dict:
-    return yaml.safe_load(Path(path).read_text())
 
 
 def resolve(config: dict, schema: dict | None = None) -> dict:
@@ -180,7 +176,7 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
 
 
 def _knowledge_checks(section: dict, where: str) -> list[tuple[bool, str, str]]:
-    from graftlab.models import GraftlabError
+    from graftlab.errors import GraftlabError
     from graftlab.world.knowledge import KnowledgeConfig
 
     try:
@@ -192,8 +188,7 @@ def _knowledge_checks(section: dict, where: str) -> list[tuple[bool, str, str]]:
 
 def _rollout_checks(world: dict, rollouts: int, where: str) -> list[tuple[bool, str, str]]:
     """Retention prompts are distinct old-task problems outside the benchmarks: each task must have enough."""
-    from graftlab.fisher.rollouts import per_task_counts
-    from graftlab.world.arith import distinct_problems
+    from graftlab.world.arith import distinct_problems, per_task_counts
 
     tasks = world["old_tasks"]
     return [

@@ -21,6 +21,7 @@ import polars as pl
 from graftlab.atomic import atomic_file, write_table_with_stats
 from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
+from graftlab.schema import schema_default
 from graftlab.streams import stream, stream_seed
 from graftlab.tables import read_table
 from graftlab.tasks import get_task
@@ -37,9 +38,11 @@ def _schema() -> dict:
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    """Defaults are the schema's `fisher` section (`graftlab.schema`)."""
+
     rollouts: int
-    temperature: float = 1.0
-    max_new_tokens: int = 48
+    temperature: float = schema_default("fisher", "temperature")
+    max_new_tokens: int = schema_default("fisher", "max_new_tokens")
     seed: int = 0
 
     def sampling(self) -> SamplingConfig:

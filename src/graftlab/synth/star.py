@@ -22,6 +22,7 @@ import polars as pl
 from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
+from graftlab.schema import schema_default
 from graftlab.streams import stream_seed
 from graftlab.tables import PROBLEM_COLUMNS, read_table, require_columns
 from graftlab.tasks import chat_prompt, is_correct
@@ -33,13 +34,15 @@ HINT_TEMPLATE = "{prompt}\nHint: the answer is {answer}."
 
 @dataclass(frozen=True)
 class StarConfig:
-    attempts: int = 32  # K
-    attempts_per_round: int = 4
-    temperature: float = 1.0
+    """Defaults are the schema's `star` section (`graftlab.schema`); `top_p` and `seed` are not in it."""
+
+    attempts: int = schema_default("star", "attempts")  # K
+    attempts_per_round: int = schema_default("star", "attempts_per_round")
+    temperature: float = schema_default("star", "temperature")
     top_p: float = 1.0
-    max_new_tokens: int = 64
-    rationalize: bool = False
-    rationalize_attempts: int = 4  # attempts with the hint, for problems unsolved after K
+    max_new_tokens: int = schema_default("star", "max_new_tokens")
+    rationalize: bool = schema_default("star", "rationalize")
+    rationalize_attempts: int = schema_default("star", "rationalize_attempts")  # with the hint, after K
     seed: int = 0
 
     def __post_init__(self):

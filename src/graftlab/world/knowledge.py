@@ -24,6 +24,7 @@ import polars as pl
 
 from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
+from graftlab.schema import schema_default
 from graftlab.streams import stream
 from graftlab.tasks import EMPTY_THINK, chat_completion, get_task
 from graftlab.world import arith
@@ -122,11 +123,11 @@ class KnowledgeConfig:
     """Sizes of the world. Defaults fit the tiny world on a CPU (docs/methods.md, "Knowledge world");
     `PAPER` below is the grafting paper's set-up."""
 
-    entities: int = 40
-    facts: int = 120  # 3 per person; the paper has 5.6
-    train_phrasings: int = 4  # per relation, asked of every fact in training
-    heldout_phrasings: int = 2  # per relation, asked of every fact only in evaluation
-    replay: int = 84  # old-task traces mixed in: 84 / 480 QA is the paper's 1,533 / 9,000
+    entities: int = schema_default("knowledge", "entities")
+    facts: int = schema_default("knowledge", "facts")  # 3 per person by default; the paper has 5.6
+    train_phrasings: int = schema_default("knowledge", "train_phrasings")  # per relation, asked in training
+    heldout_phrasings: int = schema_default("knowledge", "heldout_phrasings")  # per relation, only in evaluation
+    replay: int = schema_default("knowledge", "replay")  # old-task traces: 84 / 480 QA is the paper's 1,533 / 9,000
     seed: int = 0
 
     def __post_init__(self) -> None:

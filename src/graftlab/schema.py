@@ -1,0 +1,34 @@
+"""The configuration schema (`schemas/config.schema.yaml`), the one place defaults live.
+
+Library config classes take the defaults of their fields from here (`schema_default`), so a default
+changed in the schema changes the workflow and the library alike. Standard library and PyYAML only.
+"""
+
+import copy
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+
+
+def load_schema(path: Path = SCHEMA) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+@cache
+def _schema() -> dict:
+    return load_schema()
+
+
+def schema_default(section: str, key: str):
+    """The schema's default of `key` in an experiment's `section` (e.g. `star`, `fisher`), or of the
+    top-level `key` when `section` is empty. A key without a default is an error: the caller's field
+    would have none either."""
+    schema = _schema()
+    props = schema["properties"] if not section else schema["$defs"]["experiment"]["properties"][section]["properties"]
+    if key not in props or "default" not in props[key]:
+        where = f"experiments.<name>.{section}.{key}" if section else key
+        raise KeyError(f"the schema has no default for {where}")
+    return copy.deepcopy(props[key]["default"])
