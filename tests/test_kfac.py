@@ -1,4 +1,4 @@
-"""KFAC factors against a direct computation, and KFAC masks against their definition (DESIGN §3)."""
+"""KFAC factors against a direct computation, and KFAC masks against their definition (docs/methods.md#masks)."""
 
 import json
 

@@ -12,7 +12,7 @@ def job_log(path, threads: int | None = None):
     """Send this process's stdout and stderr (file descriptors too: torch and tqdm write there) to `path`.
 
     Also pins torch to `threads`: two torch processes that each take every core run several times
-    slower than one (DESIGN §7), so a job uses exactly the threads its rule declares.
+    slower than one (docs/methods.md#jobs-threads-and-start-up), so a job uses exactly the threads its rule declares.
     """
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     if threads is not None:

@@ -1,4 +1,4 @@
-"""Sensitive-weight analysis (grafting paper §7, DESIGN §3 Analysis): how much of an update lands on the
+"""Sensitive-weight analysis (grafting paper §7, docs/methods.md#sensitive-weights): how much of an update lands on the
 coordinates the post model's retention is most sensitive to.
 
 For an update `u` (an SFT checkpoint minus post, or a grafted model minus post, i.e. `lam * P(delta)`)
@@ -29,10 +29,10 @@ import polars as pl
 import torch
 
 from graftlab.analysis.pareto import STYLES
-from graftlab.analysis.summary import parse_run
 from graftlab.atomic import atomic_file
 from graftlab.fisher.masks import load_diag_fisher
 from graftlab.errors import GraftlabError
+from graftlab.layout import parse_run
 from graftlab.safetensors_io import open_tensors, spec_differences, tensor_specs
 
 KINDS = ("attention", "mlp", "embedding", "norm", "other")

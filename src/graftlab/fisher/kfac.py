@@ -1,4 +1,4 @@
-"""KFAC retention Fisher (DESIGN §3): for every linear layer `s = W a`, Kronecker factors
+"""KFAC retention Fisher (docs/methods.md#retention-fisher): for every linear layer `s = W a`, Kronecker factors
 
     A = mean over completion tokens of a a^T              (d_in x d_in)
     G = (1/N) sum_n sum_t d_{n,t} d_{n,t}^T               (d_out x d_out)
@@ -168,7 +168,7 @@ POSITIONS = ("completion", "all")
 
 def _batches(rollouts, batch_size: int, pad_id: int, desc: str, device, positions: str = "completion"):
     """Padded batches and the positions the Kronecker factors count: `completion`, those whose next-token
-    prediction is scored (DESIGN §3); `all`, every real token, prompt included (completion tokens read
+    prediction is scored (docs/methods.md#retention-fisher); `all`, every real token, prompt included (completion tokens read
     the prompt's keys and values, so k/v projections carry much of their gradient there)."""
     for start in tqdm(range(0, len(rollouts), batch_size), desc=desc, unit="batch"):
         chunk = rollouts[start : start + batch_size]

@@ -1,4 +1,4 @@
-"""KFAC masks for grafting (DESIGN §3): rotate a linear layer's update into the Kronecker eigenbasis,
+"""KFAC masks for grafting (docs/methods.md#masks): rotate a linear layer's update into the Kronecker eigenbasis,
 `D = U_G^T dW U_A`, score each direction by its predicted rise of the retention loss
 `l_G[i] * l_A[j] * D_ij^2` (or by the EKFAC diagonal re-fitted in that basis, when the file has it; or by
 the curvature `l_G[i] * l_A[j]` alone), zero the top-rho directions and map back `dW' = U_G (M * D) U_A^T`.

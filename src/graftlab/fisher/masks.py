@@ -1,4 +1,4 @@
-"""Fisher masks for grafting (DESIGN §3): zero the top-rho fraction of the update's entries by their
+"""Fisher masks for grafting (docs/methods.md#masks): zero the top-rho fraction of the update's entries by their
 predicted rise of the retention loss, here the diagonal one, `score_i = F_i * delta_i^2` (or `F_i` alone);
 the KFAC one (graftlab.fisher.kfac_mask) shares the ranking.
 

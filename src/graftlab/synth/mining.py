@@ -1,6 +1,6 @@
 """Hard-problem mining: keep the problems the target model rarely or never solves.
 
-Never-solved problems are kept on purpose (DESIGN §3): dropping them would drop exactly the part of the
+Never-solved problems are kept on purpose (docs/methods.md#hard-problem-mining): dropping them would drop exactly the part of the
 new task the model cannot yet do.
 """
 

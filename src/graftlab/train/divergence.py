@@ -1,5 +1,5 @@
 """The generalized divergence D_alpha between a teacher distribution T and a student distribution S, per
-response token: the loss of OPSD and SDPO (DESIGN §3), one implementation for both.
+response token: the loss of OPSD and SDPO (docs/methods.md#opsd), one implementation for both.
 
 Per token position, over an outcome set (the vocabulary or a top-k subset of it):
 

@@ -1,4 +1,4 @@
-"""The knowledge-injection world (DESIGN §3, issue 4): invented people, atomic facts about them, questions
+"""The knowledge-injection world (docs/methods.md#knowledge-world): invented people, atomic facts about them, questions
 in several phrasings, and replay traces of the old domain.
 
 A fact is (entity, relation, value), e.g. ("Taven Drumaveth", "pet", "ferret"). Each relation has
