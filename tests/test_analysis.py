@@ -8,53 +8,11 @@ import polars as pl
 import pytest
 
 from graftlab.analysis.pareto import plot_pareto
-from graftlab.analysis.summary import pareto_front, parse_run, summarize, write_summary
+from graftlab.analysis.summary import pareto_front, summarize, write_summary
+from graftlab.layout import parse_run
 
 GRAFT = "graft/step~400/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0"
 MERGE = "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.01"
-
-
-def test_parse_run_each_method() -> None:
-    empty = dict.fromkeys(("lr", "epoch", "lam", "mask", "rho"))
-    assert parse_run("post") == {"method": "post", "donor": None} | empty
-    assert parse_run("sft/post/lr~1e-3/epoch~2") == (
-        {"method": "sft", "donor": "post"} | empty | {"lr": "1e-3", "epoch": "2"}
-    )
-    assert parse_run("sft/step~400/lr~1e-3/epoch~1")["method"] == "donor_sft"
-    assert parse_run("donor/step~400") == {"method": "donor", "donor": "step~400"} | empty
-    assert parse_run("sft/step~400/lr~1e-3/epoch~1")["donor"] == "step~400"
-    graft = parse_run(GRAFT)
-    assert graft == {
-        "method": "graft", "donor": "step~400",
-        "lr": "1e-3", "epoch": "2", "lam": "0.5", "mask": "none", "rho": "0",
-    }  # fmt: skip
-    # Donor == post is model merging; values stay the strings of the path.
-    merge = parse_run(MERGE)
-    assert (merge["method"], merge["donor"], merge["rho"]) == ("merge", "post", "0.01")
-
-
-def test_parse_run_keeps_extra_keys() -> None:
-    assert parse_run("sft/post/lr~1e-3/epoch~2/data~star")["data"] == "star"
-
-
-@pytest.mark.parametrize(
-    ("run", "message"),
-    [
-        ("grpo/post/lr~1e-6", "unknown method 'grpo'"),
-        ("", "unknown method ''"),
-        ("post/lr~1e-3", "post model takes no keys"),
-        ("donor/step~400/lr~1e-3", "a donor as it is takes no keys"),
-        ("sft", "needs a base model"),
-        ("sft/post/lr~1e-3", r"lacks key\(s\) \['epoch'\]"),
-        ("graft/post/lr~1e-3/epoch~2/lam~0.5", r"lacks key\(s\) \['mask', 'rho'\]"),
-        ("sft/post/lr~1e-3/epoch2", "'epoch2' is not name~value"),
-        ("sft/post/lr~1e-3/epoch~1/lr~1e-4", "key 'lr' appears twice"),
-        ("sft/post/lr~1e-3/epoch~1/method~x", "key 'method' clashes"),
-    ],
-)
-def test_parse_run_rejects(run: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        parse_run(run)
 
 
 def write_metrics(root: Path, run: str, old: float, new: float, ks=(1, 4, 8), half: float | None = None) -> Path:

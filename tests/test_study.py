@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from graftlab.analysis.study import write_study
-from graftlab.analysis.summary import parse_run
+from graftlab.layout import parse_run
 
 GRAFT = "graft/step~100/lr~1e-3/epoch~2/lam~1/mask~none/rho~0"
 SFT = "sft/post/lr~1e-3/epoch~2"

@@ -4,8 +4,8 @@ beyond the intervals, every SFT point of no greater new-task accuracy."""
 import polars as pl
 import pytest
 
-from graftlab.analysis.summary import parse_run
 from graftlab.analysis.verdict import reproduces
+from graftlab.layout import parse_run
 
 
 def graft(lam: str, mask: str = "none") -> str:

@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from graftlab.analysis.summary import parse_run, pareto_front
+from graftlab.analysis.summary import pareto_front
 from graftlab.atomic import atomic_file
+from graftlab.layout import parse_run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -1,17 +1,6 @@
 """The summary table of an experiment: one row per evaluated model, and its Pareto frontier.
 
-A run is named by its key path under `results/{exp}/eval/`, built of `name~value` segments after the
-method and its base model (`post` or a donor such as `step~400`):
-
-    post                                            the post-trained model, the reference
-    donor/step~400                                  a donor as it is, before SFT     -> "donor"
-    sft/post/lr~1e-3/epoch~2                        SFT of the post model           -> "sft"
-    sft/step~400/lr~1e-3/epoch~1                    SFT of a donor                  -> "donor_sft"
-    graft/step~400/lr~.../lam~.../mask~.../rho~...  a donor's update added to post  -> "graft"
-    graft/post/lr~.../lam~.../mask~.../rho~...      donor == post: model merging    -> "merge"
-    opsd/post/alpha~0.5/lr~1e-4/step~60             on-policy self-distillation     -> "opsd"
-
-Hyperparameter values stay strings, as in the paths, so `1e-3` is never reformatted.
+Each row's method, donor and keys are parsed from its run's key path (`graftlab.layout.parse_run`).
 
 Scores come with their bootstrap intervals (`old_lo`, `old_hi`, `new_lo`, `new_hi`, `{bench}_acc_lo`,
 `{bench}_acc_hi`; see `graftlab.evaluate.metrics`), null where a metrics.json predates them. An experiment
@@ -27,72 +16,12 @@ import numpy as np
 import polars as pl
 
 from graftlab.atomic import atomic_file
+from graftlab.layout import KEY_COLUMNS, ROLE_COLUMNS, VALIDATION_COLUMNS, parse_run
 
-POST = "post"
-KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
 ID_COLUMNS = ("exp", "run", "method", "donor", *KEY_COLUMNS)
-# Keys each kind of run must carry; a path lacking one was written by another layout.
-REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, "opsd": ("alpha", "lr", "step"), "donor": ()}
-# Old- and new-task scores with their interval bounds: in every summary, null where a run lacks them.
-ROLE_COLUMNS = ("old", "new", "old_lo", "old_hi", "new_lo", "new_hi")
-# The same on the validation problems: only in summaries of experiments evaluated with a validation share.
-VALIDATION_COLUMNS = tuple(c.replace("old", "old_val").replace("new", "new_val") for c in ROLE_COLUMNS)
 # Runs that are ingredients of grafts, not candidates for the frontier: their old-task scores belong to
 # another model line (a donor before and after its SFT).
 INGREDIENTS = ("donor", "donor_sft")
-# Key names that would overwrite a summary column of another meaning.
-RESERVED = {"exp", "run", "method", "donor", *ROLE_COLUMNS, *VALIDATION_COLUMNS}
-
-
-def _parse_keys(run: str, segments: list[str]) -> dict[str, str]:
-    keys: dict[str, str] = {}
-    for seg in segments:
-        name, sep, value = seg.partition("~")
-        if not sep or not name or not value:
-            raise ValueError(f"run {run!r}: segment {seg!r} is not name~value")
-        if name in RESERVED:
-            raise ValueError(f"run {run!r}: key {name!r} clashes with a summary column")
-        if name in keys:
-            raise ValueError(f"run {run!r}: key {name!r} appears twice")
-        keys[name] = value
-    return keys
-
-
-def parse_run(run: str) -> dict[str, str | None]:
-    """Method, donor (the base model: `post` or e.g. `step~400`) and each `name~value` key of a run.
-
-    The keys lr, epoch, lam, mask and rho are always present (None where the run has none); any
-    other key in the path is kept as well, so a new sweep axis reaches the summary unchanged.
-    """
-    segments = run.strip("/").split("/")
-    kind = segments[0]
-    if kind == POST:
-        if len(segments) != 1:
-            raise ValueError(f"run {run!r}: the post model takes no keys")
-        return {"method": "post", "donor": None} | dict.fromkeys(KEY_COLUMNS)
-    if kind not in REQUIRED_KEYS:
-        raise ValueError(f"run {run!r}: unknown method {kind!r}; expected post, donor, sft, graft or opsd")
-    if len(segments) < 2:
-        raise ValueError(f"run {run!r}: {kind} needs a base model segment (post or a donor)")
-    donor = segments[1]
-    keys = _parse_keys(run, segments[2:])
-    absent = [k for k in REQUIRED_KEYS[kind] if k not in keys]
-    if absent:
-        raise ValueError(f"run {run!r}: {kind} lacks key(s) {absent}")
-    if kind == "donor":
-        if segments[2:]:
-            raise ValueError(f"run {run!r}: a donor as it is takes no keys")
-        method = "donor"
-    elif kind == "opsd":
-        if donor != POST:
-            raise ValueError(f"run {run!r}: OPSD trains the post model, not {donor!r}")
-        method = "opsd"
-    elif kind == "sft":
-        method = "sft" if donor == POST else "donor_sft"
-    else:
-        method = "merge" if donor == POST else "graft"
-    return {"method": method, "donor": donor} | dict.fromkeys(KEY_COLUMNS) | keys
-
 
 Ids = dict[str, str | None]
 Scores = dict[str, float | None]

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.analysis.summary import parse_run
 from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
+from graftlab.layout import parse_run
 from graftlab.tasks import extract_thinking
 from graftlab.world.arith import NEW_TASKS, OLD_TASKS, THINKING_FORM, thinking_form
 

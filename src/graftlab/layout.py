@@ -1,0 +1,377 @@
+"""The results tree: which runs an experiment evaluates, the key path naming each, and where its inputs lie.
+
+A run is named by its key path under `results/{exp}/` (its evaluation under `results/{exp}/eval/`): the
+method, its base model (`post` or a donor such as `step~400`), then `name~value` segments:
+
+    post                                            the post-trained model, the reference
+    donor/step~400                                  a donor as it is, before SFT     -> "donor"
+    sft/post/lr~1e-3/epoch~2                        SFT of the post model           -> "sft"
+    sft/step~400/lr~1e-3/epoch~1                    SFT of a donor                  -> "donor_sft"
+    graft/step~400/lr~.../lam~.../mask~.../rho~...  a donor's update added to post  -> "graft"
+    graft/post/lr~.../lam~.../mask~.../rho~...      donor == post: model merging    -> "merge"
+    opsd/post/alpha~0.5/lr~1e-4/step~60             on-policy self-distillation     -> "opsd"
+
+`Run.key` writes that format and `parse_run` reads it; `Experiment` lists an experiment's runs from its
+resolved config. Hyperparameter values stay strings, as in the paths, so `1e-3` is never reformatted.
+
+Standard library only: the workflow imports this module on every parse, even a dry-run's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+POST = "post"
+KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
+# Keys each kind of run must carry; a path lacking one was written by another layout.
+REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, "opsd": ("alpha", "lr", "step"), "donor": ()}
+# The summary's old- and new-task scores with their interval bounds, and the same on the validation
+# problems: no key may take one of their names.
+ROLE_COLUMNS = ("old", "new", "old_lo", "old_hi", "new_lo", "new_hi")
+VALIDATION_COLUMNS = tuple(c.replace("old", "old_val").replace("new", "new_val") for c in ROLE_COLUMNS)
+# Key names that would overwrite a summary column of another meaning.
+RESERVED = {"exp", "run", "method", "donor", *ROLE_COLUMNS, *VALIDATION_COLUMNS}
+UPDATES = ("sft", "graft", "merge", "opsd")  # the methods whose runs update the post model's weights
+
+
+class Run(NamedTuple):
+    """One run: its kind (the key's first segment), the model its update starts from (`post` or a donor;
+    none for the post model itself) and its `name~value` keys, in path order."""
+
+    kind: str
+    donor: str | None = None
+    keys: dict[str, str] = {}
+
+    @property
+    def key(self) -> str:
+        """The key path, e.g. `sft/post/lr~1e-3/epoch~2`."""
+        for name, value in self.keys.items():
+            if not name or "~" in name or "/" in name or not value or "/" in value:
+                raise ValueError(f"run {self.kind}/{self.donor}: {name}~{value} is no key segment")
+        return "/".join([self.kind, *([self.donor] if self.donor else []), *(f"{k}~{v}" for k, v in self.keys.items())])
+
+
+def run(kind: str, donor: str | None = None, **keys: object) -> Run:
+    """A Run with its key values as the strings the path holds (an epoch 2 is `epoch~2`)."""
+    return Run(kind, donor, {k: str(v) for k, v in keys.items()})
+
+
+def _parse_keys(key: str, segments: list[str]) -> dict[str, str]:
+    keys: dict[str, str] = {}
+    for seg in segments:
+        name, sep, value = seg.partition("~")
+        if not sep or not name or not value:
+            raise ValueError(f"run {key!r}: segment {seg!r} is not name~value")
+        if name in RESERVED:
+            raise ValueError(f"run {key!r}: key {name!r} clashes with a summary column")
+        if name in keys:
+            raise ValueError(f"run {key!r}: key {name!r} appears twice")
+        keys[name] = value
+    return keys
+
+
+def _method(key: str, kind: str, donor: str, keyed: bool) -> str:
+    if kind == "donor":
+        if keyed:
+            raise ValueError(f"run {key!r}: a donor as it is takes no keys")
+        return "donor"
+    if kind == "opsd":
+        if donor != POST:
+            raise ValueError(f"run {key!r}: OPSD trains the post model, not {donor!r}")
+        return "opsd"
+    if kind == "sft":
+        return "sft" if donor == POST else "donor_sft"
+    return method_of(donor)
+
+
+def parse_run(key: str) -> dict[str, str | None]:
+    """Method, donor (the base model: `post` or e.g. `step~400`) and each `name~value` key of a run.
+
+    The keys lr, epoch, lam, mask and rho are always present (None where the run has none); any
+    other key in the path is kept as well, so a new sweep axis reaches the summary unchanged.
+    """
+    segments = key.strip("/").split("/")
+    kind = segments[0]
+    if kind == POST:
+        if len(segments) != 1:
+            raise ValueError(f"run {key!r}: the post model takes no keys")
+        return {"method": "post", "donor": None} | dict.fromkeys(KEY_COLUMNS)
+    if kind not in REQUIRED_KEYS:
+        raise ValueError(f"run {key!r}: unknown method {kind!r}; expected post, donor, sft, graft or opsd")
+    if len(segments) < 2:
+        raise ValueError(f"run {key!r}: {kind} needs a base model segment (post or a donor)")
+    donor = segments[1]
+    keys = _parse_keys(key, segments[2:])
+    absent = [k for k in REQUIRED_KEYS[kind] if k not in keys]
+    if absent:
+        raise ValueError(f"run {key!r}: {kind} lacks key(s) {absent}")
+    method = _method(key, kind, donor, bool(segments[2:]))
+    return {"method": method, "donor": donor} | dict.fromkeys(KEY_COLUMNS) | keys
+
+
+def eval_root(metrics: str, key: str) -> str:
+    """The directory holding every evaluation of an experiment, from one run's metrics.json path."""
+    suffix = f"/{key}/metrics.json"
+    if not metrics.endswith(suffix):
+        raise ValueError(f"{metrics} is not the metrics.json of run {key!r}")
+    return metrics[: -len(suffix)]
+
+
+def method_of(donor: str) -> str:
+    """The config section of a graft of `donor`: grafting, or merging when the donor is the post model."""
+    return "merge" if donor == POST else "graft"
+
+
+def graft_keys(x: dict, method: str) -> list[tuple]:
+    """(epoch, lam, mask, rho) of one method's grafts: unmasked first, then every mask kind x rho."""
+    section, masks = x[method], x[method]["masks"]
+    epochs = section["epochs"] or range(1, x["sft"]["epochs"] + 1)
+    plain = [(e, lam, "none", "0") for e in epochs for lam in section["lam"]]
+    masked = [
+        (e, lam, kind, rho)
+        for kind in masks["kinds"]
+        for rho in masks["rho"]
+        for e in masks["epochs"] or epochs
+        for lam in masks["lam"] or section["lam"]
+    ]
+    return plain + masked
+
+
+def opsd_steps(section: dict) -> list[int]:
+    """The steps at which an OPSD run keeps a checkpoint: `checkpoints` evenly spaced, the last at `steps`."""
+    n, steps = section["checkpoints"], section["steps"]
+    return [round(steps * i / n) for i in range(1, n + 1)]
+
+
+def world_key(x: dict) -> str:
+    """The directory under results/ of the tiny world experiment config `x` runs on."""
+    return "world" if x["world"] == "world" else f"worlds/{x['world']}"
+
+
+def worlds(config: dict) -> dict[str, dict]:
+    """Every tiny world by its directory under results/, each a whole section with its seed: the main
+    `world`, and each of `worlds`, already merged over it by the config resolution."""
+    named = {f"worlds/{name}": section for name, section in config["worlds"].items()}
+    return {"world": config["world"] | {"seed": config["seed"]}} | named
+
+
+def study_experiments(config: dict) -> list[dict]:
+    """Every experiment's line of the study: its group, seed, summary and (on a tiny world) drift and
+    takeover tables."""
+    chosen = config["study"]["experiments"] or config["experiments"]
+    return [
+        {
+            "exp": name,
+            "group": x["group"],
+            "seed": x["seed"],
+            "summary": f"results/{name}/summary.parquet",
+            "drift": f"results/{name}/drift.parquet" if on_tiny_world(x) else None,
+            "takeover": f"results/{name}/takeover.parquet" if shows_takeover(x) else None,
+        }
+        for name, x in config["experiments"].items()
+        if name in chosen
+    ]
+
+
+def on_tiny_world(x: dict) -> bool:
+    """Whether the experiment's post model and donors are its tiny world's own: the drift ratio needs the
+    world's initialisation, which a real model does not come with."""
+    return x["post"] == POST and all(d.startswith("step~") for d in x["donors"])
+
+
+def shows_takeover(x: dict) -> bool:
+    """Whether the experiment's old and new tasks are its tiny world's arithmetic, whose procedures tell
+    apart in writing which task a model took a problem for (`graftlab.analysis.takeover`)."""
+    return on_tiny_world(x) and x["data"] != "knowledge" and not x["problems"] and not x["benchmarks"]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment's runs and paths: `x` its resolved config section, `world` its tiny world's."""
+
+    name: str
+    x: dict
+    world: dict
+
+    @classmethod
+    def of(cls, config: dict, name: str) -> Experiment:
+        x = config["experiments"][name]
+        return cls(name, x, worlds(config)[world_key(x)])
+
+    @property
+    def root(self) -> str:
+        return f"results/{self.name}"
+
+    @property
+    def world_dir(self) -> str:
+        return f"results/{world_key(self.x)}"
+
+    def model_dir(self, name: str) -> str:
+        """Directory of a named model: `post` (the experiment's post model, its world's by default), a
+        ladder checkpoint `step~N` of its world, or a name from `models`, fetched into resources/models/.
+        """
+        if name == POST:
+            name = self.x["post"]
+            if name == POST:
+                return f"{self.world_dir}/post"
+        if name.startswith("step~"):
+            return f"{self.world_dir}/ladder/{name}"
+        return f"resources/models/{name}"
+
+    def model_input(self, name: str) -> str:
+        """The input that model `name` is read from (a rule's params carry model_dir): its directory, or
+        for a ladder checkpoint the whole ladder. One pretraining job writes the ladder, and since its
+        length differs between worlds it is one directory output, inside which Snakemake sees no
+        checkpoint."""
+        return f"{self.world_dir}/ladder" if name.startswith("step~") else self.model_dir(name)
+
+    @property
+    def post_dir(self) -> str:
+        return self.model_dir(POST)
+
+    def run_list(self) -> list[Run]:
+        """Every evaluated model: post, the donors as they are, SFT, grafts and merges, then OPSD."""
+        x = self.x
+        evaluated = x["donors"] if x["eval"]["donor_sft"] else []
+        epochs = range(1, x["sft"]["epochs"] + 1)
+        sft = [run("sft", b, lr=lr, epoch=e) for b in [POST, *evaluated] for lr in x["sft"]["lr"] for e in epochs]
+        grafts = [
+            run("graft", d, lr=lr, epoch=e, lam=lam, mask=mask, rho=rho)
+            for d in [*x["donors"], POST]
+            for lr in x["sft"]["lr"]
+            for e, lam, mask, rho in graft_keys(x, method_of(d))
+        ]
+        opsd = [
+            run("opsd", POST, alpha=a, lr=lr, step=s)
+            for a in x["opsd"]["alpha"]
+            for lr in x["opsd"]["lr"]
+            for s in opsd_steps(x["opsd"])
+        ]
+        return [Run(POST), *(run("donor", d) for d in evaluated), *sft, *grafts, *opsd]
+
+    def runs(self) -> list[str]:
+        """Every evaluated model as its key path under results/{exp}/."""
+        return [r.key for r in self.run_list()]
+
+    def eval_metrics(self) -> list[str]:
+        """The metrics.json of every run, in the order of `runs`."""
+        return [f"{self.root}/eval/{key}/metrics.json" for key in self.runs()]
+
+    def sensitivity_runs(self) -> list[str]:
+        """The runs whose update the sensitivity analysis measures: SFT of post, OPSD, every graft and merge."""
+        return [key for key in self.runs() if parse_run(key)["method"] in UPDATES]
+
+    def sft_dirs(self) -> list[str]:
+        """The SFT run directories (a checkpoint per epoch) of the post model and of every donor."""
+        x = self.x
+        return [f"{self.root}/{run('sft', b, lr=lr).key}" for b in [POST, *x["donors"]] for lr in x["sft"]["lr"]]
+
+    def opsd_dirs(self) -> list[str]:
+        x = self.x
+        return [f"{self.root}/{run('opsd', POST, alpha=a, lr=lr).key}" for a in x["opsd"]["alpha"] for lr in x["opsd"]["lr"]]
+
+    def latency_records(self) -> list[str]:
+        """Every timing record the latency analysis charges the runs with: the SFT and OPSD runs (their
+        steps.jsonl), each graft's seconds and, when a graft is masked, the Fisher and its rollouts."""
+        grafts = [r for r in self.run_list() if r.kind == "graft"]
+        masks = sorted({r.keys["mask"] for r in grafts} - {"none"})
+        fisher = [f"{self.root}/fisher/post/{kind}" for kind in masks]
+        rollouts = [f"{self.root}/fisher/post/rollouts.json"] if masks else []
+        seconds = [f"{self.root}/{r.key}/seconds.json" for r in grafts]
+        return self.sft_dirs() + self.opsd_dirs() + seconds + fisher + rollouts
+
+    def drift_updates(self) -> list[dict]:
+        """Each grafted donor update (donor, lr, epoch) with its directories and the post model's SFT
+        update at the same lr and epoch, for the drift table."""
+        x = self.x
+        epochs = x["graft"]["epochs"] or range(1, x["sft"]["epochs"] + 1)
+        return [
+            {
+                "donor": d,
+                "lr": lr,
+                "epoch": e,
+                "donor_dir": self.model_dir(d),
+                "tuned_dir": f"{self.root}/{run('sft', d, lr=lr, epoch=e).key}",
+                "post_sft_dir": f"{self.root}/{run('sft', POST, lr=lr, epoch=e).key}",
+            }
+            for d in x["donors"]
+            for lr in x["sft"]["lr"]
+            for e in epochs
+        ]
+
+    def eval_model(self, key: str) -> tuple[str, str]:
+        """The input directory of the model behind an evaluation key, and the model inside it."""
+        kind = key.split("/", 1)[0]
+        if key == POST:
+            return self.post_dir, self.post_dir
+        if kind in ("sft", "opsd"):
+            return f"{self.root}/{key.rsplit('/', 1)[0]}", f"{self.root}/{key}"
+        if kind == "graft":
+            model = f"{self.root}/{key}/model"
+            return model, model
+        if kind == "donor":
+            name = key.split("/", 1)[1]
+            return self.model_input(name), self.model_dir(name)
+        raise ValueError(f"no model for evaluation key {key!r}: expected post, donor/..., sft/... or graft/...")
+
+    def graft_fisher(self, mask: str, rho: str) -> str | list:
+        """The Fisher a masked graft ranks by; none for an unmasked one."""
+        if mask != "none":
+            return f"{self.root}/fisher/post/{mask}"
+        if rho != "0":
+            raise ValueError(f"an unmasked graft is mask~none/rho~0, not rho~{rho}")
+        return []
+
+    def mask_settings(self, donor: str, mask: str) -> dict:
+        # Only masked grafts see the ranking settings: changing them must not re-run unmasked grafts.
+        if mask == "none":
+            return {}
+        masks = self.x[method_of(donor)]["masks"]
+        return {"scope": masks["scope"], "score": masks["score"]}
+
+    def old_benchmarks(self) -> dict[str, tuple[str, str]]:
+        """{name: (parquet, task)} of the old-task benchmarks: the experiment's own data sets, else its
+        tiny world's arithmetic benchmarks."""
+        if sources := self.x["benchmarks"]:
+            return {n: (f"{self.root}/data/sources/benchmark~{n}.parquet", s["task"]) for n, s in sources.items()}
+        return {t: (f"{self.world_dir}/benchmarks/{t}.parquet", "arith") for t in self.world["old_tasks"]}
+
+    def new_benchmark(self) -> tuple[str, str]:
+        """(name, task) of the held-out new-task problems, `results/{exp}/data/heldout.parquet`."""
+        if self.x["data"] == "knowledge":
+            return "knowledge", "knowledge"
+        if self.x["problems"]:
+            return "heldout", self.x["problems"]["task"]
+        return self.world["new_task"], "arith"
+
+    @property
+    def new_task(self) -> str:
+        """The task registry name grading the new-task problems of mining and trace synthesis."""
+        return self.new_benchmark()[1]
+
+    def eval_benchmarks(self) -> list[list[str]]:
+        """[name, parquet, role, task] of every benchmark, old ones first."""
+        old = [[n, f, "old", t] for n, (f, t) in self.old_benchmarks().items()]
+        name, task = self.new_benchmark()
+        return old + [[name, f"{self.root}/data/heldout.parquet", "new", task]]
+
+    def candidates(self) -> str:
+        """The problems mining samples: the experiment's data set, else the tiny world's candidates."""
+        if self.x["problems"]:
+            return f"{self.root}/data/sources/problems.parquet"
+        return f"{self.world_dir}/candidates.parquet"
+
+    def retention_prompts(self) -> str | list:
+        """The configured old-domain prompts; none means fresh tiny-world problems."""
+        return f"{self.root}/data/sources/retention.parquet" if self.x["fisher"]["prompts"] else []
+
+    def dataset(self, name: str) -> dict:
+        """The config of data set `name`: problems, retention or benchmark~N."""
+        if name.startswith("benchmark~"):
+            found = (self.x["benchmarks"] or {}).get(name.split("~", 1)[1])
+        else:
+            found = {"problems": self.x["problems"], "retention": self.x["fisher"]["prompts"]}.get(name)
+        if found is None:
+            raise ValueError(f"experiment {self.name} configures no data set {name!r}")
+        return found

@@ -1,0 +1,222 @@
+"""The results layout: run keys built from each shipped config parse back to what built them, and which
+runs, inputs and timing records an experiment's jobs read."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from graftlab.config import resolve
+from graftlab.layout import KEY_COLUMNS, Experiment, Run, eval_root, parse_run, run, study_experiments, worlds
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = ("config.yaml", "configs/smoke.yaml", "configs/qwen3-1.7b-star.yaml")
+# What each kind of run parses to, by whether its base model is the post model.
+METHOD = {("sft", True): "sft", ("sft", False): "donor_sft", ("graft", True): "merge", ("graft", False): "graft"}
+METHOD |= {("opsd", True): "opsd", ("donor", False): "donor"}
+
+
+def load(name: str) -> dict:
+    return resolve(yaml.safe_load((REPO / name).read_text()))
+
+
+@pytest.fixture(scope="module")
+def smoke() -> dict:
+    return load("configs/smoke.yaml")
+
+
+def layouts(config: dict) -> list[Experiment]:
+    return [Experiment.of(config, name) for name in config["experiments"]]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_every_built_run_parses_back_to_the_keys_it_was_built_from(name):
+    for xp in layouts(load(name)):
+        built = xp.run_list()
+        assert len({r.key for r in built}) == len(built), f"{xp.name}: a run is built twice"
+        for r in built:
+            parsed = parse_run(r.key)
+            if r.kind == "post":
+                assert parsed == {"method": "post", "donor": None} | dict.fromkeys(KEY_COLUMNS)
+                continue
+            assert parsed["method"] == METHOD[r.kind, r.donor == "post"]
+            assert parsed.pop("donor") == r.donor and parsed.pop("method")
+            assert parsed == dict.fromkeys(KEY_COLUMNS) | r.keys
+
+
+def test_the_smoke_expert_evaluates_every_method(smoke):
+    methods = [parse_run(key)["method"] for key in Experiment.of(smoke, "expert").runs()]
+    # As the smoke run's summary counts them: diag masks on both graft epochs, on the merge's epoch 2.
+    assert {m: methods.count(m) for m in set(methods)} == {
+        "post": 1, "donor": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3, "opsd": 3,
+    }  # fmt: skip
+    assert "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1" in Experiment.of(smoke, "expert").runs()
+
+
+def test_donors_as_they_are_and_their_sft_are_evaluated_only_with_donor_sft(smoke):
+    knowledge = Experiment.of(smoke, "knowledge").runs()
+    assert not [k for k in knowledge if k.startswith(("donor/", "sft/step~"))]
+    assert "graft/step~50/lr~1e-3/epoch~2/lam~1/mask~none/rho~0" in knowledge
+
+
+def test_opsd_keeps_evenly_spaced_checkpoints(smoke):
+    x = smoke["experiments"]["expert"] | {"opsd": smoke["experiments"]["expert"]["opsd"] | {"checkpoints": 2}}
+    xp = Experiment("expert", x, worlds(smoke)["world"])
+    steps = [r.keys["step"] for r in xp.run_list() if r.kind == "opsd" and r.keys["alpha"] == "0"]
+    assert steps == ["2", "4"]
+
+
+def test_sensitivity_measures_every_update_of_the_post_model(smoke):
+    xp = Experiment.of(smoke, "expert")
+    measured = {parse_run(k)["method"] for k in xp.sensitivity_runs()}
+    assert measured == {"sft", "graft", "merge", "opsd"}
+    assert len(xp.sensitivity_runs()) == 2 + 4 + 3 + 3
+
+
+def test_latency_reads_each_training_run_graft_and_fisher(smoke):
+    records = Experiment.of(smoke, "expert").latency_records()
+    assert records[:5] == [
+        "results/expert/sft/post/lr~1e-3",
+        "results/expert/sft/step~50/lr~1e-3",
+        "results/expert/opsd/post/alpha~0/lr~1e-4",
+        "results/expert/opsd/post/alpha~0.5/lr~1e-4",
+        "results/expert/opsd/post/alpha~1/lr~1e-4",
+    ]
+    assert sum(r.endswith("/seconds.json") for r in records) == 7
+    assert records[-2:] == ["results/expert/fisher/post/diag", "results/expert/fisher/post/rollouts.json"]
+    # Unmasked grafts only: no Fisher to charge.
+    assert not [r for r in Experiment.of(smoke, "narrow").latency_records() if "/fisher/" in r]
+
+
+def test_drift_pairs_each_grafted_donor_update_with_the_post_sft_update(smoke):
+    (update,) = Experiment.of(smoke, "narrow").drift_updates()
+    assert update == {
+        "donor": "step~50",
+        "lr": "1e-3",
+        "epoch": 2,
+        "donor_dir": "results/worlds/narrow/ladder/step~50",
+        "tuned_dir": "results/narrow/sft/step~50/lr~1e-3/epoch~2",
+        "post_sft_dir": "results/narrow/sft/post/lr~1e-3/epoch~2",
+    }
+
+
+def test_models_and_benchmarks_lie_in_the_experiments_world(smoke):
+    narrow, teacher = Experiment.of(smoke, "narrow"), Experiment.of(smoke, "teacher")
+    assert narrow.post_dir == "results/worlds/narrow/post"
+    assert narrow.model_input("step~50") == "results/worlds/narrow/ladder"
+    assert narrow.candidates() == "results/worlds/narrow/candidates.parquet"
+    assert narrow.eval_benchmarks()[0] == ["add", "results/worlds/narrow/benchmarks/add.parquet", "old", "arith"]
+    assert narrow.eval_benchmarks()[-1] == ["mul", "results/narrow/data/heldout.parquet", "new", "arith"]
+    assert teacher.candidates() == "results/teacher/data/sources/problems.parquet"
+    assert teacher.new_benchmark() == ("heldout", "arith")
+    assert Experiment.of(smoke, "knowledge").new_benchmark() == ("knowledge", "knowledge")
+    assert Experiment.of(load("configs/qwen3-1.7b-star.yaml"), "star").post_dir.startswith("resources/models/")
+
+
+def test_each_evaluated_model_and_the_directory_it_is_read_from(smoke):
+    xp = Experiment.of(smoke, "expert")
+    assert xp.eval_model("post") == ("results/world/post", "results/world/post")
+    assert xp.eval_model("donor/step~50") == ("results/world/ladder", "results/world/ladder/step~50")
+    sft = "sft/post/lr~1e-3/epoch~2"
+    assert xp.eval_model(sft) == ("results/expert/sft/post/lr~1e-3", f"results/expert/{sft}")
+    graft = "graft/step~50/lr~1e-3/epoch~1/lam~1/mask~none/rho~0"
+    assert xp.eval_model(graft) == (f"results/expert/{graft}/model",) * 2
+    with pytest.raises(ValueError, match="no model for evaluation key 'grpo/post'"):
+        xp.eval_model("grpo/post")
+
+
+def test_only_masked_grafts_read_a_fisher_and_its_settings(smoke):
+    xp = Experiment.of(smoke, "expert")
+    assert xp.graft_fisher("diag", "0.1") == "results/expert/fisher/post/diag"
+    assert xp.graft_fisher("none", "0") == [] and xp.mask_settings("post", "none") == {}
+    assert xp.mask_settings("post", "diag") == {"scope": "global", "score": "fisher_delta"}
+    with pytest.raises(ValueError, match="mask~none/rho~0, not rho~0.1"):
+        xp.graft_fisher("none", "0.1")
+
+
+def test_a_data_set_the_experiment_does_not_configure_is_an_error(smoke):
+    assert Experiment.of(smoke, "star").dataset("problems")["task"] == "arith"
+    with pytest.raises(ValueError, match="configures no data set 'benchmark~gsm8k'"):
+        Experiment.of(smoke, "star").dataset("benchmark~gsm8k")
+
+
+def test_the_study_takes_its_experiments_and_the_tiny_world_tables(smoke):
+    lines = {e["exp"]: e for e in study_experiments(smoke)}
+    assert list(lines) == list(smoke["experiments"])
+    assert lines["narrow"]["drift"] == "results/narrow/drift.parquet" and lines["narrow"]["seed"] == 1
+    # Knowledge and the data-set settings are not the world's arithmetic: drift, but no takeover.
+    assert lines["knowledge"]["takeover"] is None and lines["teacher"]["takeover"] is None
+    assert lines["expert"]["takeover"] == "results/expert/takeover.parquet"
+    chosen = smoke | {"study": {"experiments": ["narrow"]}}
+    assert [e["exp"] for e in study_experiments(chosen)] == ["narrow"]
+    real = study_experiments(load("configs/qwen3-1.7b-star.yaml"))
+    assert all(e["drift"] is None and e["takeover"] is None for e in real)
+
+
+def test_the_evaluations_directory_is_found_from_a_metrics_file():
+    assert eval_root("results/x/eval/sft/post/lr~1/epoch~2/metrics.json", "sft/post/lr~1/epoch~2") == "results/x/eval"
+    with pytest.raises(ValueError, match="not the metrics.json of run 'post'"):
+        eval_root("results/x/eval/sft/post/lr~1/epoch~2/metrics.json", "post")
+
+
+@pytest.mark.parametrize("keys", [{"lr": "1/2"}, {"lr": ""}, {"a~b": "1"}])
+def test_a_key_value_that_would_not_parse_back_is_refused(keys):
+    with pytest.raises(ValueError, match="is no key segment"):
+        _ = Run("sft", "post", keys | {"epoch": "1"}).key
+
+
+def test_key_values_are_the_strings_of_the_path():
+    assert run("sft", "post", lr="1e-3", epoch=2).key == "sft/post/lr~1e-3/epoch~2"
+    assert Run("post").key == "post" and run("donor", "step~50").key == "donor/step~50"
+
+
+def test_importing_the_layout_loads_no_numerical_library():
+    # Every workflow parse imports it (rules/common.smk): a dry-run must not wait for torch.
+    code = "import sys, graftlab.layout; print(sorted({'torch', 'polars', 'numpy'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_parse_run_each_method() -> None:
+    empty = dict.fromkeys(("lr", "epoch", "lam", "mask", "rho"))
+    assert parse_run("post") == {"method": "post", "donor": None} | empty
+    assert parse_run("sft/post/lr~1e-3/epoch~2") == (
+        {"method": "sft", "donor": "post"} | empty | {"lr": "1e-3", "epoch": "2"}
+    )
+    assert parse_run("sft/step~400/lr~1e-3/epoch~1")["method"] == "donor_sft"
+    assert parse_run("donor/step~400") == {"method": "donor", "donor": "step~400"} | empty
+    assert parse_run("sft/step~400/lr~1e-3/epoch~1")["donor"] == "step~400"
+    graft = parse_run("graft/step~400/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0")
+    assert graft == {
+        "method": "graft", "donor": "step~400",
+        "lr": "1e-3", "epoch": "2", "lam": "0.5", "mask": "none", "rho": "0",
+    }  # fmt: skip
+    # Donor == post is model merging; values stay the strings of the path.
+    merge = parse_run("graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.01")
+    assert (merge["method"], merge["donor"], merge["rho"]) == ("merge", "post", "0.01")
+
+
+def test_parse_run_keeps_extra_keys() -> None:
+    assert parse_run("sft/post/lr~1e-3/epoch~2/data~star")["data"] == "star"
+
+
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        ("grpo/post/lr~1e-6", "unknown method 'grpo'"),
+        ("", "unknown method ''"),
+        ("post/lr~1e-3", "post model takes no keys"),
+        ("donor/step~400/lr~1e-3", "a donor as it is takes no keys"),
+        ("sft", "needs a base model"),
+        ("sft/post/lr~1e-3", r"lacks key\(s\) \['epoch'\]"),
+        ("graft/post/lr~1e-3/epoch~2/lam~0.5", r"lacks key\(s\) \['mask', 'rho'\]"),
+        ("sft/post/lr~1e-3/epoch2", "'epoch2' is not name~value"),
+        ("sft/post/lr~1e-3/epoch~1/lr~1e-4", "key 'lr' appears twice"),
+        ("sft/post/lr~1e-3/epoch~1/method~x", "key 'method' clashes"),
+    ],
+)
+def test_parse_run_rejects(run: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_run(run)
