@@ -1,4 +1,8 @@
 # graftlab: continual learning by grafting. This file is the table of contents; each stage lives in rules/.
+from snakemake.utils import min_version
+
+# The version pyproject.toml requires: an older Snakemake stops here, not somewhere in a rule.
+min_version("9.0")
 
 
 include: "rules/common.smk"

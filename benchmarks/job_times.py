@@ -1,42 +1,62 @@
-"""Where a workflow run's time went: job count and summed wall time per rule, from a Snakemake log.
+"""Where a workflow run's time went: job count and summed wall time per rule, from the `benchmark:` file
+every rule of the workflow writes under benchmarks/jobs/.
 
-    python benchmarks/job_times.py .snakemake/log/<run>.snakemake.log
+    rm -rf benchmarks/jobs && snakemake --cores all     # a run of its own
+    python benchmarks/job_times.py [benchmarks/jobs]
 
-Each job's time is from the timestamp before its `rule ...:` block to the one before its `Finished
-jobid` line (second resolution); the sum over rules exceeds the run's wall time by the parallelism.
+A job's time is the `s` column of its benchmark file: the wall seconds of its script, Snakemake's own
+scheduling left out. Its rule is the file's `rule_name` column, which Snakemake writes with
+`--benchmark-extended` (on in the workflow profile, profiles/default). A file holds the latest run of its
+job, so clear benchmarks/jobs/ before the run to be timed alone; the sum over rules exceeds the run's wall
+time by the parallelism.
 """
 
-import re
 import sys
 from collections import Counter, defaultdict
-from datetime import datetime
+from pathlib import Path
 
-STAMP = re.compile(r"\[(\w{3} \w{3} +\d+ [\d:]+ \d{4})\]")
-RULE = re.compile(r"(?:local)?rule (\w+):")
-JOBID = re.compile(r"\s+jobid: (\d+)")
-DONE = re.compile(r"Finished jobid: (\d+)")
+UNKNOWN = "(no rule_name)"  # a file written without --benchmark-extended
 
 
-def job_times(lines) -> tuple[Counter, dict[str, float]]:
-    stamp, rule, started, rule_of = None, None, {}, {}
+def read_benchmark(path: Path) -> tuple[str, float]:
+    """(rule, seconds) of one benchmark file: the mean over its rows, one per repeat."""
+    header, *rows = path.read_text().splitlines()
+    columns = header.split("\t")
+    # Split no further than the rule's column: later ones (wildcards, params) may hold tabs of their own.
+    last = columns.index("rule_name") if "rule_name" in columns else columns.index("s")
+    rows = [row.split("\t", last + 1) for row in rows if row.strip()]
+    if not rows:
+        raise ValueError(f"{path}: a benchmark file without a row")
+    seconds = sum(float(row[columns.index("s")]) for row in rows) / len(rows)
+    rule = rows[0][last] if "rule_name" in columns else UNKNOWN
+    return rule, seconds
+
+
+def job_times(root: Path) -> tuple[Counter, dict[str, float]]:
+    """Job count and summed seconds per rule over every benchmark file under `root`."""
     count, seconds = Counter(), defaultdict(float)
-    for line in lines:
-        if m := STAMP.match(line):
-            stamp = datetime.strptime(m.group(1), "%a %b %d %H:%M:%S %Y")
-        elif m := RULE.match(line):
-            rule = m.group(1)
-        elif (m := JOBID.match(line)) and rule:
-            started[m.group(1)], rule_of[m.group(1)], rule = stamp, rule, None
-        elif (m := DONE.match(line)) and m.group(1) in started:
-            job = m.group(1)
-            count[rule_of[job]] += 1
-            seconds[rule_of[job]] += (stamp - started[job]).total_seconds()
+    for path in sorted(root.rglob("*.tsv")):
+        rule, s = read_benchmark(path)
+        count[rule] += 1
+        seconds[rule] += s
     return count, seconds
 
 
-if __name__ == "__main__":
-    count, seconds = job_times(open(sys.argv[1]).read().splitlines())
-    print("| rule | jobs | seconds | per job |\n| --- | ---: | ---: | ---: |")
+def table(count: Counter, seconds: dict[str, float]) -> str:
+    lines = ["| rule | jobs | seconds | per job |", "| --- | ---: | ---: | ---: |"]
     for rule, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
-        print(f"| {rule} | {count[rule]} | {s:.0f} | {s / count[rule]:.1f} |")
-    print(f"| all jobs | {sum(count.values())} | {sum(seconds.values()):.0f} | |")
+        lines.append(f"| {rule} | {count[rule]} | {s:.0f} | {s / count[rule]:.1f} |")
+    lines.append(f"| all jobs | {sum(count.values())} | {sum(seconds.values()):.0f} | |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/jobs")
+    if not root.is_dir():
+        sys.exit(f"{root}: not a directory of benchmark files (the workflow writes them to benchmarks/jobs/)")
+    count, seconds = job_times(root)
+    if not count:
+        sys.exit(f"{root}: no benchmark files")
+    print(table(count, seconds))
+    if count[UNKNOWN]:
+        print(f"\n{count[UNKNOWN]} file(s) without rule_name: run Snakemake with --benchmark-extended", file=sys.stderr)

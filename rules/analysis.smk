@@ -6,9 +6,7 @@
 
 rule summary:
     input:
-        metrics=lambda w: [
-            f"results/{w.exp}/eval/{run}/metrics.json" for run in runs(w.exp)
-        ],
+        metrics=lambda w: layout(w).eval_metrics(),
         data="results/{exp}/data/sft.json",
         source=lambda w: (
             f"results/{w.exp}/data/sources/problems.json"
@@ -19,6 +17,8 @@ rule summary:
         "results/{exp}/summary.parquet",
     log:
         "logs/{exp}/summary.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/summary.tsv"
     conda:
         "../envs/cpu.yaml"
     params:
@@ -39,6 +39,8 @@ rule pareto:
         ),
     log:
         "logs/{exp}/pareto.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/pareto.tsv"
     conda:
         "../envs/cpu.yaml"
     script:
@@ -48,7 +50,7 @@ rule pareto:
 rule latency:
     input:
         summary="results/{exp}/summary.parquet",
-        records=latency_records,
+        records=lambda w: layout(w).latency_records(),
     output:
         runs="results/{exp}/latency.parquet",
         steps="results/{exp}/latency_steps.parquet",
@@ -60,6 +62,8 @@ rule latency:
         ),
     log:
         "logs/{exp}/latency.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/latency.tsv"
     conda:
         "../envs/cpu.yaml"
     script:
@@ -68,51 +72,58 @@ rule latency:
 
 rule drift:
     input:
-        init=lambda w: f"{world_of(w.exp)[0]}/init",
-        ladder=lambda w: f"{world_of(w.exp)[0]}/ladder",
+        init=lambda w: f"{layout(w).world_dir}/init",
+        ladder=lambda w: f"{layout(w).world_dir}/ladder",
         post=post_dir,
-        sft=lambda w: [
-            f"results/{w.exp}/sft/{b}/lr~{lr}"
-            for b in ["post"] + xcfg(w, "donors")
-            for lr in xcfg(w, "sft", "lr")
-        ],
+        sft=lambda w: layout(w).sft_dirs(),
     output:
         "results/{exp}/drift.parquet",
     log:
         "logs/{exp}/drift.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/drift.tsv"
     conda:
         "../envs/cpu.yaml"
     params:
         # The base model is the last ladder checkpoint, the one post-training started from.
-        base=lambda w: f"{world_of(w.exp)[0]}/ladder/step~{world_of(w.exp)[1]['pretrain']['steps']}",
-        updates=drift_updates,
+        base=lambda w: layout(w).model_dir(
+            f"step~{layout(w).world['pretrain']['steps']}"
+        ),
+        updates=lambda w: layout(w).drift_updates(),
     script:
         "../workflow_scripts/drift.py"
 
 
 rule takeover:
     input:
-        lambda w: [f"results/{w.exp}/eval/{run}/metrics.json" for run in runs(w.exp)],
+        # Each evaluation writes its per-benchmark records beside its metrics.json, last: the records of
+        # every run are there once these are (their names differ between experiments, so no rule can
+        # declare them as outputs).
+        metrics=lambda w: layout(w).eval_metrics(),
     output:
         "results/{exp}/takeover.parquet",
     log:
         "logs/{exp}/takeover.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/takeover.tsv"
     conda:
         "../envs/cpu.yaml"
     params:
-        eval_dir=lambda w: f"results/{w.exp}/eval",
-        runs=lambda w: runs(w.exp),
-        old=lambda w: list(old_benchmarks(w.exp)),
-        new_task=lambda w: new_benchmark(w.exp)[0],
+        runs=lambda w: layout(w).runs(),
+        old=lambda w: list(layout(w).old_benchmarks()),
+        new_task=lambda w: layout(w).new_benchmark()[0],
     script:
         "../workflow_scripts/takeover.py"
 
 
+STUDY = study_experiments(config)
+
+
 rule study:
     input:
-        [e["summary"] for e in study_experiments()],
-        [e["drift"] for e in study_experiments() if e["drift"]],
-        [e["takeover"] for e in study_experiments() if e["takeover"]],
+        [e["summary"] for e in STUDY],
+        [e["drift"] for e in STUDY if e["drift"]],
+        [e["takeover"] for e in STUDY if e["takeover"]],
     output:
         runs="results/study/study.parquet",
         groups="results/study/groups.parquet",
@@ -123,9 +134,11 @@ rule study:
         ),
     log:
         "logs/study.log",
+    benchmark:
+        "benchmarks/jobs/study.tsv"
     conda:
         "../envs/cpu.yaml"
     params:
-        experiments=study_experiments(),
+        experiments=STUDY,
     script:
         "../workflow_scripts/study.py"

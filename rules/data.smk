@@ -5,18 +5,20 @@
 rule dataset:
     input:
         # A local file is an input: edited, or built by another rule, it is read again.
-        lambda w: local_source(dataset(w)["source"]),
+        lambda w: local_source(layout(w).dataset(w.source)["source"]),
     output:
         problems="results/{exp}/data/sources/{source}.parquet",
         stats="results/{exp}/data/sources/{source}.json",
     log:
         "logs/{exp}/data/sources/{source}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/data/sources/{source}.tsv"
     wildcard_constraints:
         source="problems|retention|benchmark~[A-Za-z0-9_-]+",
     conda:
         "../envs/cpu.yaml"
     params:
-        source=dataset,
+        source=lambda w: layout(w).dataset(w.source),
     script:
         "../workflow_scripts/dataset.py"
 
@@ -24,12 +26,14 @@ rule dataset:
 rule mine:
     input:
         model=post_dir,
-        candidates=candidates,
+        candidates=lambda w: layout(w).candidates(),
     output:
         train="results/{exp}/data/train.parquet",
         heldout="results/{exp}/data/heldout.parquet",
     log:
         "logs/{exp}/mine.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/mine.tsv"
     wildcard_constraints:
         exp=experiments_with(*MINED),
     conda:
@@ -37,7 +41,7 @@ rule mine:
     threads: config["threads"]["sample"]
     params:
         mining=lambda w: xcfg(w, "mining"),
-        task=lambda w: new_task(w.exp),
+        task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
@@ -48,7 +52,7 @@ rule knowledge:
     input:
         # Replay draws fresh old-task problems: the benchmarks are excluded.
         benchmarks=lambda w: (
-            [f for f, _ in old_benchmarks(w.exp).values()]
+            [f for f, _ in layout(w).old_benchmarks().values()]
             if xcfg(w, "knowledge", "replay")
             else []
         ),
@@ -59,13 +63,15 @@ rule knowledge:
         stats="results/{exp}/data/sft.json",
     log:
         "logs/{exp}/knowledge.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/knowledge.tsv"
     wildcard_constraints:
         exp=experiments_with("knowledge"),
     conda:
         "../envs/cpu.yaml"
     params:
         knowledge=lambda w: xcfg(w, "knowledge"),
-        old_tasks=lambda w: world_of(w.exp)[1]["old_tasks"],
+        old_tasks=lambda w: layout(w).world["old_tasks"],
         seed=lambda w: xcfg(w, "seed"),
     script:
         "../workflow_scripts/knowledge.py"

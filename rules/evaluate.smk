@@ -5,18 +5,20 @@
 
 rule evaluate:
     input:
-        model=lambda w: eval_model(w)[0],
-        benchmarks=lambda w: [b[1] for b in eval_benchmarks(w)],
+        model=lambda w: layout(w).eval_model(w.run)[0],
+        benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
     output:
         metrics="results/{exp}/eval/{run}/metrics.json",
     log:
         "logs/{exp}/eval/{run}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/eval/{run}.tsv"
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     params:
-        model=lambda w: eval_model(w)[1],
-        benchmarks=eval_benchmarks,
+        model=lambda w: layout(w).eval_model(w.run)[1],
+        benchmarks=lambda w: layout(w).eval_benchmarks(),
         # Only what sampling uses: switching donor_sft on or off must not re-run evaluations.
         sampling=lambda w: {
             k: v

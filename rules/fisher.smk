@@ -1,22 +1,24 @@
-# Retention Fisher of the post model (DESIGN §3): its own rollouts on fresh old-task prompts, then the
+# Retention Fisher of the post model: its own rollouts on fresh old-task prompts, then the
 # Fisher of each kind a masked graft asks for, computed once per experiment and kind and kept.
 
 
 rule rollouts:
     input:
         model=post_dir,
-        benchmarks=lambda w: [f for f, _ in old_benchmarks(w.exp).values()],
-        prompts=retention_prompts,
+        benchmarks=lambda w: [f for f, _ in layout(w).old_benchmarks().values()],
+        prompts=lambda w: layout(w).retention_prompts(),
     output:
         rollouts="results/{exp}/fisher/post/rollouts.parquet",
         stats="results/{exp}/fisher/post/rollouts.json",
     log:
         "logs/{exp}/fisher/post/rollouts.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/fisher/post/rollouts.tsv"
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     params:
-        tasks=lambda w: world_of(w.exp)[1]["old_tasks"],
+        tasks=lambda w: layout(w).world["old_tasks"],
         # Only what sampling uses: a new Fisher batch size or EKFAC must not re-sample the rollouts.
         rollouts=lambda w: {
             k: xcfg(w, "fisher", k)
@@ -33,23 +35,26 @@ rule fisher:
         model=post_dir,
         rollouts="results/{exp}/fisher/post/rollouts.parquet",
     output:
-        directory("results/{exp}/fisher/post/{kind}"),
+        directory("results/{exp}/fisher/post/{mask}"),
     log:
-        "logs/{exp}/fisher/post/{kind}.log",
+        "logs/{exp}/fisher/post/{mask}.log",
     benchmark:
-        "benchmarks/jobs/{exp}/fisher/post/{kind}.tsv"
+        "benchmarks/jobs/{exp}/fisher/post/{mask}.tsv"
+    wildcard_constraints:
+        # The kind a masked graft names (`mask~{mask}`); mask~none ranks by no Fisher.
+        mask="|".join(FISHER_KINDS),
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
     params:
-        kind=lambda w: w.kind,
+        kind=lambda w: w.mask,
         # Options of one kind only: switching EKFAC on must not recompute the diagonal Fisher.
         options=lambda w: (
             {
                 "ekfac": xcfg(w, "fisher", "ekfac"),
                 "positions": xcfg(w, "fisher", "kfac_positions"),
             }
-            if w.kind == "kfac"
+            if w.mask == "kfac"
             else {}
         ),
     # The batch size is memory, not results (the sums are the same up to rounding): the script reads it

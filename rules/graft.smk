@@ -6,28 +6,30 @@
 rule graft:
     input:
         post=post_dir,
-        donor=lambda w: model_input(w.donor, w.exp),
+        donor=lambda w: layout(w).model_input(w.donor),
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
-        fisher=graft_fisher,
+        fisher=lambda w: layout(w).graft_fisher(w.mask, w.rho),
     output:
         model=temp(
             directory(
-                "results/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}/model"
+                "results/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/model"
             )
         ),
         # Kept after the model is evaluated and deleted: the latency analysis charges each graft its time.
-        seconds="results/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}/seconds.json",
+        seconds="results/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/seconds.json",
     log:
-        "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{e}/lam~{lam}/mask~{mask}/rho~{rho}.log",
+        "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}.tsv"
     conda:
         "../envs/cpu.yaml"
     threads: config["threads"]["sample"]
     params:
-        donor=lambda w: model_dir(w.donor, w.exp),
-        epoch=lambda w: w.e,
+        donor=lambda w: layout(w).model_dir(w.donor),
+        epoch=lambda w: w.epoch,
         lam=lambda w: w.lam,
         mask=lambda w: w.mask,
         rho=lambda w: w.rho,
-        mask_settings=mask_settings,
+        mask_settings=lambda w: layout(w).mask_settings(w.donor, w.mask),
     script:
         "../workflow_scripts/graft.py"

@@ -10,6 +10,8 @@ rule fetch_model:
         directory("resources/models/{name}"),
     log:
         "logs/models/{name}.log",
+    benchmark:
+        "benchmarks/jobs/models/{name}.tsv"
     wildcard_constraints:
         name="|".join(MODELS) or "(?!)",
     conda:

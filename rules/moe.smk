@@ -21,6 +21,8 @@ rule moe:
         ),
     log:
         "logs/moe.log",
+    benchmark:
+        "benchmarks/jobs/moe.tsv"
     conda:
         "../envs/cpu.yaml"
     params:

@@ -8,17 +8,19 @@ rule sensitivity_update:
     input:
         fisher="results/{exp}/fisher/post/diag",
         post=post_dir,
-        model=lambda w: eval_model(w)[0],
+        model=lambda w: layout(w).eval_model(w.run)[0],
     output:
         "results/{exp}/sensitivity/{run}/share.parquet",
     log:
         "logs/{exp}/sensitivity/{run}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/sensitivity/{run}.tsv"
     conda:
         "../envs/cpu.yaml"
     threads: config["threads"]["sample"]
     params:
         run=lambda w: w.run,
-        model=lambda w: eval_model(w)[1],
+        model=lambda w: layout(w).eval_model(w.run)[1],
         top=0.01,
     script:
         "../workflow_scripts/sensitivity_update.py"
@@ -28,7 +30,7 @@ rule sensitivity:
     input:
         lambda w: [
             f"results/{w.exp}/sensitivity/{run}/share.parquet"
-            for run in sensitivity_runs(w.exp)
+            for run in layout(w).sensitivity_runs()
         ],
     output:
         parquet="results/{exp}/sensitivity.parquet",
@@ -40,6 +42,8 @@ rule sensitivity:
         ),
     log:
         "logs/{exp}/sensitivity.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/sensitivity.tsv"
     conda:
         "../envs/cpu.yaml"
     script:

@@ -1,4 +1,4 @@
-# The traces each method learns from, one per solved training problem, by data kind (DESIGN §3):
+# The traces each method learns from, one per solved training problem, by data kind:
 # data/sft.parquet, with data/sft.json counting problems, traces and the problems left without one.
 
 
@@ -10,6 +10,8 @@ rule expert_traces:
         stats="results/{exp}/data/sft.json",
     log:
         "logs/{exp}/traces.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/traces.tsv"
     wildcard_constraints:
         exp=experiments_with("expert"),
     conda:
@@ -20,23 +22,25 @@ rule expert_traces:
 
 rule teacher_traces:
     input:
-        model=lambda w: model_input(xcfg(w, "teacher", "model"), w.exp),
+        model=lambda w: layout(w).model_input(xcfg(w, "teacher", "model")),
         problems="results/{exp}/data/train.parquet",
     output:
         sft="results/{exp}/data/sft.parquet",
         stats="results/{exp}/data/sft.json",
     log:
         "logs/{exp}/traces.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/traces.tsv"
     wildcard_constraints:
         exp=experiments_with("teacher"),
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     params:
-        model=lambda w: model_dir(xcfg(w, "teacher", "model"), w.exp),
+        model=lambda w: layout(w).model_dir(xcfg(w, "teacher", "model")),
         # STaR's sampling without rationalization: the first verified of up to `attempts` samples.
         sampling=lambda w: {k: v for k, v in xcfg(w, "teacher").items() if k != "model"},
-        task=lambda w: new_task(w.exp),
+        task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
@@ -52,6 +56,8 @@ rule star:
         stats="results/{exp}/data/sft.json",
     log:
         "logs/{exp}/traces.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/traces.tsv"
     wildcard_constraints:
         exp=experiments_with("star"),
     conda:
@@ -60,7 +66,7 @@ rule star:
     params:
         model=post_dir,
         sampling=lambda w: xcfg(w, "star"),
-        task=lambda w: new_task(w.exp),
+        task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:
@@ -90,7 +96,7 @@ rule pedagogical_teacher:
             for k, v in xcfg(w, "pedagogical").items()
             if k not in ("attempts", "attempts_per_round")
         },
-        task=lambda w: new_task(w.exp),
+        task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
     script:
         "../workflow_scripts/pedagogical_teacher.py"
@@ -105,6 +111,8 @@ rule pedagogical_traces:
         stats="results/{exp}/data/sft.json",
     log:
         "logs/{exp}/traces.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/traces.tsv"
     wildcard_constraints:
         exp=experiments_with("pedagogical"),
     conda:
@@ -120,7 +128,7 @@ rule pedagogical_traces:
                 "max_new_tokens",
             )
         },
-        task=lambda w: new_task(w.exp),
+        task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
         backend=config["sampling_backend"],
     script:

@@ -1,21 +1,22 @@
 # SFT of the post model (the baseline) and of every donor: one run per learning rate, a checkpoint per epoch.
+# `{donor}` names the model an update starts from, here as in rules/graft.smk: `post` or a donor.
 
 
 rule sft:
     input:
-        model=lambda w: model_input(w.base, w.exp),
+        model=lambda w: layout(w).model_input(w.donor),
         data="results/{exp}/data/sft.parquet",
     output:
-        directory("results/{exp}/sft/{base}/lr~{lr}"),
+        directory("results/{exp}/sft/{donor}/lr~{lr}"),
     log:
-        "logs/{exp}/sft/{base}/lr~{lr}.log",
+        "logs/{exp}/sft/{donor}/lr~{lr}.log",
     benchmark:
-        "benchmarks/jobs/{exp}/sft/{base}/lr~{lr}.tsv"
+        "benchmarks/jobs/{exp}/sft/{donor}/lr~{lr}.tsv"
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
     params:
-        model=lambda w: model_dir(w.base, w.exp),
+        model=lambda w: layout(w).model_dir(w.donor),
         lr=lambda w: float(w.lr),
         epochs=lambda w: xcfg(w, "sft", "epochs"),
         batch_size=lambda w: xcfg(w, "sft", "batch_size"),

@@ -9,6 +9,8 @@ rule world_tokenizer:
         directory("results/{world}/tokenizer"),
     log:
         "logs/{world}/tokenizer.log",
+    benchmark:
+        "benchmarks/jobs/{world}/tokenizer.tsv"
     conda:
         "../envs/cpu.yaml"
     script:
@@ -21,6 +23,8 @@ rule world_benchmarks:
         "results/{world}/benchmarks/{task}.parquet",
     log:
         "logs/{world}/benchmarks/{task}.log",
+    benchmark:
+        "benchmarks/jobs/{world}/benchmarks/{task}.tsv"
     wildcard_constraints:
         task="|".join(sorted({t for w in WORLDS.values() for t in w["old_tasks"]})),
     conda:
@@ -38,6 +42,8 @@ rule world_candidates:
         "results/{world}/candidates.parquet",
     log:
         "logs/{world}/candidates.log",
+    benchmark:
+        "benchmarks/jobs/{world}/candidates.tsv"
     conda:
         "../envs/cpu.yaml"
     params:
@@ -53,6 +59,8 @@ rule world_corpus:
         "results/{world}/corpus.parquet",
     log:
         "logs/{world}/corpus.log",
+    benchmark:
+        "benchmarks/jobs/{world}/corpus.tsv"
     conda:
         "../envs/cpu.yaml"
     params:

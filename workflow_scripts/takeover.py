@@ -3,7 +3,10 @@ new task's procedure."""
 
 from graftlab.analysis.takeover import write_takeover
 from graftlab.joblog import job_log
+from graftlab.layout import eval_root
 
 p = snakemake.params
 with job_log(snakemake.log[0], 1):
-    write_takeover(p.eval_dir, p.runs, p.old, p.new_task, snakemake.output[0])
+    # The records lie beside the declared metrics.json of each run, in the directory that holds them all.
+    eval_dir = eval_root(snakemake.input.metrics[0], p.runs[0])
+    write_takeover(eval_dir, p.runs, p.old, p.new_task, snakemake.output[0])

@@ -1,0 +1,49 @@
+"""benchmarks/job_times.py: job count and seconds per rule from Snakemake's benchmark files."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "job_times.py"
+spec = importlib.util.spec_from_file_location("job_times", SCRIPT)
+job_times = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(job_times)
+
+EXTENDED = (
+    "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\t"
+    "jobid\trule_name\twildcards\tparams\tthreads\tcpu_usage\tresources\tinput_size_mb"
+)
+
+
+def write(path: Path, rule: str, *seconds: float, extended: bool = True) -> None:
+    """A benchmark file as Snakemake writes it, one row per repeat; a tab inside the params column."""
+    header = EXTENDED if extended else "\t".join(EXTENDED.split("\t")[:10])
+    rows = [f"{s}\t0:00:0{int(s)}\t1\t2\t3\t4\t0\t0\t50\t1.0" for s in seconds]
+    if extended:
+        rows = [f"{row}\t7\t{rule}\t{{'exp': 'x'}}\t{{'note': 'a\tb'}}\t1\t90\t{{}}\t0" for row in rows]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join([header, *rows]) + "\n")
+
+
+def test_a_benchmark_file_gives_its_rule_and_mean_seconds(tmp_path):
+    write(tmp_path / "x/sft/post/lr~1e-3.tsv", "sft", 10.0, 14.0)
+    assert job_times.read_benchmark(tmp_path / "x/sft/post/lr~1e-3.tsv") == ("sft", 12.0)
+
+
+def test_jobs_are_summed_per_rule_over_the_tree(tmp_path):
+    write(tmp_path / "x/eval/post.tsv", "evaluate", 8.0)
+    write(tmp_path / "x/eval/sft/post/lr~1/epoch~1.tsv", "evaluate", 4.0)
+    write(tmp_path / "world/pretrain.tsv", "world_pretrain", 90.0)
+    count, seconds = job_times.job_times(tmp_path)
+    assert count == {"evaluate": 2, "world_pretrain": 1} and seconds == {"evaluate": 12.0, "world_pretrain": 90.0}
+    lines = job_times.table(count, seconds).splitlines()
+    assert lines[2] == "| world_pretrain | 1 | 90 | 90.0 |" and lines[-1] == "| all jobs | 3 | 102 | |"
+
+
+def test_a_file_without_its_rule_is_counted_apart(tmp_path):
+    write(tmp_path / "moe.tsv", "moe", 2.0, extended=False)
+    assert job_times.read_benchmark(tmp_path / "moe.tsv") == (job_times.UNKNOWN, 2.0)
+    (tmp_path / "empty.tsv").write_text(EXTENDED + "\n")
+    with pytest.raises(ValueError, match="without a row"):
+        job_times.read_benchmark(tmp_path / "empty.tsv")
