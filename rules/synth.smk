@@ -98,6 +98,7 @@ rule pedagogical_teacher:
         },
         task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
+        precision=config["precision"],
     script:
         "../workflow_scripts/pedagogical_teacher.py"
 

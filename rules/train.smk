@@ -21,6 +21,7 @@ rule sft:
         epochs=lambda w: xcfg(w, "sft", "epochs"),
         batch_size=lambda w: xcfg(w, "sft", "batch_size"),
         seed=lambda w: xcfg(w, "seed"),
+        precision=config["precision"],
     script:
         "../workflow_scripts/sft.py"
 
@@ -52,5 +53,6 @@ rule opsd:
         },
         save_steps=lambda w: opsd_steps(xcfg(w, "opsd")),
         seed=lambda w: xcfg(w, "seed"),
+        precision=config["precision"],
     script:
         "../workflow_scripts/opsd.py"

@@ -93,6 +93,7 @@ rule world_pretrain:
         arch=lambda w: wcfg(w, "model"),
         pretrain=lambda w: wcfg(w, "pretrain") | {"block": wcfg(w, "corpus", "block")},
         seed=lambda w: wcfg(w, "seed"),
+        precision=config["precision"],
     script:
         "../workflow_scripts/world_pretrain.py"
 
@@ -120,5 +121,6 @@ rule world_posttrain:
         tasks=lambda w: wcfg(w, "old_tasks"),
         posttrain=lambda w: wcfg(w, "posttrain"),
         seed=lambda w: wcfg(w, "seed"),
+        precision=config["precision"],
     script:
         "../workflow_scripts/world_posttrain.py"

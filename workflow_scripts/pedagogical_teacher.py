@@ -7,5 +7,5 @@ p, inp, out = snakemake.params, snakemake.input, snakemake.output
 t = dict(p.training)
 reward = RewardConfig(**{k: t.pop(k) for k in ("beta", "strength", "min_tokens")})
 with job_log(snakemake.log[0], snakemake.threads):
-    cfg = TeacherConfig(**t, reward=reward, seed=p.seed, threads=snakemake.threads)
+    cfg = TeacherConfig(**t, reward=reward, seed=p.seed, threads=snakemake.threads, precision=p.precision)
     train_teacher(inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task)

@@ -15,4 +15,5 @@ with job_log(snakemake.log[0], snakemake.threads):
         Path(snakemake.output[0]),
         p.seed,
         snakemake.threads,
+        p.precision,
     )

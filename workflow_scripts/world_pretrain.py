@@ -17,4 +17,5 @@ with job_log(snakemake.log[0], snakemake.threads):
         Path(out.init),
         p.seed,
         snakemake.threads,
+        p.precision,
     )

@@ -198,6 +198,7 @@ class TeacherConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     seed: int = 0
     threads: int = 1
+    precision: str = "auto"  # auto, fp32 or bf16: graftlab.train.precision decides
 
 
 def make_reward_func(student, tokenizer, cfg: RewardConfig, grade=is_correct):
@@ -243,17 +244,20 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
     from graftlab.atomic import atomic_dir
     from graftlab.models import write_provenance
     from graftlab.tasks_registry import get_task
+    from graftlab.train.precision import WEIGHTS_DTYPE, announce
 
     torch.set_num_threads(cfg.threads)
+    precision = announce(cfg.precision)
     tok = AutoTokenizer.from_pretrained(post_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    student = AutoModelForCausalLM.from_pretrained(post_dir).eval().requires_grad_(False).to(device)
+    student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
+    student = student.eval().requires_grad_(False).to(device)
     dataset = teacher_dataset(tok, pl.read_parquet(problems))
     with atomic_dir(out_dir) as tmp:
         trainer = GRPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(post_dir),
+            model=AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE),
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
-            args=_grpo_args(cfg, tmp / ".trainer"),
+            args=_grpo_args(cfg, tmp / ".trainer", precision),
             train_dataset=dataset,
             processing_class=tok,
         )
@@ -267,7 +271,7 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
     Path(log_out).write_text("".join(json.dumps(h) + "\n" for h in steps))
 
 
-def _grpo_args(cfg: TeacherConfig, work: Path):
+def _grpo_args(cfg: TeacherConfig, work: Path, precision):
     from trl import GRPOConfig
 
     return GRPOConfig(
@@ -286,6 +290,7 @@ def _grpo_args(cfg: TeacherConfig, work: Path):
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
         disable_tqdm=True,
+        **precision.trainer_kwargs(),
     )
 
 

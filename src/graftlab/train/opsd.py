@@ -27,6 +27,7 @@ import torch
 
 from graftlab.models import GraftlabError
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt
+from graftlab.train.precision import WEIGHTS_DTYPE, Precision, announce
 
 PLACEHOLDERS = ("{problem}", "{demonstration}")
 DEFAULT_TEMPLATE = "{problem}\nA worked solution, for reference:\n{demonstration}\nNow solve the problem yourself."
@@ -51,6 +52,7 @@ class OpsdConfig:
     template: str = DEFAULT_TEMPLATE
     seed: int = 0
     threads: int = 1
+    precision: str = "auto"  # auto, fp32 or bf16: graftlab.train.precision decides
 
     def __post_init__(self) -> None:
         if not 0 <= self.alpha <= 1:
@@ -129,8 +131,9 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]])
 class Opsd:
     """The student being trained, the frozen teacher and the optimizer of one OPSD run."""
 
-    def __init__(self, student, teacher, tokenizer, cfg: OpsdConfig) -> None:
+    def __init__(self, student, teacher, tokenizer, cfg: OpsdConfig, precision: Precision | None = None) -> None:
         self.student, self.teacher, self.tok, self.cfg = student, teacher.eval().requires_grad_(False), tokenizer, cfg
+        self.precision = precision or Precision("fp32", "none chosen")
         self.optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
         self.k = min(cfg.top_k, student.config.vocab_size)
 
@@ -140,7 +143,8 @@ class Opsd:
         self.student.eval()
         scfg = SamplingConfig(1, self.cfg.temperature, 1.0, self.cfg.max_new_tokens, self.cfg.seed + step)
         prompts = [chat_prompt(self.tok, p) for p in problems]
-        samples = HfSampler.from_model(self.student, self.tok).sample_ids(prompts, scfg)
+        with self.autocast():
+            samples = HfSampler.from_model(self.student, self.tok).sample_ids(prompts, scfg)
         return [s[0] for s in samples]
 
     def update(self, samples, teacher_prompts: list[str]) -> float:
@@ -149,15 +153,20 @@ class Opsd:
         enc = lambda t: self.tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
         t_prompts = [enc(chat_prompt(self.tok, t)) for t in teacher_prompts]
         responses = [list(r) for _, r in samples]
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             t_logits, _ = response_logits(self.teacher, t_prompts, responses)
         self.student.train()
-        s_logits, mask = response_logits(self.student, [list(p) for p, _ in samples], responses)
-        loss = generalized_divergence(s_logits, t_logits, mask, self.cfg.alpha, "teacher_topk", self.k)
+        # Backward outside autocast, as torch advises: it runs each op in its forward's dtype anyway.
+        with self.autocast():
+            s_logits, mask = response_logits(self.student, [list(p) for p, _ in samples], responses)
+            loss = generalized_divergence(s_logits, t_logits, mask, self.cfg.alpha, "teacher_topk", self.k)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.optimizer.step()
         return loss.item()
+
+    def autocast(self):
+        return self.precision.autocast(self.student.device.type)
 
     def step(self, batch: list[dict], step: int) -> dict:
         start = time.perf_counter()
@@ -196,10 +205,12 @@ def train_opsd(post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs:
         raise GraftlabError("OPSD: no training examples")
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    precision = announce(cfg.precision)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(post_dir)
-    student = AutoModelForCausalLM.from_pretrained(post_dir).to(device)
-    run = Opsd(student, AutoModelForCausalLM.from_pretrained(post_dir).to(device), tok, cfg)
+    student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
+    teacher = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
+    run = Opsd(student, teacher, tok, cfg, precision)
     log, keep = [], set(cfg.checkpoints())
     with atomic_dir(out_dir) as tmp:
         for step, batch in enumerate(batches(examples, cfg.batch_size, cfg.steps, cfg.seed), start=1):

@@ -26,6 +26,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     threads: int = 1
+    precision: str = "auto"  # auto, fp32 or bf16: graftlab.train.precision decides
 
 
 def encode_chat(tokenizer, prompt_text: str, completion_text: str) -> dict:
@@ -77,7 +78,10 @@ def train(model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig, 
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from graftlab.train.precision import announce
+
     torch.set_num_threads(cfg.threads)
+    precision = announce(cfg.precision)
     masked = "completion_mask" in rows[0]
     if cfg.epochs is None and cfg.steps is None:
         raise ValueError("TrainConfig needs epochs or steps")
@@ -103,6 +107,7 @@ def train(model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig, 
         dataloader_num_workers=0,
         max_length=None,
         disable_tqdm=False,
+        **precision.trainer_kwargs(),
     )
     callbacks = [step_timer(steps)] if steps is not None else None
     trainer = SFTTrainer(
@@ -152,11 +157,12 @@ def finetune(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graftlab.models import write_provenance
+    from graftlab.train.precision import WEIGHTS_DTYPE
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     inputs = {"model": "initialised from scratch" if model is not None else str(model_dir), "data": str(data)}
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=WEIGHTS_DTYPE)
     work = targets[0].parent / f".work-{targets[0].name}"
     shutil.rmtree(work, ignore_errors=True)
     steps: list[dict] = []

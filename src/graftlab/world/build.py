@@ -112,7 +112,8 @@ def posttrain_problems(tasks: list[str], per_task: int, seed: int, benchmark_dir
 
 
 def pretrain(
-    tokenizer_dir, corpus, arch: dict, cfg: dict, ladder_dir: Path, init_dir: Path, seed: int, threads: int
+    tokenizer_dir, corpus, arch: dict, cfg: dict, ladder_dir: Path, init_dir: Path, seed: int, threads: int,
+    precision: str = "auto",
 ) -> None:  # fmt: skip
     """Pretrain from scratch; keep the checkpoints at `cfg["ladder"]` steps as the donor ladder,
     `ladder_dir/step~N`, and the model before any step as `init_dir` (the drift diagnostics measure how
@@ -127,7 +128,8 @@ def pretrain(
     texts = pl.read_parquet(corpus)["text"].to_list()
     blocks = pack(tok(texts, add_special_tokens=False)["input_ids"], cfg["block"], tok.pad_token_id)
     train_cfg = TrainConfig(
-        lr=cfg["lr"], batch_size=cfg["batch_size"], steps=cfg["steps"], save_steps=tuple(cfg["ladder"]), seed=seed, threads=threads
+        lr=cfg["lr"], batch_size=cfg["batch_size"], steps=cfg["steps"], save_steps=tuple(cfg["ladder"]), seed=seed, threads=threads,
+        precision=precision,
     )
     model = init_model(tok, arch, seed)
     # Saved before training, which changes the model in place: the only moment these weights exist.
@@ -139,7 +141,9 @@ def pretrain(
         finetune(tokenizer_dir, blocks, train_cfg, [tmp / f"step~{s}" for s in cfg["ladder"]], model=model, data=corpus)
 
 
-def posttrain(base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: Path, seed: int, threads: int) -> None:
+def posttrain(
+    base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: Path, seed: int, threads: int, precision: str = "auto"
+) -> None:  # fmt: skip
     """SFT of the base model on the old tasks, with thinking traces, in the chat format."""
     from transformers import AutoTokenizer
 
@@ -150,6 +154,7 @@ def posttrain(base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: P
     # A fixed step count (whole epochs) with one save at the end: only the final model is wanted.
     steps = cfg["epochs"] * math.ceil(len(rows) / cfg["batch_size"])
     train_cfg = TrainConfig(
-        lr=cfg["lr"], batch_size=cfg["batch_size"], steps=steps, save_steps=(steps,), seed=seed, threads=threads
+        lr=cfg["lr"], batch_size=cfg["batch_size"], steps=steps, save_steps=(steps,), seed=seed, threads=threads,
+        precision=precision,
     )
     finetune(base_dir, rows, train_cfg, [out], data=f"old tasks {tasks}")
