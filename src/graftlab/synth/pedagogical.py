@@ -1,4 +1,4 @@
-"""Pedagogical RL (DESIGN §3; paper appendix B): a teacher, a copy of the post model, sees the problem and
+"""Pedagogical RL (docs/methods.md#pedagogical-rl; paper appendix B): a teacher, a copy of the post model, sees the problem and
 its reference solution and writes a trace; GRPO trains it on reward = correctness x learnability, where
 learnability is judged by the fixed student (the post model) seeing the problem only.
 
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
+from graftlab.schema import schema_default
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt, is_correct
 
 # Only characters of the tiny world's tokenizer, so the char-level models read every one of them.
@@ -43,13 +44,15 @@ COMPONENTS = ("correct", "well_formed", "tokens", "gap_mean", "gap_max", "soft_g
 
 @dataclass(frozen=True)
 class RewardConfig:
-    beta: float = 1.0  # soft-max temperature: 0 = mean gap, inf = largest gap
-    strength: float = 1.0  # lambda
+    """Defaults are the schema's `pedagogical` section (`graftlab.schema`)."""
+
+    beta: float = schema_default("pedagogical", "beta")  # soft-max temperature: 0 = mean gap, inf = largest gap
+    strength: float = schema_default("pedagogical", "strength")  # lambda
     # Completion tokens (end of turn included) a trace needs to earn reward. The tiny world's shortest
     # genuine traces are 11 tokens (compare: `<think>\n0=0\n</think>\n\n=`), 19 (sub), 23 (add) and 28
-    # (mul, up to 33), so 8 never rejects one; the empty-think hack is caught by the non-empty check,
-    # not by this count. Real models think for hundreds of tokens: raise it for them.
-    min_tokens: int = 8
+    # (mul, up to 33), so the default 8 never rejects one; the empty-think hack is caught by the non-empty
+    # check, not by this count. Real models think for hundreds of tokens: raise it for them.
+    min_tokens: int = schema_default("pedagogical", "min_tokens")
 
     def __post_init__(self):
         if not self.beta >= 0 or not self.strength >= 0:
@@ -188,17 +191,19 @@ def group_advantages(rewards: Sequence[float] | torch.Tensor, group_size: int, e
 
 @dataclass(frozen=True)
 class TeacherConfig:
-    group_size: int = 8  # GRPO samples per prompt
-    prompts_per_step: int = 4
-    steps: int = 50
-    lr: float = 1e-5
-    temperature: float = 1.0
-    max_new_tokens: int = 64
-    kl: float = 0.0  # GRPO's k3 KL coefficient to the initial teacher; 0 loads no reference model
+    """Defaults are the schema's `pedagogical` section and top-level `precision` (`graftlab.schema`)."""
+
+    group_size: int = schema_default("pedagogical", "group_size")  # GRPO samples per prompt
+    prompts_per_step: int = schema_default("pedagogical", "prompts_per_step")
+    steps: int = schema_default("pedagogical", "steps")
+    lr: float = schema_default("pedagogical", "lr")
+    temperature: float = schema_default("pedagogical", "temperature")
+    max_new_tokens: int = schema_default("pedagogical", "max_new_tokens")
+    kl: float = schema_default("pedagogical", "kl")  # GRPO's k3 KL to the initial teacher; 0: no reference model
     reward: RewardConfig = field(default_factory=RewardConfig)
     seed: int = 0
     threads: int = 1
-    precision: str = "auto"  # auto, fp32 or bf16: graftlab.train.precision decides
+    precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
 
 
 def make_reward_func(student, tokenizer, cfg: RewardConfig, grade=is_correct):
@@ -242,8 +247,8 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
     from trl import GRPOTrainer
 
     from graftlab.atomic import atomic_dir
-    from graftlab.models import write_provenance
-    from graftlab.tasks_registry import get_task
+    from graftlab.provenance import write_provenance
+    from graftlab.tasks import get_task
     from graftlab.train.precision import WEIGHTS_DTYPE, announce
 
     torch.set_num_threads(cfg.threads)
@@ -314,7 +319,7 @@ def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct) -> tuple
         return grade(completion, str(rows[i]["answer"])) and well_formed(completion, 0, 0) and not leaks
 
     scfg = SamplingConfig(1, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
-    found, drawn = first_verified(sampler, prompts, accept, cfg.attempts, cfg.attempts_per_round, scfg)
+    found, drawn = first_verified(sampler, prompts, accept, cfg.attempts, cfg.attempts_per_round, scfg, "teacher-traces")
     if not found:
         raise GraftlabError(f"the teacher verified none of {len(rows)} problems in {cfg.attempts} attempts: no traces")
     traces = [{"id": r["id"], "task": r.get("task"), "prompt": r["prompt"], "completion": found[i].completion,
@@ -330,7 +335,7 @@ def write_teacher_traces(teacher_dir, problems, cfg, out, stats_out, backend: st
 
     from graftlab.atomic import write_table_with_stats
     from graftlab.sampling import load_sampler
-    from graftlab.tasks_registry import get_task
+    from graftlab.tasks import get_task
 
     sampler, tok = load_sampler(teacher_dir, backend), AutoTokenizer.from_pretrained(teacher_dir)
     traces, stats = teacher_traces(sampler, tok, pl.read_parquet(problems), cfg, get_task(task).grade)

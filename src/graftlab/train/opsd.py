@@ -1,4 +1,4 @@
-"""On-policy self-distillation (OPSD; DESIGN §3, the grafting paper's on-policy baseline).
+"""On-policy self-distillation (OPSD; docs/methods.md#opsd, the grafting paper's on-policy baseline).
 
 Each step the student samples one response (n = 1) to each bare problem of a batch; a frozen copy of the
 initial model, the teacher, reads the same response tokens after a prompt that also holds the
@@ -19,18 +19,18 @@ needs. Overriding its loss would leave little of it; the loop below is about 100
 """
 
 import json
-import random
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from graftlab.models import GraftlabError
+from graftlab.errors import GraftlabError
+from graftlab.schema import schema_default
+from graftlab.streams import stream, stream_seed
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt
 from graftlab.train.precision import WEIGHTS_DTYPE, Precision, announce
 
 PLACEHOLDERS = ("{problem}", "{demonstration}")
-DEFAULT_TEMPLATE = "{problem}\nA worked solution, for reference:\n{demonstration}\nNow solve the problem yourself."
 
 
 def check_template(template: str) -> None:
@@ -45,14 +45,14 @@ class OpsdConfig:
     lr: float
     steps: int
     save_steps: tuple[int, ...] = ()  # checkpoints kept; empty: the last step only
-    batch_size: int = 8  # problems per step, one sample each
-    top_k: int = 100  # the teacher's support (clamped to the vocabulary)
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    template: str = DEFAULT_TEMPLATE
+    batch_size: int = schema_default("opsd", "batch_size")  # problems per step, one sample each
+    top_k: int = schema_default("opsd", "top_k")  # the teacher's support (clamped to the vocabulary)
+    max_new_tokens: int = schema_default("opsd", "max_new_tokens")
+    temperature: float = schema_default("opsd", "temperature")
+    template: str = schema_default("opsd", "template")
     seed: int = 0
     threads: int = 1
-    precision: str = "auto"  # auto, fp32 or bf16: graftlab.train.precision decides
+    precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
 
     def __post_init__(self) -> None:
         if not 0 <= self.alpha <= 1:
@@ -141,7 +141,8 @@ class Opsd:
         from graftlab.sampling import HfSampler, SamplingConfig
 
         self.student.eval()
-        scfg = SamplingConfig(1, self.cfg.temperature, 1.0, self.cfg.max_new_tokens, self.cfg.seed + step)
+        seed = stream_seed("opsd-sampling", self.cfg.seed, step)
+        scfg = SamplingConfig(1, self.cfg.temperature, 1.0, self.cfg.max_new_tokens, seed)
         prompts = [chat_prompt(self.tok, p) for p in problems]
         with self.autocast():
             samples = HfSampler.from_model(self.student, self.tok).sample_ids(prompts, scfg)
@@ -182,7 +183,7 @@ class Opsd:
 
 def batches(examples: list[dict], size: int, steps: int, seed: int):
     """`steps` batches of `size`, passing over the examples in a fresh seeded order each epoch."""
-    rng, order = random.Random(f"opsd:{seed}"), []
+    rng, order = stream("opsd-order", seed), []
     for _ in range(steps):
         while len(order) < size:
             epoch = list(range(len(examples)))
@@ -199,7 +200,7 @@ def train_opsd(post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graftlab.atomic import atomic_dir
-    from graftlab.models import write_provenance
+    from graftlab.provenance import write_provenance
 
     if not examples:
         raise GraftlabError("OPSD: no training examples")

@@ -11,6 +11,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from graftlab.schema import schema_default
+
 # Files TRL writes into checkpoints that are training state, not part of a model.
 _STATE_FILES = ("trainer_state.json", "training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth")
 
@@ -26,7 +28,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     threads: int = 1
-    precision: str = "auto"  # auto, fp32 or bf16: graftlab.train.precision decides
+    precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
 
 
 def encode_chat(tokenizer, prompt_text: str, completion_text: str) -> dict:
@@ -156,7 +158,7 @@ def finetune(
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graftlab.models import write_provenance
+    from graftlab.provenance import write_provenance
     from graftlab.train.precision import WEIGHTS_DTYPE
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -180,15 +182,11 @@ def finetune(
 def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path) -> None:
     """SFT on a traces parquet (`prompt`, `completion`); writes `out_dir/epoch~{e}` for every epoch and
     `out_dir/steps.jsonl`, the seconds of every step (as OPSD's, with no sampling)."""
-    import polars as pl
     from transformers import AutoTokenizer
 
-    from graftlab.models import GraftlabError
+    from graftlab.tables import read_table
 
-    traces = pl.read_parquet(data)
-    missing = {"prompt", "completion"} - set(traces.columns)
-    if missing or traces.is_empty():
-        raise GraftlabError(f"{data}: SFT data needs rows with columns prompt, completion (missing {sorted(missing)})")
+    traces = read_table(data, ("prompt", "completion"), "SFT data")
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
     targets = [out_dir / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
+from graftlab.streams import stream
 from graftlab.tasks import chat_completion, chat_prompt
 from graftlab.world import arith
 
@@ -22,12 +23,12 @@ def write_problems(problems: list[dict], path: Path) -> None:
 def make_benchmarks(tasks: list[str], count: int, seed: int, out_dir: Path) -> None:
     """One held-out problem set per old task; post-training never sees these problems."""
     for task in tasks:
-        write_problems(arith.sample_problems(task, count, seed), out_dir / f"{task}.parquet")
+        write_problems(arith.sample_problems(task, count, "benchmark", seed), out_dir / f"{task}.parquet")
 
 
 def make_candidates(task: str, count: int, seed: int, out: Path) -> None:
     """The pool of new-task problems that mining filters."""
-    write_problems(arith.sample_problems(task, count, seed), out)
+    write_problems(arith.sample_problems(task, count, "candidates", seed), out)
 
 
 def chat_document(tasks: list[str], problems: int, rng: random.Random, template_tokenizer) -> str:
@@ -50,7 +51,7 @@ def make_corpus(
     lines long)."""
     if not 0 <= chat_share <= 1 or (chat_share > 0 and not chat_tasks):
         raise ValueError(f"corpus: chat_share {chat_share} must lie in [0, 1] and needs chat tasks")
-    rng = random.Random(f"corpus:{seed}")
+    rng = stream("corpus", seed)
     tok = None
     if chat_share > 0:
         from graftlab.world.tokenizer import build_tokenizer  # transformers: only when chat is asked for
@@ -106,8 +107,8 @@ def posttrain_problems(tasks: list[str], per_task: int, seed: int, benchmark_dir
     problems = []
     for task in tasks:
         held_out = set(pl.read_parquet(benchmark_dir / f"{task}.parquet")["id"])
-        problems += arith.sample_problems(task, per_task, seed + 1, exclude=held_out)
-    random.Random(f"posttrain:{seed}").shuffle(problems)
+        problems += arith.sample_problems(task, per_task, "posttrain", seed, exclude=held_out)
+    stream("posttrain-order", seed).shuffle(problems)
     return problems
 
 
@@ -121,7 +122,7 @@ def pretrain(
     from transformers import AutoTokenizer
 
     from graftlab.atomic import atomic_dir
-    from graftlab.models import write_provenance
+    from graftlab.provenance import write_provenance
     from graftlab.train.sft import TrainConfig, finetune
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
