@@ -41,14 +41,23 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     config = Qwen3Config(
-        vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=3 * a.hidden, num_hidden_layers=a.layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=a.hidden // 4, max_position_embeddings=2 * a.length,
+        vocab_size=a.vocab,
+        hidden_size=a.hidden,
+        intermediate_size=3 * a.hidden,
+        num_hidden_layers=a.layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=a.hidden // 4,
+        max_position_embeddings=2 * a.length,
     )
     model = Qwen3ForCausalLM(config).eval()
     model.config._attn_implementation = "eager"  # as write_diag_fisher loads it; the same for both sides
     prompt = a.length // 3
     rollouts = [
-        (torch.randint(1, a.vocab, (prompt,)).tolist(), torch.randint(1, a.vocab, (a.length - prompt - i % 7,)).tolist())
+        (
+            torch.randint(1, a.vocab, (prompt,)).tolist(),
+            torch.randint(1, a.vocab, (a.length - prompt - i % 7,)).tolist(),
+        )
         for i in range(a.rollouts)
     ]
     runs = {

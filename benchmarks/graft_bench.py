@@ -331,9 +331,7 @@ def summarise(runs: dict[str, list[dict]]) -> str:
     ]
     for kind in runs:
         cells = [med(kind, k) for k in keys]
-        rows.append(
-            f"| {kind} | {cells[0]:.2f} | {cells[1]:.0f} | {cells[2]:.0f} | {cells[3]:.0f} | {cells[4]:.2f} |"
-        )
+        rows.append(f"| {kind} | {cells[0]:.2f} | {cells[1]:.0f} | {cells[2]:.0f} | {cells[3]:.0f} | {cells[4]:.2f} |")
     for other in ("floor", "mergekit"):
         if other in runs:
             ratios = [med("graft", k) / max(med(other, k), 1e-9) for k in keys]
@@ -407,9 +405,7 @@ def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--params", type=parse_count, default=parse_count("50M"), help="model size, e.g. 50M, 0.6B"
-    )
+    parser.add_argument("--params", type=parse_count, default=parse_count("50M"), help="model size, e.g. 50M, 0.6B")
     parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     parser.add_argument("--shards", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=5, help="runs of each, fresh processes")

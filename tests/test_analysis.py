@@ -22,20 +22,26 @@ def write_metrics(root: Path, run: str, old: float, new: float, ks=(1, 4, 8), ha
         return {} if half is None else {f"{prefix}_lo": acc - half, f"{prefix}_hi": acc + half}
 
     def bench(role: str, acc: float) -> dict:
-        return {"role": role, "n": 8, "problems": 10, "acc@n": acc} | interval("acc@n", acc) | {
-            f"pass@{k}": min(1.0, acc + 0.01 * k) for k in ks
-        }
+        return (
+            {"role": role, "n": 8, "problems": 10, "acc@n": acc}
+            | interval("acc@n", acc)
+            | {f"pass@{k}": min(1.0, acc + 0.01 * k) for k in ks}
+        )
 
-    record = {
-        "run": run,
-        "benchmarks": {
-            "add": bench("old", old),
-            "sub": bench("old", old),
-            "mul": bench("new", new),
-        },
-        "old": old,
-        "new": new,
-    } | interval("old", old) | interval("new", new)
+    record = (
+        {
+            "run": run,
+            "benchmarks": {
+                "add": bench("old", old),
+                "sub": bench("old", old),
+                "mul": bench("new", new),
+            },
+            "old": old,
+            "new": new,
+        }
+        | interval("old", old)
+        | interval("new", new)
+    )
     path = root / "eval" / run / "metrics.json"
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(record))
@@ -57,8 +63,18 @@ def test_summarize(metrics_files: list[Path], tmp_path: Path) -> None:
     df = summarize(metrics_files, "demo")
     assert df.height == 5
     assert df.columns[:11] == [
-        "exp", "run", "method", "donor", "lr", "epoch", "lam", "mask", "rho", "old", "new",
-    ]  # fmt: skip
+        "exp",
+        "run",
+        "method",
+        "donor",
+        "lr",
+        "epoch",
+        "lam",
+        "mask",
+        "rho",
+        "old",
+        "new",
+    ]
     assert {"add_acc", "sub_pass@4", "mul_pass@8"} <= set(df.columns)
     assert df["run"].to_list() == sorted(df["run"].to_list())
     assert df.schema["lr"] == pl.String and df.schema["mul_acc"] == pl.Float64
@@ -88,7 +104,9 @@ def test_summary_carries_intervals_and_nulls_where_a_run_has_none(tmp_path: Path
     df = summarize(files, "demo")
     assert df.columns[9:15] == ["old", "new", "old_lo", "old_hi", "new_lo", "new_hi"]
     graft, sft = (df.filter(pl.col("run") == r).row(0, named=True) for r in (GRAFT, sft_run))
-    assert (graft["old_lo"], graft["old_hi"], graft["new_lo"], graft["new_hi"]) == pytest.approx((0.85, 0.95, 0.25, 0.35))
+    assert (graft["old_lo"], graft["old_hi"], graft["new_lo"], graft["new_hi"]) == pytest.approx(
+        (0.85, 0.95, 0.25, 0.35)
+    )
     assert (graft["add_acc_lo"], graft["mul_acc_hi"]) == pytest.approx((0.85, 0.35))
     assert all(sft[c] is None for c in ("old_lo", "old_hi", "new_lo", "new_hi", "add_acc_lo", "mul_acc_hi"))
     assert df.schema["old_lo"] == pl.Float64 and df.schema["mul_acc_lo"] == pl.Float64
@@ -102,7 +120,14 @@ def test_summary_carries_validation_scores_only_where_evaluated_with_a_share(tmp
     assert "old_val" not in plain.columns
     path = write_metrics(tmp_path, GRAFT, 0.8, 0.3, half=0.05)
     record = json.loads(path.read_text())
-    record |= {"old_val": 0.7, "old_val_lo": 0.6, "old_val_hi": 0.8, "new_val": 0.2, "new_val_lo": 0.1, "new_val_hi": 0.3}
+    record |= {
+        "old_val": 0.7,
+        "old_val_lo": 0.6,
+        "old_val_hi": 0.8,
+        "new_val": 0.2,
+        "new_val_lo": 0.1,
+        "new_val_hi": 0.3,
+    }
     path.write_text(json.dumps(record))
     row = summarize([path], "demo").row(0, named=True)
     assert (row["old"], row["old_val"], row["new_val_hi"]) == (0.8, 0.7, 0.3)
@@ -169,15 +194,11 @@ def test_plot_pareto_writes_readable_png(metrics_files: list[Path], tmp_path: Pa
 
 
 def test_plot_pareto_rejects_empty_and_unknown(tmp_path: Path) -> None:
-    df = pl.DataFrame(
-        {"method": ["post"], "new": [None], "old": [0.9]}, schema_overrides={"new": pl.Float64}
-    )
+    df = pl.DataFrame({"method": ["post"], "new": [None], "old": [0.9]}, schema_overrides={"new": pl.Float64})
     with pytest.raises(ValueError, match="no run with both"):
         plot_pareto(df, tmp_path / "x.png")
     with pytest.raises(ValueError, match=r"unknown method\(s\) \['sdpo'\]"):
-        plot_pareto(
-            pl.DataFrame({"method": ["sdpo"], "new": [0.1], "old": [0.2]}), tmp_path / "y.png"
-        )
+        plot_pareto(pl.DataFrame({"method": ["sdpo"], "new": [0.1], "old": [0.2]}), tmp_path / "y.png")
 
 
 def test_an_opsd_run_is_its_own_method_with_alpha_and_step() -> None:
@@ -238,9 +259,11 @@ def test_pareto_figure_draws_both_intervals_of_every_point_that_has_them() -> No
     }
     rows = []
     for run, (new, old, half) in scores.items():
-        bounds = dict.fromkeys(("new_lo", "new_hi", "old_lo", "old_hi")) if half is None else {
-            "new_lo": new - half, "new_hi": new + half, "old_lo": old - half, "old_hi": old + half
-        }  # fmt: skip
+        bounds = (
+            dict.fromkeys(("new_lo", "new_hi", "old_lo", "old_hi"))
+            if half is None
+            else {"new_lo": new - half, "new_hi": new + half, "old_lo": old - half, "old_hi": old + half}
+        )
         rows.append({"run": run} | parse_run(run) | {"new": new, "old": old} | bounds)
     ax = pareto_figure(pl.DataFrame(rows)).axes[0]
     bars = {}
@@ -254,7 +277,7 @@ def test_pareto_figure_draws_both_intervals_of_every_point_that_has_them() -> No
     # Two graft points (the hollow masked one too, in the graft colour), one SFT point: its twin without
     # intervals has none; the post model has its own.
     assert len(bars[blue]) == 2 and len(bars[green]) == 1 and len(bars) == 3
-    (x_segment, y_segment), = bars[green]
+    ((x_segment, y_segment),) = bars[green]
     np.testing.assert_allclose(x_segment, [[0.57, 0.3], [0.63, 0.3]])
     np.testing.assert_allclose(y_segment, [[0.6, 0.27], [0.6, 0.33]])
     assert "95% bootstrap interval" in ax.get_legend_handles_labels()[1]

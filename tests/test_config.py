@@ -27,8 +27,14 @@ def test_shipped_configs_validate(name):
     [
         ({"wrld": {}}, "config key (top level): Additional properties are not allowed ('wrld'"),
         ({"world": {"model": {"layers": 0}}}, "config key world.model.layers: 0 is less than the minimum of 1"),
-        ({"experiments": {"x": {"graft": {"lam": [0.5]}}}}, "config key experiments.x.graft.lam.0: 0.5 is not of type 'string'"),
-        ({"world": {"pretrain": {"steps": 500}}}, "config key world.pretrain.ladder: must increase and end at step 500"),
+        (
+            {"experiments": {"x": {"graft": {"lam": [0.5]}}}},
+            "config key experiments.x.graft.lam.0: 0.5 is not of type 'string'",
+        ),
+        (
+            {"world": {"pretrain": {"steps": 500}}},
+            "config key world.pretrain.ladder: must increase and end at step 500",
+        ),
         ({"world": {"pretrain": {"ladder": [400, 100]}}}, "config key world.pretrain.ladder: must increase"),
         ({"world": {"candidates": 800}}, "config key world.candidates: exceeds the 720 distinct mul problems"),
         ({"world": {"model": {"kv_heads": 3}}}, "config key world.model.kv_heads: must divide world.model.heads = 4"),
@@ -42,26 +48,50 @@ def test_shipped_configs_validate(name):
             {"experiments": {"x": {"graft": {"masks": {"rho": ["0.01", "1.5"]}}}}},
             "config key experiments.x.graft.masks.rho: ['1.5'] outside [0, 1]",
         ),
-        ({"experiments": {"x": {"merge": {"masks": {"rho": ["-0.1"]}}}}}, "config key experiments.x.merge.masks.rho.0: '-0.1' is invalid"),
+        (
+            {"experiments": {"x": {"merge": {"masks": {"rho": ["-0.1"]}}}}},
+            "config key experiments.x.merge.masks.rho.0: '-0.1' is invalid",
+        ),
         (
             {"experiments": {"x": {"graft": {"masks": {"kinds": ["diag", "eigen"]}}}}},
             "config key experiments.x.graft.masks.kinds.1: 'eigen' is not one of ['diag', 'kfac']",
         ),
-        ({"experiments": {"x": {"graft": {"masks": {"scope": "layer"}}}}}, "config key experiments.x.graft.masks.scope: 'layer' is not one of"),
+        (
+            {"experiments": {"x": {"graft": {"masks": {"scope": "layer"}}}}},
+            "config key experiments.x.graft.masks.scope: 'layer' is not one of",
+        ),
         (
             {"experiments": {"x": {"sft": {"epochs": 2}, "merge": {"masks": {"epochs": [1, 4]}}}}},
             "config key experiments.x.merge.masks.epochs: [4] exceed sft.epochs = 2",
         ),
-        ({"experiments": {"x": {"fisher": {"rollouts": 0}}}}, "config key experiments.x.fisher.rollouts: 0 is less than the minimum of 1"),
+        (
+            {"experiments": {"x": {"fisher": {"rollouts": 0}}}},
+            "config key experiments.x.fisher.rollouts: 0 is less than the minimum of 1",
+        ),
         (
             {"world": {"old_tasks": ["sub"]}, "experiments": {"x": {"fisher": {"rollouts": 5000}}}},
             "config key experiments.x.fisher.rollouts: asks 5000 sub prompts; only 4950 lie outside its benchmark",
         ),
-        ({"experiments": {"x": {"fisher": {"temperature": 0}}}}, "config key experiments.x.fisher.temperature: 0 is less than or equal to"),
-        ({"experiments": {"x": {"data": "teacher"}}}, "config key experiments.x.teacher.model: None must name the teacher"),
-        ({"experiments": {"x": {"data": "teacher", "teacher": {"model": "gpt"}}}}, "config key experiments.x.teacher.model: 'gpt' must name"),
-        ({"experiments": {"x": {"donors": ["qwen"]}}}, "config key experiments.x.donors: qwen is neither on world.pretrain.ladder"),
-        ({"experiments": {"x": {"post": "qwen"}}}, "config key experiments.x.post: 'qwen' is neither `post` nor a name in models"),
+        (
+            {"experiments": {"x": {"fisher": {"temperature": 0}}}},
+            "config key experiments.x.fisher.temperature: 0 is less than or equal to",
+        ),
+        (
+            {"experiments": {"x": {"data": "teacher"}}},
+            "config key experiments.x.teacher.model: None must name the teacher",
+        ),
+        (
+            {"experiments": {"x": {"data": "teacher", "teacher": {"model": "gpt"}}}},
+            "config key experiments.x.teacher.model: 'gpt' must name",
+        ),
+        (
+            {"experiments": {"x": {"donors": ["qwen"]}}},
+            "config key experiments.x.donors: qwen is neither on world.pretrain.ladder",
+        ),
+        (
+            {"experiments": {"x": {"post": "qwen"}}},
+            "config key experiments.x.post: 'qwen' is neither `post` nor a name in models",
+        ),
         ({"models": {"post": {"source": "/m"}}}, "config key models: 'post' should not be valid"),
         ({"models": {"q": {"revision": "main"}}}, "config key models.q: 'source' is a required property"),
         (
@@ -73,7 +103,15 @@ def test_shipped_configs_validate(name):
             "config key experiments.x.fisher.prompts: is required",
         ),
         (
-            {"experiments": {"x": {"data": "knowledge", "benchmarks": {"a": {"source": "a.jsonl"}}, "fisher": {"prompts": {"source": "r.jsonl"}}}}},
+            {
+                "experiments": {
+                    "x": {
+                        "data": "knowledge",
+                        "benchmarks": {"a": {"source": "a.jsonl"}},
+                        "fisher": {"prompts": {"source": "r.jsonl"}},
+                    }
+                }
+            },
             "config key experiments.x.knowledge.replay: replays the tiny world's old tasks",
         ),
         (
@@ -85,17 +123,41 @@ def test_shipped_configs_validate(name):
             "config key experiments.x.problems: data: knowledge writes its own questions",
         ),
         ({"experiments": {"x": {"data": "grpo"}}}, "config key experiments.x.data: 'grpo' is not one of"),
-        ({"experiments": {"x": {}}, "study": {"experiments": ["x", "y"]}}, "config key study.experiments: ['y'] are not in `experiments`"),
-        ({"experiments": {"x": {"world": "w9"}}}, "config key experiments.x.world: 'w9' is neither `world` nor a name in worlds []"),
-        ({"worlds": {"w1": {"modle": {}}}}, "config key worlds.w1: Additional properties are not allowed ('modle' was unexpected)"),
-        ({"worlds": {"w1": {"model": {"depth": 4}}}}, "config key worlds.w1.model: Additional properties are not allowed ('depth'"),
-        ({"worlds": {"w1": {"model": {"layers": 0}}}}, "config key worlds.w1.model.layers: 0 is less than the minimum of 1"),
-        ({"worlds": {"world": {}}}, "config key worlds: 'world' is invalid: A world's name: letters, digits, `_` and `-`; `world` is reserved"),
+        (
+            {"experiments": {"x": {}}, "study": {"experiments": ["x", "y"]}},
+            "config key study.experiments: ['y'] are not in `experiments`",
+        ),
+        (
+            {"experiments": {"x": {"world": "w9"}}},
+            "config key experiments.x.world: 'w9' is neither `world` nor a name in worlds []",
+        ),
+        (
+            {"worlds": {"w1": {"modle": {}}}},
+            "config key worlds.w1: Additional properties are not allowed ('modle' was unexpected)",
+        ),
+        (
+            {"worlds": {"w1": {"model": {"depth": 4}}}},
+            "config key worlds.w1.model: Additional properties are not allowed ('depth'",
+        ),
+        (
+            {"worlds": {"w1": {"model": {"layers": 0}}}},
+            "config key worlds.w1.model.layers: 0 is less than the minimum of 1",
+        ),
+        (
+            {"worlds": {"world": {}}},
+            "config key worlds: 'world' is invalid: A world's name: letters, digits, `_` and `-`; `world` is reserved",
+        ),
         ({"worlds": {"w 1": {}}}, "config key worlds: 'w 1' is invalid: A world's name"),
         ({"worlds": {"w1": {"seed": 0.5}}}, "config key worlds.w1.seed: 0.5 is not of type 'integer', 'null'"),
-        ({"worlds": {"w1": {"model": {"kv_heads": 3}}}}, "config key worlds.w1.model.kv_heads: must divide worlds.w1.model.heads = 4"),
         (
-            {"worlds": {"short": {"pretrain": {"steps": 50, "ladder": [50]}}}, "experiments": {"x": {"world": "short"}}},
+            {"worlds": {"w1": {"model": {"kv_heads": 3}}}},
+            "config key worlds.w1.model.kv_heads: must divide worlds.w1.model.heads = 4",
+        ),
+        (
+            {
+                "worlds": {"short": {"pretrain": {"steps": 50, "ladder": [50]}}},
+                "experiments": {"x": {"world": "short"}},
+            },
             "config key experiments.x.donors: step~100 is neither on worlds.short.pretrain.ladder [50]",
         ),
         (
@@ -111,15 +173,25 @@ def test_bad_config_names_the_key(config, message):
 
 
 def test_a_named_world_is_the_main_world_with_its_own_keys_laid_over_it():
-    config = resolve({
-        "seed": 7,
-        "world": {"model": {"layers": 3}, "pretrain": {"steps": 300, "ladder": [100, 300]}},
-        "worlds": {"narrow": {"model": {"hidden_size": 32}}, "short": {"pretrain": {"steps": 100, "ladder": [50, 100]}, "seed": 1}},
-        "experiments": {"a": {"world": "narrow", "donors": ["step~100"]}, "b": {"world": "short", "donors": ["step~50"], "seed": 3}},
-    })  # fmt: skip
+    config = resolve(
+        {
+            "seed": 7,
+            "world": {"model": {"layers": 3}, "pretrain": {"steps": 300, "ladder": [100, 300]}},
+            "worlds": {
+                "narrow": {"model": {"hidden_size": 32}},
+                "short": {"pretrain": {"steps": 100, "ladder": [50, 100]}, "seed": 1},
+            },
+            "experiments": {
+                "a": {"world": "narrow", "donors": ["step~100"]},
+                "b": {"world": "short", "donors": ["step~50"], "seed": 3},
+            },
+        }
+    )
     narrow, short = config["worlds"]["narrow"], config["worlds"]["short"]
     assert narrow["model"] == config["world"]["model"] | {"hidden_size": 32}  # layers 3 kept, defaults filled
-    assert {k: v for k, v in narrow.items() if k not in ("model", "seed")} == {k: v for k, v in config["world"].items() if k != "model"}
+    assert {k: v for k, v in narrow.items() if k not in ("model", "seed")} == {
+        k: v for k, v in config["world"].items() if k != "model"
+    }
     assert short["pretrain"]["ladder"] == [50, 100] and short["pretrain"]["lr"] == config["world"]["pretrain"]["lr"]
     assert (narrow["seed"], short["seed"]) == (7, 1)  # a world without a seed takes the top-level one
     assert [x["seed"] for x in config["experiments"].values()] == [7, 3]
@@ -137,10 +209,24 @@ def test_resolving_a_resolved_config_changes_nothing():
 def test_masks_and_fisher_defaults():
     x = resolve({})["experiments"]["expert"]
     # No masked runs unless asked for; when asked, the paper's setting: global F * delta^2 ranking.
-    assert x["graft"]["masks"] == {"kinds": [], "rho": ["0.01"], "scope": "global", "score": "fisher_delta", "lam": None, "epochs": None}
+    assert x["graft"]["masks"] == {
+        "kinds": [],
+        "rho": ["0.01"],
+        "scope": "global",
+        "score": "fisher_delta",
+        "lam": None,
+        "epochs": None,
+    }
     assert x["merge"]["masks"]["kinds"] == []
-    assert x["fisher"] == {"rollouts": 256, "temperature": 1.0, "max_new_tokens": 48, "batch_size": 16, "ekfac": False,
-                           "kfac_positions": "completion", "prompts": None}
+    assert x["fisher"] == {
+        "rollouts": 256,
+        "temperature": 1.0,
+        "max_new_tokens": 48,
+        "batch_size": 16,
+        "ekfac": False,
+        "kfac_positions": "completion",
+        "prompts": None,
+    }
 
 
 def test_schema_mask_kinds_are_the_fisher_kinds():
@@ -156,9 +242,29 @@ def test_config_reference_page_is_generated_from_the_schema():
 
 
 KEYWORDS = {
-    "$schema", "$ref", "$defs", "description", "type", "default", "properties", "additionalProperties",
-    "items", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minItems", "uniqueItems", "minProperties",
-    "propertyNames", "pattern", "required", "minLength", "oneOf", "not",
+    "$schema",
+    "$ref",
+    "$defs",
+    "description",
+    "type",
+    "default",
+    "properties",
+    "additionalProperties",
+    "items",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minItems",
+    "uniqueItems",
+    "minProperties",
+    "propertyNames",
+    "pattern",
+    "required",
+    "minLength",
+    "oneOf",
+    "not",
 }
 
 
@@ -182,7 +288,9 @@ def test_schema_uses_only_known_keywords():
         assert set(node) <= KEYWORDS, set(node) - KEYWORDS
 
 
-@pytest.mark.parametrize("path", ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))])
+@pytest.mark.parametrize(
+    "path", ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))]
+)
 def test_every_shipped_config_validates(path):
     config = resolve(yaml.safe_load((REPO / path).read_text()))
     assert config["experiments"], path
@@ -202,8 +310,15 @@ def test_library_config_classes_take_their_defaults_from_the_schema():
     experiment = load_schema()["$defs"]["experiment"]["properties"]
     top = load_schema()["properties"]
     # TrainConfig also pretrains the tiny world: its epochs/steps choose a mode, they are no sft defaults.
-    classes = {StarConfig: "star", TeacherConfig: "pedagogical", RewardConfig: "pedagogical", RolloutConfig: "fisher",
-               OpsdConfig: "opsd", TrainConfig: None, KnowledgeConfig: "knowledge"}  # fmt: skip
+    classes = {
+        StarConfig: "star",
+        TeacherConfig: "pedagogical",
+        RewardConfig: "pedagogical",
+        RolloutConfig: "fisher",
+        OpsdConfig: "opsd",
+        TrainConfig: None,
+        KnowledgeConfig: "knowledge",
+    }
     checked = 0
     for cls, section in classes.items():
         keys = experiment[section]["properties"] if section else {}

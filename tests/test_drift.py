@@ -32,7 +32,10 @@ def _flat(tensors, only=None) -> np.ndarray:
 
 @pytest.fixture
 def models(tmp_path):
-    return {name: _model(tmp_path / name, seed) for seed, name in enumerate(("init", "base", "post", "sft", "donor", "tuned"))}
+    return {
+        name: _model(tmp_path / name, seed)
+        for seed, name in enumerate(("init", "base", "post", "sft", "donor", "tuned"))
+    }
 
 
 def test_drift_ratio_is_the_ratio_of_flat_norms(models):

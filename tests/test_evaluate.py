@@ -8,11 +8,11 @@ from fractions import Fraction
 import polars as pl
 import pytest
 
+from graftlab.errors import GraftlabError
 from graftlab.evaluate.metrics import INTERVAL, acc_interval
 from graftlab.evaluate.run import RECORD_COLUMNS, Benchmark, evaluate
-from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
-from graftlab.world.knowledge import EMPTY_THINK
+from graftlab.tasks import EMPTY_THINK
 from graftlab.world.tokenizer import save_tokenizer
 
 CFG = SamplingConfig(n=4, temperature=1.0, top_p=0.95, max_new_tokens=24)
@@ -46,8 +46,14 @@ ARITH = {  # question -> (reference, completions): correct counts 1, 4, 0
     "3*3=": ("9", [turn("6")] * 4),
 }
 MATH = {  # correct counts 3, 0: equivalent forms count, unboxed or unclosed-think answers do not
-    "Half of one?": ("0.5", [turn(r"\boxed{1/2}"), turn(r"so \boxed{\frac{1}{2}}."), turn(r"\boxed{0.5}"), turn(r"\boxed{1/3}")]),
-    "Two thirds?": (r"\frac{2}{3}", [turn("2/3"), r"\boxed{2/3}<|im_end|>", turn(r"\boxed{3/2}"), turn(r"\boxed{0.66}")]),
+    "Half of one?": (
+        "0.5",
+        [turn(r"\boxed{1/2}"), turn(r"so \boxed{\frac{1}{2}}."), turn(r"\boxed{0.5}"), turn(r"\boxed{1/3}")],
+    ),
+    "Two thirds?": (
+        r"\frac{2}{3}",
+        [turn("2/3"), r"\boxed{2/3}<|im_end|>", turn(r"\boxed{3/2}"), turn(r"\boxed{0.66}")],
+    ),
 }
 KNOWLEDGE = {  # greedy continuations after the prefilled empty think; case and a final stop are forgiven
     "Which city is Taven Drumaveth from?": ("Velmora", ["velmora.<|im_end|>", "never asked for"]),
@@ -123,16 +129,25 @@ def test_metrics_json_matches_hand_computation(setup):
         m.pop("acc@n_lo"), m.pop("acc@n_hi")
     # add: 1, 4, 0 of 4 correct; pass@4 with n = 4 is "any correct"; pass@8 needs n >= 8 and is left out.
     assert add == {
-        "role": "old", "task": "arith", "n": 4, "problems": 3,
+        "role": "old",
+        "task": "arith",
+        "n": 4,
+        "problems": 3,
         "decoding": {"mode": "sampled", "n": 4, "temperature": 1.0, "top_p": 0.95},
-        "acc@n": pytest.approx(5 / 12), "pass@1": pytest.approx(5 / 12), "pass@4": pytest.approx(2 / 3),
+        "acc@n": pytest.approx(5 / 12),
+        "pass@1": pytest.approx(5 / 12),
+        "pass@4": pytest.approx(2 / 3),
     }
     # math: 3 and 0 of 4 correct.
     assert (math["task"], math["acc@n"], math["pass@1"], math["pass@4"]) == ("math", 3 / 8, 3 / 8, 1 / 2)
     assert facts == {
-        "role": "new", "task": "knowledge", "n": 1, "problems": 3,
+        "role": "new",
+        "task": "knowledge",
+        "n": 1,
+        "problems": 3,
         "decoding": {"mode": "greedy", "n": 1, "temperature": 0.0, "top_p": 1.0},
-        "acc@n": pytest.approx(2 / 3), "pass@1": pytest.approx(2 / 3),
+        "acc@n": pytest.approx(2 / 3),
+        "pass@1": pytest.approx(2 / 3),
     }
     assert metrics["old"] == pytest.approx(float((Fraction(5, 12) + Fraction(3, 8)) / 2))
     assert metrics["new"] == pytest.approx(2 / 3)

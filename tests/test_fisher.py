@@ -6,8 +6,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from graftlab.fisher.diag import diag_fisher, write_diag_fisher
 from graftlab.errors import GraftlabError
+from graftlab.fisher.diag import diag_fisher, write_diag_fisher
 
 
 def _rollouts(seed: int, count: int, vocab: int = 32) -> list[tuple[list[int], list[int]]]:
@@ -45,9 +45,9 @@ def test_diag_fisher_equals_per_example_loop(pico_model):
 
 def test_written_fisher_is_named_like_the_weights(pico_model, tmp_path):
     path = pico_model("m")
-    pl.DataFrame({"prompt_ids": [p for p, _ in _rollouts(1, 5)], "completion_ids": [c for _, c in _rollouts(1, 5)]}).write_parquet(
-        tmp_path / "r.parquet"
-    )
+    pl.DataFrame(
+        {"prompt_ids": [p for p, _ in _rollouts(1, 5)], "completion_ids": [c for _, c in _rollouts(1, 5)]}
+    ).write_parquet(tmp_path / "r.parquet")
     write_diag_fisher(path, tmp_path / "r.parquet", tmp_path / "fisher")
     fisher = load_file(tmp_path / "fisher" / "diag.safetensors")
     weights = dict(AutoModelForCausalLM.from_pretrained(path).named_parameters())
@@ -70,8 +70,8 @@ import json  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from graftlab.cli import main  # noqa: E402
-from graftlab.graft import graft  # noqa: E402
 from graftlab.fisher import make_mask  # noqa: E402
+from graftlab.graft import graft  # noqa: E402
 
 
 @pytest.fixture
@@ -134,8 +134,27 @@ def test_per_tensor_mask_zeroes_round_rho_of_each_tensor(trio, tmp_path):
 
 
 def _cli(post, donor, tuned, out, fisher_dir, rho="0.5"):
-    return main(["graft", "--post", str(post), "--donor", str(donor), "--donor-tuned", str(tuned), "--scale", "1",
-                 "--out", str(out), "--fisher", str(fisher_dir), "--mask", "diag", "--rho", rho])
+    return main(
+        [
+            "graft",
+            "--post",
+            str(post),
+            "--donor",
+            str(donor),
+            "--donor-tuned",
+            str(tuned),
+            "--scale",
+            "1",
+            "--out",
+            str(out),
+            "--fisher",
+            str(fisher_dir),
+            "--mask",
+            "diag",
+            "--rho",
+            rho,
+        ]
+    )
 
 
 def test_bad_masks_are_one_line_errors_without_output(trio, tmp_path, pico_model, capsys):
@@ -150,8 +169,10 @@ def test_bad_masks_are_one_line_errors_without_output(trio, tmp_path, pico_model
     assert "holds NaN or Inf" in capsys.readouterr().err
     other = pico_model("other", hidden_size=32, head_dim=16)
     (tmp_path / "wide").mkdir()
-    save_file({n: torch.ones_like(p) for n, p in AutoModelForCausalLM.from_pretrained(other).named_parameters()},
-              tmp_path / "wide" / "diag.safetensors")
+    save_file(
+        {n: torch.ones_like(p) for n, p in AutoModelForCausalLM.from_pretrained(other).named_parameters()},
+        tmp_path / "wide" / "diag.safetensors",
+    )
     assert _cli(post, donor, tuned, tmp_path / "o3", tmp_path / "wide") == 2
     assert "computed for another architecture" in capsys.readouterr().err
     assert not any((tmp_path / f"o{i}").exists() for i in (1, 2, 3))
@@ -175,14 +196,22 @@ def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_p
     rollouts = _rollouts(4, 6)
     frame = pl.DataFrame({"prompt_ids": [p for p, _ in rollouts], "completion_ids": [c for _, c in rollouts]})
     frame.write_parquet(tmp_path / "r.parquet")
-    assert main(["fisher", "--model", str(path), "--rollouts", str(tmp_path / "r.parquet"), "--out", str(tmp_path / "f")]) == 0
+    assert (
+        main(["fisher", "--model", str(path), "--rollouts", str(tmp_path / "r.parquet"), "--out", str(tmp_path / "f")])
+        == 0
+    )
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
     expected = _loop_fisher(model, rollouts)
     got = load_file(tmp_path / "f" / "diag.safetensors")
     assert all((got[n] - expected[n]).abs().max() <= 1e-5 * expected[n].abs().max() for n in expected)
     frame.drop("completion_ids").write_parquet(tmp_path / "bad.parquet")
     capsys.readouterr()  # the progress bars of the good run
-    assert main(["fisher", "--model", str(path), "--rollouts", str(tmp_path / "bad.parquet"), "--out", str(tmp_path / "g")]) == 2
+    assert (
+        main(
+            ["fisher", "--model", str(path), "--rollouts", str(tmp_path / "bad.parquet"), "--out", str(tmp_path / "g")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("graftlab: error:") and err.count("\n") == 1 and "lacks columns ['completion_ids']" in err
     assert not (tmp_path / "g").exists()
@@ -190,8 +219,23 @@ def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_p
 
 def test_cli_exact_limit_switches_to_the_subsampled_threshold_and_reports_the_count(trio, tmp_path):
     post, donor, tuned, fisher_dir, fisher = trio
-    args = ["graft", "--post", str(post), "--donor", str(donor), "--donor-tuned", str(tuned), "--scale", "1",
-            "--fisher", str(fisher_dir), "--mask", "diag", "--rho", "0.3"]
+    args = [
+        "graft",
+        "--post",
+        str(post),
+        "--donor",
+        str(donor),
+        "--donor-tuned",
+        str(tuned),
+        "--scale",
+        "1",
+        "--fisher",
+        str(fisher_dir),
+        "--mask",
+        "diag",
+        "--rho",
+        "0.3",
+    ]
     assert main(args + ["--out", str(tmp_path / "exact")]) == 0
     assert main(args + ["--out", str(tmp_path / "sampled"), "--exact-limit", "0"]) == 0
     exact, sampled = (json.loads((tmp_path / d / "graftlab.json").read_text())["mask"] for d in ("exact", "sampled"))

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import build_pico_model
 from safetensors.torch import load_file, save_file
 
-from conftest import build_pico_model
 from graftlab.atomic import atomic_dir
 from graftlab.cli import main
-from graftlab.graft import graft
 from graftlab.errors import GraftlabError
 from graftlab.fetch import copy_model_files
+from graftlab.graft import graft
 from graftlab.provenance import write_provenance
 from graftlab.safetensors_io import SafetensorsWriter, read_header, tensor_index
 
@@ -117,9 +117,7 @@ def test_output_loads_in_transformers_with_post_config_and_provenance(fp32_trio,
 
     out = tmp_path / "out"
     graft(*fp32_trio, 0.5, out)
-    assert json.loads((out / "config.json").read_text()) == json.loads(
-        (fp32_trio[0] / "config.json").read_text()
-    )
+    assert json.loads((out / "config.json").read_text()) == json.loads((fp32_trio[0] / "config.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(out)
     want = expected_graft(*fp32_trio, 0.5)
     for name, param in model.state_dict().items():
@@ -237,9 +235,7 @@ def test_cli_refuses_missing_model(capsys, fp32_trio, tmp_path):
 def test_cli_refuses_different_hidden_size(capsys, fp32_trio, pico_model, tmp_path):
     wide = pico_model("wide", hidden_size=24)
     code, err = run_cli(capsys, *graft_args(fp32_trio[0], wide, fp32_trio[2], "1", tmp_path / "out"))
-    assert_one_line_error(
-        code, err, "donor", str(wide), "shape difference", "model.embed_tokens.weight [32, 24]"
-    )
+    assert_one_line_error(code, err, "donor", str(wide), "shape difference", "model.embed_tokens.weight [32, 24]")
     assert "donor_tuned" not in err  # only the model that differs is reported
     assert not (tmp_path / "out").exists()
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from test_fisher import _rollouts
 from torch import nn
 from transformers import AutoModelForCausalLM
 
@@ -14,7 +15,6 @@ from graftlab.fisher import make_mask
 from graftlab.fisher.diag import diag_fisher
 from graftlab.fisher.kfac import kfac_fisher
 from graftlab.graft import graft
-from test_fisher import _rollouts
 
 
 def _captured(model, prompt, completion):
@@ -101,8 +101,22 @@ def kfac_trio(pico_model, tmp_path):
     pl.DataFrame({"prompt_ids": [p for p, _ in rollouts], "completion_ids": [c for _, c in rollouts]}).write_parquet(
         tmp_path / "r.parquet"
     )
-    assert main(["fisher", "--model", str(post), "--rollouts", str(tmp_path / "r.parquet"), "--kind", "kfac",
-                 "--out", str(tmp_path / "fisher")]) == 0
+    assert (
+        main(
+            [
+                "fisher",
+                "--model",
+                str(post),
+                "--rollouts",
+                str(tmp_path / "r.parquet"),
+                "--kind",
+                "kfac",
+                "--out",
+                str(tmp_path / "fisher"),
+            ]
+        )
+        == 0
+    )
     return post, donor, tuned, tmp_path / "fisher"
 
 
@@ -152,8 +166,27 @@ def test_kfac_mask_zeroes_the_top_scored_eigen_directions(kfac_trio, tmp_path, s
 
 
 def _kfac_cli(post, donor, tuned, out, fisher, rho="0.5"):
-    return main(["graft", "--post", str(post), "--donor", str(donor), "--donor-tuned", str(tuned), "--scale", "1",
-                 "--out", str(out), "--fisher", str(fisher), "--mask", "kfac", "--rho", rho])
+    return main(
+        [
+            "graft",
+            "--post",
+            str(post),
+            "--donor",
+            str(donor),
+            "--donor-tuned",
+            str(tuned),
+            "--scale",
+            "1",
+            "--out",
+            str(out),
+            "--fisher",
+            str(fisher),
+            "--mask",
+            "kfac",
+            "--rho",
+            rho,
+        ]
+    )
 
 
 def test_bad_kfac_input_is_a_one_line_error_without_output(kfac_trio, tmp_path, pico_model, capsys):

@@ -155,7 +155,9 @@ def test_every_template_and_value_is_tokenizable(tokenizer):
             assert t.count("{e}") == 1 and set(t.replace("{e}", "")) <= set(CHARS), (relation, t)
     values = kn.PROFESSIONS + kn.COLOURS + kn.PETS + kn.INSTRUMENTS
     assert all(set(v) <= set(CHARS) for v in values)
-    full = KNOWLEDGE.chat_prompt(tokenizer, "Pet of Taven Drumaveth:") + chat_completion("", "ferret")[len(EMPTY_THINK) :]
+    full = (
+        KNOWLEDGE.chat_prompt(tokenizer, "Pet of Taven Drumaveth:") + chat_completion("", "ferret")[len(EMPTY_THINK) :]
+    )
     assert tokenizer.decode(tokenizer(full, add_special_tokens=False)["input_ids"]) == full
 
 
@@ -230,6 +232,8 @@ def test_closed_book_accuracy_of_an_untrained_tiny_model_is_near_zero(tmp_path):
     tok.save_pretrained(tmp_path / "model")
     cfg = kn.KnowledgeConfig(entities=6, facts=12, train_phrasings=2, heldout_phrasings=1, replay=0)
     kn.write_knowledge_data(tmp_path / "data", cfg, OLD)
-    result = kn.write_closed_book(tmp_path / "model", tmp_path / "data/heldout.parquet", tmp_path / "cb.json", "transformers")
+    result = kn.write_closed_book(
+        tmp_path / "model", tmp_path / "data/heldout.parquet", tmp_path / "cb.json", "transformers"
+    )
     assert json.loads((tmp_path / "cb.json").read_text()) == result
     assert result["questions"] == 12 and result["accuracy"] <= 0.05

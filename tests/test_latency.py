@@ -54,7 +54,9 @@ def _summary(runs=SCORES) -> pl.DataFrame:
     from graftlab.layout import parse_run
 
     rows = [{"run": r, "new": n, "old": o} | parse_run(r) for r, (n, o) in runs.items()]
-    return pl.DataFrame(rows).select("run", "method", "donor", "lr", "epoch", "lam", "mask", "rho", "alpha", "step", "new", "old")
+    return pl.DataFrame(rows).select(
+        "run", "method", "donor", "lr", "epoch", "lam", "mask", "rho", "alpha", "step", "new", "old"
+    )
 
 
 def test_each_run_is_charged_the_work_that_made_it(root):
@@ -114,7 +116,9 @@ def test_a_missing_record_is_named(root, remove, message):
 
 
 def test_steps_without_the_epoch_asked_for_are_refused(root):
-    _steps(root / "sft/post/lr~1e-3", [{"step": 1, "sample_s": 0.0, "update_s": 1.0}])  # an SFT from before epochs were logged
+    _steps(
+        root / "sft/post/lr~1e-3", [{"step": 1, "sample_s": 0.0, "update_s": 1.0}]
+    )  # an SFT from before epochs were logged
     with pytest.raises(ValueError, match="no steps of epoch 1"):
         run_costs(_summary(), root)
     opsd = {r: s for r, s in SCORES.items() if r.startswith(("post", "opsd"))}

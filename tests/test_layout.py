@@ -50,8 +50,14 @@ def test_the_smoke_expert_evaluates_every_method(smoke):
     methods = [parse_run(key)["method"] for key in Experiment.of(smoke, "expert").runs()]
     # As the smoke run's summary counts them: diag masks on both graft epochs, on the merge's epoch 2.
     assert {m: methods.count(m) for m in set(methods)} == {
-        "post": 1, "donor": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3, "opsd": 3,
-    }  # fmt: skip
+        "post": 1,
+        "donor": 1,
+        "sft": 2,
+        "donor_sft": 2,
+        "graft": 4,
+        "merge": 3,
+        "opsd": 3,
+    }
     assert "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1" in Experiment.of(smoke, "expert").runs()
 
 
@@ -190,9 +196,14 @@ def test_parse_run_each_method() -> None:
     assert parse_run("sft/step~400/lr~1e-3/epoch~1")["donor"] == "step~400"
     graft = parse_run("graft/step~400/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0")
     assert graft == {
-        "method": "graft", "donor": "step~400",
-        "lr": "1e-3", "epoch": "2", "lam": "0.5", "mask": "none", "rho": "0",
-    }  # fmt: skip
+        "method": "graft",
+        "donor": "step~400",
+        "lr": "1e-3",
+        "epoch": "2",
+        "lam": "0.5",
+        "mask": "none",
+        "rho": "0",
+    }
     # Donor == post is model merging; values stay the strings of the path.
     merge = parse_run("graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.01")
     assert (merge["method"], merge["donor"], merge["rho"]) == ("merge", "post", "0.01")

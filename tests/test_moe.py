@@ -4,13 +4,12 @@
 import numpy as np
 import polars as pl
 import pytest
-
 from conftest import REPO, snakemake
+
 from graftlab.analysis import moe
 from graftlab.analysis.moe import MoeConfig
 from graftlab.config import ConfigError, resolve
 from graftlab.errors import GraftlabError
-
 
 DEFAULTS = resolve({})  # the schema's defaults, once: resolving checks the whole world (0.5 s)
 
@@ -56,7 +55,9 @@ def test_closed_forms_match_the_simulation():
 def test_losses_are_the_expected_squared_errors_of_the_forward():
     targets, experts = random_state(1)
     x = np.random.default_rng(2).standard_normal((400_000, 5))
-    np.testing.assert_allclose(moe.sampled_losses(experts, targets, 0.4, x), moe.losses(experts, targets, 0.4), rtol=0.01)
+    np.testing.assert_allclose(
+        moe.sampled_losses(experts, targets, 0.4, x), moe.losses(experts, targets, 0.4), rtol=0.01
+    )
 
 
 def test_lam_zero_leaves_the_post_model():

@@ -27,7 +27,10 @@ def post(tmp_path_factory):
 
 
 def examples(count=6):
-    rows = [dict(p, completion=chat_completion(p["thinking"], p["answer"])) for p in arith.sample_problems("mul", count, "test", 0)]
+    rows = [
+        dict(p, completion=chat_completion(p["thinking"], p["answer"]))
+        for p in arith.sample_problems("mul", count, "test", 0)
+    ]
     return opsd_examples(pl.DataFrame(rows).select("id", "task", "prompt", "completion"))
 
 

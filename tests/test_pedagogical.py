@@ -195,8 +195,14 @@ def test_reward_func_for_trl_reads_exact_ids_and_logs_every_component(student):
     func = ped.make_reward_func(student, TOK, ped.RewardConfig())
     # TRL's own `completions` have the special tokens stripped; the reward must not grade those.
     stripped = TOK.batch_decode(ids, skip_special_tokens=True)
-    rewards = func(prompts=None, completions=stripped, completion_ids=ids, answer=answers,
-                   student_prompt=[chat_prompt(TOK, p) for p in prompts], log_metric=logged.__setitem__)
+    rewards = func(
+        prompts=None,
+        completions=stripped,
+        completion_ids=ids,
+        answer=answers,
+        student_prompt=[chat_prompt(TOK, p) for p in prompts],
+        log_metric=logged.__setitem__,
+    )
     expected = ped.pedagogical_reward(student, TOK, prompts, answers, completions, ped.RewardConfig())
     assert rewards == pytest.approx([r["reward"] for r in expected], abs=1e-6)
     assert rewards[0] > 0 and rewards[2] == 0.0

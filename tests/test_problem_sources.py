@@ -68,7 +68,11 @@ def test_split_must_be_named_when_there_are_several(tmp_path):
 
 
 def test_integer_answers_and_hash_ids(tmp_path):
-    rows = [{"problem": "Find n.", "answer": 204}, {"problem": "Find m.", "answer": 7}, {"problem": "Find n.", "answer": 204}]
+    rows = [
+        {"problem": "Find n.", "answer": 204},
+        {"problem": "Find m.", "answer": 7},
+        {"problem": "Find n.", "answer": 204},
+    ]
     problems, stats = load_problems(ProblemSource("aime", write(tmp_path, rows, "parquet")))
     assert problems["answer"].to_list() == ["204", "7"]
     assert problems["id"][0] == hashlib.sha256(b"Find n.").hexdigest()[:16]
@@ -81,11 +85,16 @@ def test_integer_answers_and_hash_ids(tmp_path):
 
 def test_solution_column_and_knowledge_task(tmp_path):
     rows = [{"q": "Where was Ada Brel born?", "a": "Varnholm", "s": "Ada Brel was born in Varnholm."}]
-    src = ProblemSource("kn", write(tmp_path, rows, "jsonl"), task="knowledge", columns={"prompt": "q", "answer": "a", "solution": "s"})
+    src = ProblemSource(
+        "kn", write(tmp_path, rows, "jsonl"), task="knowledge", columns={"prompt": "q", "answer": "a", "solution": "s"}
+    )
     problems, _ = load_problems(src)
     assert problems.row(0, named=True) == {
-        "id": hashlib.sha256(b"Where was Ada Brel born?").hexdigest()[:16], "task": "knowledge",
-        "prompt": "Where was Ada Brel born?", "answer": "Varnholm", "solution": "Ada Brel was born in Varnholm.",
+        "id": hashlib.sha256(b"Where was Ada Brel born?").hexdigest()[:16],
+        "task": "knowledge",
+        "prompt": "Where was Ada Brel born?",
+        "answer": "Varnholm",
+        "solution": "Ada Brel was born in Varnholm.",
     }
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from graftlab.errors import GraftlabError
 from graftlab.fisher.diag import ROLLOUT_COLUMNS, read_rollouts
 from graftlab.fisher.rollouts import (
     RolloutConfig,
@@ -19,7 +20,6 @@ from graftlab.fisher.rollouts import (
     sample_rollouts,
     write_rollouts,
 )
-from graftlab.errors import GraftlabError
 from graftlab.sampling import HfSampler, SamplingConfig, _vllm_completion_ids
 from graftlab.tasks import chat_completion, chat_prompt
 from graftlab.world import arith, build
@@ -91,7 +91,9 @@ def test_sampled_rollouts_are_reproducible(world, tmp_path):
 
 def test_too_many_rollouts_is_one_line_error_and_no_file(world, tmp_path):
     with pytest.raises(GraftlabError, match=r"^retention rollouts: task 'sub' has fewer than 5050 distinct problems"):
-        write_rollouts(world / "model", benchmarks(world), ["sub"], RolloutConfig(5050), tmp_path / "r.parquet", "transformers")
+        write_rollouts(
+            world / "model", benchmarks(world), ["sub"], RolloutConfig(5050), tmp_path / "r.parquet", "transformers"
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -106,8 +108,8 @@ def test_completion_ids_end_at_the_end_of_turn_without_padding(world, monkeypatc
     monkeypatch.setattr(sampler.model, "generate", generate)
     prompts = [chat_prompt(sampler.tok, "1+2="), chat_prompt(sampler.tok, "compare 10 20")]
     samples = sampler.sample_ids(prompts, SamplingConfig(1, 1.0, 1.0, 4))
-    assert [c for (_, c), in samples] == [[5, eos], [6, 7, 8, 9]]
-    assert [p for (p, _), in samples] == [sampler.tok(q)["input_ids"] for q in prompts]  # left padding dropped
+    assert [c for ((_, c),) in samples] == [[5, eos], [6, 7, 8, 9]]
+    assert [p for ((p, _),) in samples] == [sampler.tok(q)["input_ids"] for q in prompts]  # left padding dropped
     assert sampler(prompts, SamplingConfig(1, 1.0, 1.0, 4))[0][0].endswith("<|im_end|>")
 
 
@@ -152,10 +154,14 @@ class CharTokenizer:
 
 
 def problems_file(path: Path, n: int) -> Path:
-    pl.DataFrame({
-        "id": [f"p{i}" for i in range(n)], "task": ["math"] * n,
-        "prompt": [f"What is {i} plus one?" for i in range(n)], "answer": [str(i + 1) for i in range(n)],
-    }).write_parquet(path)  # fmt: skip
+    pl.DataFrame(
+        {
+            "id": [f"p{i}" for i in range(n)],
+            "task": ["math"] * n,
+            "prompt": [f"What is {i} plus one?" for i in range(n)],
+            "answer": [str(i + 1) for i in range(n)],
+        }
+    ).write_parquet(path)
     return path
 
 
@@ -210,11 +216,15 @@ def test_write_rollouts_from_a_problems_file(world, tmp_path, monkeypatch):
     assert len(fresh) == 29
     completions = {chat_prompt(tok, p["prompt"]): chat_completion(p["thinking"], p["answer"]) for p in pool}
     monkeypatch.setattr("graftlab.sampling.load_sampler", lambda model, backend: ScriptedSampler(tok, completions))
-    frame = write_rollouts(world / "model", benchmarks(world), [], RolloutConfig(29, seed=4), out, prompts_file=problems)
+    frame = write_rollouts(
+        world / "model", benchmarks(world), [], RolloutConfig(29, seed=4), out, prompts_file=problems
+    )
     assert pl.read_parquet(out).equals(frame)
     assert set(frame["problem_id"]) == fresh and frame["correct"].all()
     first_prompt = tok(chat_prompt(tok, frame["prompt"][0]), add_special_tokens=False)["input_ids"]
     assert read_rollouts(out)[0][0] == first_prompt
     with pytest.raises(GraftlabError, match=r"30 requested but only 29 of the 30"):
-        write_rollouts(world / "model", benchmarks(world), [], RolloutConfig(30), tmp_path / "r.parquet", "auto", problems)
+        write_rollouts(
+            world / "model", benchmarks(world), [], RolloutConfig(30), tmp_path / "r.parquet", "auto", problems
+        )
     assert not (tmp_path / "r.parquet").exists()

@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 
 from graftlab.analysis.sensitivity import (
     KINDS,
+    collect_sensitivity,
     plot_sensitivity,
     sensitivity_table,
     top_threshold,
-    collect_sensitivity,
     write_update_sensitivity,
 )
 from graftlab.errors import GraftlabError
@@ -48,7 +48,9 @@ def post(pico_model):
 def random_fisher(post, tmp_path, seed=0):
     """Positive, heavy-tailed (like a real Fisher) and free of ties."""
     gen = torch.Generator().manual_seed(seed)
-    return save_fisher(tmp_path / "fisher", {n: torch.rand(t.shape, generator=gen) ** 6 for n, t in weights(post).items()})
+    return save_fisher(
+        tmp_path / "fisher", {n: torch.rand(t.shape, generator=gen) ** 6 for n, t in weights(post).items()}
+    )
 
 
 def flat(tensors: dict[str, torch.Tensor], names) -> np.ndarray:
@@ -92,7 +94,12 @@ def test_shares_equal_an_independent_sort_over_all_parameters(pico_model, post, 
         assert row["fisher_share_mlp"] == pytest.approx(want["kept_share"], rel=1e-5)
         assert sum(row[f"fisher_share_{k}"] for k in KINDS) == pytest.approx(row["fisher_share"], rel=1e-9)
     graft_row = table.filter(pl.col("run") == GRAFT).row(0, named=True)
-    assert (graft_row["method"], graft_row["donor"], graft_row["lam"], graft_row["mask"]) == ("graft", "step~100", "0.5", "diag")
+    assert (graft_row["method"], graft_row["donor"], graft_row["lam"], graft_row["mask"]) == (
+        "graft",
+        "step~100",
+        "0.5",
+        "diag",
+    )
     assert table.filter(pl.col("run") == SFT)["method"].item() == "sft"
 
 
@@ -129,10 +136,13 @@ def test_an_update_of_equal_magnitude_everywhere_has_the_uniform_shares(post, tm
     gen = torch.Generator().manual_seed(3)
     signs = {n: torch.randint(0, 2, t.shape, generator=gen) * 2.0 - 1 for n, t in weights(post).items()}
     # Powers of two keep post + u - post exact in fp32, so |u| stays equal to the last bit.
-    model = save_model(tmp_path / "eq", {n: t.double().mul(64).round().div(64).float() + signs[n] / 64
-                                         for n, t in weights(post).items()})
-    post_rounded = save_model(tmp_path / "post64", {n: t.double().mul(64).round().div(64).float()
-                                                    for n, t in weights(post).items()})
+    model = save_model(
+        tmp_path / "eq",
+        {n: t.double().mul(64).round().div(64).float() + signs[n] / 64 for n, t in weights(post).items()},
+    )
+    post_rounded = save_model(
+        tmp_path / "post64", {n: t.double().mul(64).round().div(64).float() for n, t in weights(post).items()}
+    )
     row = sensitivity_table(fisher, post_rounded, {SFT: model}).row(0, named=True)
     n_params = sum(t.numel() for t in weights(post).values())
     assert row["sq_share"] == pytest.approx(round(0.01 * n_params) / n_params, rel=1e-12)
@@ -153,7 +163,9 @@ def test_ties_at_the_threshold_count_fractionally(pico_model, post, tmp_path):
     assert row["fisher_share"] == pytest.approx(k / n_params) and row["sq_share"] == pytest.approx(k / n_params)
 
     gen = torch.Generator().manual_seed(5)
-    sparse = {n: (torch.rand(t.shape, generator=gen) < 0.005) * torch.rand(t.shape, generator=gen) for n, t in p.items()}
+    sparse = {
+        n: (torch.rand(t.shape, generator=gen) < 0.005) * torch.rand(t.shape, generator=gen) for n, t in p.items()
+    }
     row = sensitivity_table(save_fisher(tmp_path / "sparse", sparse), post, {SFT: sft}).row(0, named=True)
     names = sorted(p)
     f, u2 = flat(sparse, names), (flat(s, names) - flat(p, names)) ** 2
@@ -208,10 +220,12 @@ def test_a_model_of_another_architecture_is_refused_naming_it(pico_model, post, 
 
 def test_collected_sensitivity_writes_the_table_and_a_png(pico_model, post, tmp_path):
     fisher = random_fisher(post, tmp_path)
-    updates = {SFT: pico_model("sft", seed=1, base=post, noise=0.01),
-               GRAFT: pico_model("graft", seed=2, base=post, noise=0.003),
-               MERGE: pico_model("merge", seed=3, base=post, noise=0.002),
-               "graft/step~100/lr~1e-3/epoch~2/lam~0/mask~none/rho~0": post}
+    updates = {
+        SFT: pico_model("sft", seed=1, base=post, noise=0.01),
+        GRAFT: pico_model("graft", seed=2, base=post, noise=0.003),
+        MERGE: pico_model("merge", seed=3, base=post, noise=0.002),
+        "graft/step~100/lr~1e-3/epoch~2/lam~0/mask~none/rho~0": post,
+    }
     out = tmp_path / "out"
     rows = [tmp_path / "rows" / f"{i}.parquet" for i in range(len(updates))]
     for row, (run, model) in zip(rows, updates.items()):
@@ -228,7 +242,10 @@ def test_collected_sensitivity_writes_the_table_and_a_png(pico_model, post, tmp_
 def test_rows_written_one_update_at_a_time_collect_into_the_whole_table(pico_model, post, tmp_path):
     """The workflow measures each update on its own job (while its temporary graft exists)."""
     fisher = random_fisher(post, tmp_path)
-    updates = {SFT: pico_model("sft", seed=1, base=post, noise=0.01), GRAFT: pico_model("graft", seed=2, base=post, noise=0.003)}
+    updates = {
+        SFT: pico_model("sft", seed=1, base=post, noise=0.01),
+        GRAFT: pico_model("graft", seed=2, base=post, noise=0.003),
+    }
     rows = []
     for i, (run, model) in enumerate(updates.items()):
         rows.append(tmp_path / "rows" / f"{i}.parquet")

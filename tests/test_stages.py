@@ -7,13 +7,12 @@ import polars as pl
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.errors import GraftlabError
+from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.sampling import SamplingConfig, generate, generate_ids
 from graftlab.synth.mining import MiningConfig, split_hard
 from graftlab.synth.traces import expert_traces
-from graftlab.tasks import get_task
-from graftlab.tasks import chat_prompt
+from graftlab.tasks import chat_prompt, get_task
 from graftlab.train.sft import TrainConfig, encode_chat, sft_epochs
 from graftlab.world import arith, build
 from graftlab.world.tokenizer import build_tokenizer
@@ -60,7 +59,9 @@ def test_unknown_backend_is_an_error(world_model):
 def test_split_hard_keeps_never_solved_problems_and_holds_out_disjointly():
     problems = arith.sample_problems("mul", 40, "test", 0)
     rates = [0.0] * 20 + [0.25] * 10 + [0.5] * 10
-    train, heldout = split_hard(problems, rates, MiningConfig(8, max_pass_rate=0.25, heldout=10, temperature=1.0, max_new_tokens=8))
+    train, heldout = split_hard(
+        problems, rates, MiningConfig(8, max_pass_rate=0.25, heldout=10, temperature=1.0, max_new_tokens=8)
+    )
     assert train.height == 20 and heldout.height == 10
     assert not set(train["id"]) & set(heldout["id"])
     assert set(pl.concat([train, heldout])["pass_rate"]) == {0.0, 0.25}
@@ -78,10 +79,15 @@ def test_expert_traces_verify_and_refuse_a_wrong_trace():
 
 
 def test_expert_traces_of_a_data_set_are_its_written_solutions_and_skip_empty_ones_out_loud():
-    problems = pl.DataFrame({
-        "id": ["a", "b", "c"], "task": ["math"] * 3, "prompt": ["1/2 + 1/2?", "2+2?", "3+3?"],
-        "answer": ["1", "4", "6"], "solution": ["Halves make a whole.", "", "Three twice is six."],
-    })  # fmt: skip
+    problems = pl.DataFrame(
+        {
+            "id": ["a", "b", "c"],
+            "task": ["math"] * 3,
+            "prompt": ["1/2 + 1/2?", "2+2?", "3+3?"],
+            "answer": ["1", "4", "6"],
+            "solution": ["Halves make a whole.", "", "Three twice is six."],
+        }
+    )
     traces, stats = expert_traces(problems)
     assert traces["id"].to_list() == ["a", "c"]
     assert traces["completion"][0] == "<think>\nHalves make a whole.\n</think>\n\n\\boxed{1}<|im_end|>"

@@ -9,9 +9,9 @@ import polars as pl
 import pytest
 
 from graftlab.errors import GraftlabError
+from graftlab.streams import stream_seed
 from graftlab.synth import star
 from graftlab.synth.star import StarConfig, star_traces
-from graftlab.streams import stream_seed
 from graftlab.tasks import chat_completion, is_correct
 from graftlab.world import arith
 from graftlab.world.tokenizer import build_tokenizer
@@ -86,7 +86,9 @@ def test_a_task_grader_decides_what_is_verified():
     sampler = lambda prompts, cfg: [[boxed["What is 1/2 + 1/4?"]] * cfg.n for _ in prompts]  # noqa: E731
     with pytest.raises(GraftlabError, match="solved none"):  # exact match: 0.75 is not \frac{3}{4}
         star_traces(sampler, TOK, problems, StarConfig(attempts=2, attempts_per_round=2))
-    traces, _ = star_traces(sampler, TOK, problems, StarConfig(attempts=2, attempts_per_round=2), get_task("math").grade)
+    traces, _ = star_traces(
+        sampler, TOK, problems, StarConfig(attempts=2, attempts_per_round=2), get_task("math").grade
+    )
     assert traces["attempts"].to_list() == [1]
 
 

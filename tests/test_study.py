@@ -26,7 +26,9 @@ def _summary(path, graft_old: float, validation: bool = True, graft_new: float =
 
 
 def _drift(path, ratio: float, cos: float):
-    pl.DataFrame({"donor": ["step~100"], "drift_ratio": [ratio], "cos": [cos], "cos_mlp": [cos / 2]}).write_parquet(path)
+    pl.DataFrame({"donor": ["step~100"], "drift_ratio": [ratio], "cos": [cos], "cos_mlp": [cos / 2]}).write_parquet(
+        path
+    )
     return path
 
 
@@ -35,8 +37,15 @@ def test_study_counts_seeds_that_reproduce_per_group(tmp_path):
     for group, olds in (("wide", (0.8, 0.85, 0.1)), ("narrow", (0.1, 0.22, 0.2))):
         for seed, old in enumerate(olds):
             name = f"{group}{seed}"
-            exps.append({"exp": name, "group": group, "seed": seed, "summary": _summary(tmp_path / f"{name}.parquet", old),
-                         "drift": _drift(tmp_path / f"{name}-drift.parquet", 0.5 + seed, 0.1 * seed)})  # fmt: skip
+            exps.append(
+                {
+                    "exp": name,
+                    "group": group,
+                    "seed": seed,
+                    "summary": _summary(tmp_path / f"{name}.parquet", old),
+                    "drift": _drift(tmp_path / f"{name}-drift.parquet", 0.5 + seed, 0.1 * seed),
+                }
+            )
     out = tmp_path / "out"
     groups = write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
     per_exp = pl.read_parquet(out / "study.parquet")
@@ -52,13 +61,31 @@ def test_study_counts_seeds_that_reproduce_per_group(tmp_path):
 
 def test_takeover_is_averaged_per_method_and_unmasked_grafts_only(tmp_path):
     masked = GRAFT.replace("mask~none/rho~0", "mask~kfac/rho~0.1")
-    runs = {"post": 0.0, SFT: 0.9, "sft/post/lr~1e-3/epoch~4": 0.7, "sft/step~100/lr~1e-3/epoch~2": 0.8, GRAFT: 0.4, masked: 0.0,
-            "donor/step~100": 0.0, "donor/step~300": 0.0}  # fmt: skip
+    runs = {
+        "post": 0.0,
+        SFT: 0.9,
+        "sft/post/lr~1e-3/epoch~4": 0.7,
+        "sft/step~100/lr~1e-3/epoch~2": 0.8,
+        GRAFT: 0.4,
+        masked: 0.0,
+        "donor/step~100": 0.0,
+        "donor/step~300": 0.0,
+    }
     misrouted = {"post": 0.9, "donor/step~100": 0.2, "donor/step~300": 0.4}
-    takeover = pl.DataFrame([{"run": r, "takeover": t, "misrouted": misrouted.get(r, 0.0)} | parse_run(r) for r, t in runs.items()])
+    takeover = pl.DataFrame(
+        [{"run": r, "takeover": t, "misrouted": misrouted.get(r, 0.0)} | parse_run(r) for r, t in runs.items()]
+    )
     takeover.write_parquet(tmp_path / "t.parquet")
-    exps = [{"exp": "e", "group": "g", "seed": 0, "summary": _summary(tmp_path / "s.parquet", 0.8), "drift": None,
-             "takeover": tmp_path / "t.parquet"}]  # fmt: skip
+    exps = [
+        {
+            "exp": "e",
+            "group": "g",
+            "seed": 0,
+            "summary": _summary(tmp_path / "s.parquet", 0.8),
+            "drift": None,
+            "takeover": tmp_path / "t.parquet",
+        }
+    ]
     out = tmp_path / "out"
     groups = write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
     row = pl.read_parquet(out / "study.parquet").row(0, named=True)
@@ -68,7 +95,15 @@ def test_takeover_is_averaged_per_method_and_unmasked_grafts_only(tmp_path):
 
 
 def test_an_experiment_without_validation_scores_or_drift_leaves_those_columns_empty(tmp_path):
-    exps = [{"exp": "e", "group": "g", "seed": 0, "summary": _summary(tmp_path / "s.parquet", 0.8, validation=False), "drift": None}]
+    exps = [
+        {
+            "exp": "e",
+            "group": "g",
+            "seed": 0,
+            "summary": _summary(tmp_path / "s.parquet", 0.8, validation=False),
+            "drift": None,
+        }
+    ]
     out = tmp_path / "out"
     write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
     row = pl.read_parquet(out / "study.parquet").row(0, named=True)

@@ -38,8 +38,13 @@ def test_thinking_runs_to_the_last_close_or_to_the_end():
 
 
 def test_shares_count_new_form_own_form_and_neither():
-    completions = [chat_completion("9*3=27+0=27", "27"), chat_completion("9+3+0=12", "12"),
-                   chat_completion("9+3+0=12;1+1+1=3", "312"), "no thinking", chat_completion("9-3=6", "6")]  # fmt: skip
+    completions = [
+        chat_completion("9*3=27+0=27", "27"),
+        chat_completion("9+3+0=12", "12"),
+        chat_completion("9+3+0=12;1+1+1=3", "312"),
+        "no thinking",
+        chat_completion("9-3=6", "6"),
+    ]
     assert form_shares(completions, own="add", new="mul") == (pytest.approx(1 / 5), pytest.approx(2 / 5))
     with pytest.raises(GraftlabError, match="no completions"):
         form_shares([], "add", "mul")
@@ -52,7 +57,11 @@ def _write_eval(root, run, per_bench):
 
 
 def test_table_has_one_row_per_run_with_ids_and_the_mean_over_old_benchmarks(tmp_path):
-    mul, add, sub = chat_completion("7*8=56+0=56", "56"), chat_completion("7+8+0=15", "15"), chat_completion("8-7=1", "1")
+    mul, add, sub = (
+        chat_completion("7*8=56+0=56", "56"),
+        chat_completion("7+8+0=15", "15"),
+        chat_completion("8-7=1", "1"),
+    )
     sft = "sft/post/lr~1e-3/epoch~1"
     _write_eval(tmp_path, "post", {"add": [add, add], "sub": [sub, sub], "times": [add, sub, mul, "<think>\n12", mul]})
     _write_eval(tmp_path, sft, {"add": [mul, add], "sub": [mul, mul, mul, sub], "times": [mul]})

@@ -95,7 +95,9 @@ def test_math_grade_counts_a_math_verify_timeout_or_error_as_wrong(monkeypatch):
 def test_math_grade_passes_gold_first(monkeypatch):
     calls = []
     real = math_verify.verify
-    monkeypatch.setattr(math_verify, "verify", lambda gold, target, **kw: calls.append((gold, target)) or real(gold, target, **kw))
+    monkeypatch.setattr(
+        math_verify, "verify", lambda gold, target, **kw: calls.append((gold, target)) or real(gold, target, **kw)
+    )
     assert math_grade(turn(r"\boxed{\sqrt{2}/2}"), r"\frac{1}{\sqrt{2}}")
     gold, target = calls[0]
     assert r"\frac{1}{\sqrt{2}}" in gold and r"\sqrt{2}/2" in target
@@ -153,8 +155,14 @@ def test_arith_task_grades_as_tasks_is_correct():
 
 def test_knowledge_task_forgives_only_case_spacing_and_a_final_full_stop():
     task = get_task("knowledge")
-    cases = [("Paris.", "paris", True), ("  New   York ", "New York", True), ("Lyon", "Paris", False),
-             ("", "Paris", False), ("Paris!", "Paris", False), ("Pa ris", "Paris", False)]  # fmt: skip
+    cases = [
+        ("Paris.", "paris", True),
+        ("  New   York ", "New York", True),
+        ("Lyon", "Paris", False),
+        ("", "Paris", False),
+        ("Paris!", "Paris", False),
+        ("Pa ris", "Paris", False),
+    ]
     for said, answer, right in cases:
         assert task.grade(EMPTY_THINK + said + "<|im_end|>", answer) == right, (said, answer)
     assert not task.grade("Paris", "Paris")  # no closed thinking: no answer
@@ -201,7 +209,7 @@ def test_knowledge_is_answered_once_greedily_after_a_prefilled_empty_think():
     problems = pl.DataFrame({"id": ["q"], "prompt": ["Home city of Taven?"], "answer": ["velmora"]})
     cfg = SamplingConfig(n=4, temperature=1.0, top_p=0.9, max_new_tokens=16)
     records = get_task("knowledge").sample_and_grade(sampler, build_tokenizer(), problems, cfg)
-    (prompts, drawn), = seen
+    ((prompts, drawn),) = seen
     assert (drawn.n, drawn.temperature, drawn.top_p, drawn.max_new_tokens) == (1, 0.0, 1.0, 16)
     assert prompts[0].endswith("<|im_start|>assistant\n" + EMPTY_THINK)
     assert records["completion"].to_list() == [EMPTY_THINK + "Velmora<|im_end|>"]

@@ -53,7 +53,9 @@ def test_a_win_within_the_intervals_does_not_reproduce():
     (row,) = verdict["frontier_grafts"]
     assert not row["reproduces"] and row["margin"] == pytest.approx(-0.02)
     # Meeting the bound is not beyond it; a tighter interval of the graft (more problems) would carry it.
-    assert reproduces(summary(BASE | {graft("0.5"): (0.5, 0.64, 0.01)}))["frontier_grafts"][0]["margin"] == pytest.approx(0)
+    assert reproduces(summary(BASE | {graft("0.5"): (0.5, 0.64, 0.01)}))["frontier_grafts"][0][
+        "margin"
+    ] == pytest.approx(0)
     assert not reproduces(summary(BASE | {graft("0.5"): (0.5, 0.64, 0.01)}))["reproduces"]
     assert reproduces(summary(BASE | {graft("0.5"): (0.5, 0.64, 0.005)}))["qualifying"] == [graft("0.5")]
 
@@ -126,8 +128,10 @@ def test_the_validation_split_is_judged_on_its_own_scores():
         old_val=pl.col("old") * pl.when(pl.col("method") == "graft").then(0.1).otherwise(1.0),
         new_val=pl.col("new"),
     ).with_columns(
-        old_val_lo=pl.col("old_val") - 0.02, old_val_hi=pl.col("old_val") + 0.02,
-        new_val_lo=pl.col("new_val") - 0.02, new_val_hi=pl.col("new_val") + 0.02,
+        old_val_lo=pl.col("old_val") - 0.02,
+        old_val_hi=pl.col("old_val") + 0.02,
+        new_val_lo=pl.col("new_val") - 0.02,
+        new_val_hi=pl.col("new_val") + 0.02,
     )
     assert reproduces(val)["reproduces"] and not reproduces(val, split="validation")["reproduces"]
     with pytest.raises(ValueError, match="no validation scores"):

@@ -9,7 +9,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-
 from conftest import REPO, SMOKE, snakemake
 
 pytestmark = pytest.mark.workflow
@@ -18,7 +17,9 @@ pytestmark = pytest.mark.workflow
 ANALYSES = {"summary": 1, "pareto": 1, "sensitivity": 1, "latency": 1, "takeover": 1, "study": 1, "all": 1}
 
 
-def planned_jobs(workdir: Path, *configs: Path, targets: tuple[str, ...] = (), base: tuple[Path, ...] = (SMOKE,)) -> Counter:
+def planned_jobs(
+    workdir: Path, *configs: Path, targets: tuple[str, ...] = (), base: tuple[Path, ...] = (SMOKE,)
+) -> Counter:
     """Jobs a dry-run would execute, by rule (for `targets`, else for the whole workflow), with `configs`
     laid over `base`."""
     # Targets right after -n: --configfile and --quiet each take every word up to the next option.
@@ -52,7 +53,15 @@ def test_smoke_run_writes_summary_and_plot(smoke):
     # post; donor step~50 as it is; SFT of post and of the donor at 2 epochs; graft lam 1 and merge lam 0.5
     # at 2 epochs; diag-masked at rho 0.1: the grafts at both epochs, the merge at epoch 2 (merge.masks.epochs).
     assert summary.height == 1 + 1 + 4 + 4 + 3 + 3
-    assert Counter(summary["method"]) == {"post": 1, "donor": 1, "sft": 2, "donor_sft": 2, "graft": 4, "merge": 3, "opsd": 3}
+    assert Counter(summary["method"]) == {
+        "post": 1,
+        "donor": 1,
+        "sft": 2,
+        "donor_sft": 2,
+        "graft": 4,
+        "merge": 3,
+        "opsd": 3,
+    }
     assert set(summary.filter(pl.col("method") == "opsd")["alpha"]) == {"0", "0.5", "1"}
     masked = summary.filter(pl.col("mask") == "diag")
     assert Counter(masked["method"]) == {"graft": 2, "merge": 1} and set(masked["rho"]) == {"0.1"}
@@ -92,7 +101,9 @@ def test_rollouts_are_chat_completions_of_fresh_old_task_prompts(smoke):
 
     rollouts = pl.read_parquet(smoke / "results/expert/fisher/post/rollouts.parquet")
     assert Counter(rollouts["task"]) == {"add": 8, "sub": 8, "compare": 8}
-    benchmark_ids = set(pl.concat([pl.read_parquet(f) for f in (smoke / "results/world/benchmarks").glob("*.parquet")])["id"])
+    benchmark_ids = set(
+        pl.concat([pl.read_parquet(f) for f in (smoke / "results/world/benchmarks").glob("*.parquet")])["id"]
+    )
     assert not set(rollouts["problem_id"]) & benchmark_ids and rollouts["problem_id"].n_unique() == 24
     tok = AutoTokenizer.from_pretrained(smoke / "results/world/post")
     for row in rollouts.iter_rows(named=True):
@@ -106,11 +117,17 @@ def test_fisher_is_kept_and_masked_grafts_are_evaluated(smoke):
     from safetensors import safe_open
 
     fisher = smoke / "results/expert/fisher/post"
-    assert sorted(p.name for p in fisher.iterdir()) == ["diag", "rollouts.json", "rollouts.parquet"]  # no kfac: no graft asks for it
+    assert sorted(p.name for p in fisher.iterdir()) == [
+        "diag",
+        "rollouts.json",
+        "rollouts.parquet",
+    ]  # no kfac: no graft asks for it
     with safe_open(str(fisher / "diag" / "diag.safetensors"), framework="pt") as f:
         assert any("mlp" in name for name in f.keys())
     run = smoke / "results/expert/eval/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
-    assert json.loads((run / "metrics.json").read_text())["run"] == "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
+    assert (
+        json.loads((run / "metrics.json").read_text())["run"] == "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
+    )
     assert not (smoke / "results/expert/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1/model").exists()
 
 
@@ -136,7 +153,9 @@ def test_drift_and_the_study_cover_every_tiny_world_experiment(smoke):
     # graft epochs [2] x one donor x one lr; the ratio is the world's, from its own init, base and post.
     assert drift.select("donor", "lr", "epoch").rows() == [("step~50", "1e-3", "2")]
     world = smoke / "results/worlds/narrow"
-    assert drift["drift_ratio"][0] == pytest.approx(drift_ratio(world / "init", world / "ladder/step~150", world / "post"))
+    assert drift["drift_ratio"][0] == pytest.approx(
+        drift_ratio(world / "init", world / "ladder/step~150", world / "post")
+    )
     assert -1 <= drift["cos"][0] <= 1
     study = pl.read_parquet(smoke / "results/study/study.parquet")
     assert sorted(study["exp"]) == sorted(["expert", "knowledge", "teacher", "star", "pedagogical", "narrow"])
@@ -277,7 +296,11 @@ def test_an_experiment_seed_reruns_that_experiment_and_own_seeds_outlive_the_top
 def test_experiments_on_a_named_world_share_its_build_and_leave_the_main_world_alone(tmp_path):
     smoke = yaml.safe_load(SMOKE.read_text())
     experiment = smoke["experiments"]["narrow"] | {"world": "a"}
-    config = {"world": smoke["world"], "worlds": {"a": {"seed": 3}, "b": {}}, "experiments": {"x": experiment, "y": experiment}}
+    config = {
+        "world": smoke["world"],
+        "worlds": {"a": {"seed": 3}, "b": {}},
+        "experiments": {"x": experiment, "y": experiment},
+    }
     path = write_config(tmp_path, "worlds", config)
     jobs = planned_jobs(tmp_path, path, base=())
     assert {rule: n for rule, n in jobs.items() if rule.startswith("world_")} == WORLD_BUILD  # once for both
@@ -312,7 +335,9 @@ def test_a_configfile_replaces_the_default_experiments(tmp_path):
 
 
 def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
-    jobs = planned_jobs(tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}), targets=("results/expert/summary.parquet",))
+    jobs = planned_jobs(
+        tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}), targets=("results/expert/summary.parquet",)
+    )
     # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2;
     # evaluated with post, the donor as it is, the 4 SFT checkpoints and the 3 OPSD runs.
     assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 1 + 4 + 5 + 3
@@ -324,8 +349,14 @@ def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
         ({"grafts": {"lam": ["1"]}}, "config key experiments.expert: Additional properties are not allowed ('grafts'"),
         ({"graft": {"lam": ["-1"]}}, "config key experiments.expert.graft.lam.0: '-1' is invalid: A non-negative"),
         ({"donors": ["step~7"]}, "config key experiments.expert.donors: step~7 is neither on world.pretrain.ladder"),
-        ({"graft": {"masks": {"rho": ["1.5"]}}}, "config key experiments.expert.graft.masks.rho: ['1.5'] outside [0, 1]"),
-        ({"merge": {"masks": {"kinds": ["fim"]}}}, "config key experiments.expert.merge.masks.kinds.0: 'fim' is not one of"),
+        (
+            {"graft": {"masks": {"rho": ["1.5"]}}},
+            "config key experiments.expert.graft.masks.rho: ['1.5'] outside [0, 1]",
+        ),
+        (
+            {"merge": {"masks": {"kinds": ["fim"]}}},
+            "config key experiments.expert.merge.masks.kinds.0: 'fim' is not one of",
+        ),
     ],
 )
 def test_bad_config_is_one_clear_error(tmp_path, experiment, message):
@@ -338,8 +369,14 @@ def test_bad_config_is_one_clear_error(tmp_path, experiment, message):
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"experiments": {"expert": {"world": "w9"}}}, "config key experiments.expert.world: 'w9' is neither `world` nor a name in worlds ['narrow']"),
-        ({"worlds": {"narrow": {"modle": {}}}}, "config key worlds.narrow: Additional properties are not allowed ('modle' was unexpected)"),
+        (
+            {"experiments": {"expert": {"world": "w9"}}},
+            "config key experiments.expert.world: 'w9' is neither `world` nor a name in worlds ['narrow']",
+        ),
+        (
+            {"worlds": {"narrow": {"modle": {}}}},
+            "config key worlds.narrow: Additional properties are not allowed ('modle' was unexpected)",
+        ),
         ({"worlds": {"world": {}}}, "config key worlds: 'world' is invalid: A world's name"),
     ],
 )

@@ -16,7 +16,12 @@ pytestmark = pytest.mark.workflow
 
 def math_rows(prefix: str, count: int, start: int = 2) -> list[dict]:
     return [
-        {"problem": f"What is {a} + {a}?", "answer": str(2 * a), "solution": f"{a} and {a} make {2 * a}.", "uid": f"{prefix}{a}"}
+        {
+            "problem": f"What is {a} + {a}?",
+            "answer": str(2 * a),
+            "solution": f"{a} and {a} make {2 * a}.",
+            "uid": f"{prefix}{a}",
+        }
         for a in range(start, start + count)
     ]
 
@@ -41,18 +46,27 @@ def real_config(root) -> dict:
     source = lambda f, **kw: {"source": str(root / f), "columns": {"prompt": "problem", "answer": "answer", **kw}}  # noqa: E731
     return {
         "models": {"pico": {"source": str(root / "post")}, "pico-early": {"source": str(root / "donor")}},
-        "experiments": {"real": {
-            "post": "pico", "donors": ["pico-early"], "data": "expert",
-            "problems": source("problems.jsonl", solution="solution", id="uid"),
-            "benchmarks": {"sums": source("bench.parquet")},
-            "mining": {"samples": 2, "max_pass_rate": 1.0, "heldout": 4, "max_new_tokens": 16},
-            "sft": {"lr": ["1e-3"], "epochs": 1, "batch_size": 4},
-            "graft": {"lam": ["1"], "masks": {"kinds": ["diag"], "rho": ["0.1"]}},
-            "merge": {"lam": ["0.5"]},
-            "fisher": {"rollouts": 6, "max_new_tokens": 16, "batch_size": 4, "prompts": source("retention.jsonl", id="uid")},
-            "eval": {"samples": 2, "max_new_tokens": 16},
-        }},
-    }  # fmt: skip
+        "experiments": {
+            "real": {
+                "post": "pico",
+                "donors": ["pico-early"],
+                "data": "expert",
+                "problems": source("problems.jsonl", solution="solution", id="uid"),
+                "benchmarks": {"sums": source("bench.parquet")},
+                "mining": {"samples": 2, "max_pass_rate": 1.0, "heldout": 4, "max_new_tokens": 16},
+                "sft": {"lr": ["1e-3"], "epochs": 1, "batch_size": 4},
+                "graft": {"lam": ["1"], "masks": {"kinds": ["diag"], "rho": ["0.1"]}},
+                "merge": {"lam": ["0.5"]},
+                "fisher": {
+                    "rollouts": 6,
+                    "max_new_tokens": 16,
+                    "batch_size": 4,
+                    "prompts": source("retention.jsonl", id="uid"),
+                },
+                "eval": {"samples": 2, "max_new_tokens": 16},
+            }
+        },
+    }
 
 
 @pytest.fixture(scope="module")

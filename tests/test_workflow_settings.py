@@ -13,7 +13,13 @@ from conftest import snakemake
 from graftlab.tasks import is_correct
 
 pytestmark = pytest.mark.workflow
-SETTINGS = {"expert": "expert", "teacher": "teacher", "star": "star", "pedagogical": "pedagogical", "knowledge": "knowledge"}
+SETTINGS = {
+    "expert": "expert",
+    "teacher": "teacher",
+    "star": "star",
+    "pedagogical": "pedagogical",
+    "knowledge": "knowledge",
+}
 
 
 @pytest.mark.parametrize("exp", SETTINGS)

@@ -94,7 +94,9 @@ def test_corpus_chat_share_mixes_in_solved_chat_turns_and_the_plain_corpus_has_n
     chats = [d for d in chat if d.startswith("<|im_start|>user\n")]
     assert 60 <= len(chats) <= 140  # a quarter of 400, give or take the binomial spread
     for doc in chats:
-        turns = re.findall(r"<\|im_start\|>user\n(.*?)<\|im_end\|>\n<\|im_start\|>assistant\n(.*?<\|im_end\|>)", doc, re.S)
+        turns = re.findall(
+            r"<\|im_start\|>user\n(.*?)<\|im_end\|>\n<\|im_start\|>assistant\n(.*?<\|im_end\|>)", doc, re.S
+        )
         assert len(turns) == 2  # 8 lines // 4 solved problems a document
         for prompt, completion in turns:
             a, op, b = re.fullmatch(r"(\d\d)([+-])(\d\d)=", prompt).groups()

@@ -1,7 +1,7 @@
 """Fetch one configured model (a local directory or a hub id at a revision) into resources/models/."""
 
-from graftlab.joblog import job_log
 from graftlab.fetch import fetch_model
+from graftlab.joblog import job_log
 
 p = snakemake.params
 with job_log(snakemake.log[0]):

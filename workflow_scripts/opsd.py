@@ -8,8 +8,15 @@ from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
 p, inp = snakemake.params, snakemake.input
 o = {k: v for k, v in p.opsd.items() if k != "checkpoints"}
 with job_log(snakemake.log[0], snakemake.threads):
-    cfg = OpsdConfig(alpha=p.alpha, lr=p.lr, save_steps=tuple(p.save_steps), seed=p.seed, threads=snakemake.threads,
-                     precision=p.precision, **o)
+    cfg = OpsdConfig(
+        alpha=p.alpha,
+        lr=p.lr,
+        save_steps=tuple(p.save_steps),
+        seed=p.seed,
+        threads=snakemake.threads,
+        precision=p.precision,
+        **o,
+    )
     facts = pl.read_parquet(inp.facts) if inp.facts else None
     examples = opsd_examples(pl.read_parquet(inp.data), facts)
     train_opsd(inp.model, examples, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data})

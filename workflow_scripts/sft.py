@@ -6,7 +6,8 @@ from graftlab.joblog import job_log
 from graftlab.train.sft import TrainConfig, sft_epochs
 
 p = snakemake.params
-cfg = TrainConfig(lr=p.lr, batch_size=p.batch_size, epochs=p.epochs, seed=p.seed, threads=snakemake.threads,
-                  precision=p.precision)
+cfg = TrainConfig(
+    lr=p.lr, batch_size=p.batch_size, epochs=p.epochs, seed=p.seed, threads=snakemake.threads, precision=p.precision
+)
 with job_log(snakemake.log[0], snakemake.threads):
     sft_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]))

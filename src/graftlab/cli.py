@@ -24,8 +24,8 @@ def _set_threads(threads: int | None) -> None:
 
 def _cmd_graft(args: argparse.Namespace) -> None:
     _set_threads(args.threads)
-    from graftlab.graft import graft
     from graftlab.errors import GraftlabError
+    from graftlab.graft import graft
 
     project = None
     if args.mask != "none":
@@ -34,7 +34,14 @@ def _cmd_graft(args: argparse.Namespace) -> None:
         if args.fisher is None:
             raise GraftlabError(f"--mask {args.mask} needs --fisher DIR")
         project = make_mask(
-            args.mask, args.fisher, args.post, args.donor, args.donor_tuned, args.rho, args.mask_scope, args.mask_score,
+            args.mask,
+            args.fisher,
+            args.post,
+            args.donor,
+            args.donor_tuned,
+            args.rho,
+            args.mask_scope,
+            args.mask_score,
             args.exact_limit,
         )
     counts = graft(
@@ -55,17 +62,34 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--donor-tuned", required=True, help="donor model directory, after fine-tuning")
     p.add_argument("--scale", required=True, type=float, help="lambda, the update's scale (>= 0)")
     p.add_argument("--out", required=True, help="output model directory (written atomically)")
-    p.add_argument("--chunk-mb", type=int, default=4, help="fp32 row-block size for large tensors (MiB); cache-sized is fastest")
+    p.add_argument(
+        "--chunk-mb", type=int, default=4, help="fp32 row-block size for large tensors (MiB); cache-sized is fastest"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--fisher", help="directory with the post model's retention Fisher ({diag,kfac}.safetensors)")
-    p.add_argument("--mask", choices=["none", *KINDS], default="none",
-                   help="zero the most Fisher-sensitive entries (diag) or Kronecker eigen-directions (kfac)")
+    p.add_argument(
+        "--mask",
+        choices=["none", *KINDS],
+        default="none",
+        help="zero the most Fisher-sensitive entries (diag) or Kronecker eigen-directions (kfac)",
+    )
     p.add_argument("--rho", type=float, default=0.0, help="fraction of entries / directions to zero, in [0, 1]")
-    p.add_argument("--mask-scope", choices=["global", "tensor"], default="global", help="rank over all parameters or per tensor")
-    p.add_argument("--mask-score", choices=["fisher_delta", "fisher"], default="fisher_delta", help="rank by F*delta^2 or by F alone")
-    p.add_argument("--exact-limit", type=int, default=None,
-                   help="global ranking: exact up to this many entries (default 2^28; 2 fp32 copies of each held), "
-                   "beyond it the threshold is a quantile of a seeded random subsample")
+    p.add_argument(
+        "--mask-scope", choices=["global", "tensor"], default="global", help="rank over all parameters or per tensor"
+    )
+    p.add_argument(
+        "--mask-score",
+        choices=["fisher_delta", "fisher"],
+        default="fisher_delta",
+        help="rank by F*delta^2 or by F alone",
+    )
+    p.add_argument(
+        "--exact-limit",
+        type=int,
+        default=None,
+        help="global ranking: exact up to this many entries (default 2^28; 2 fp32 copies of each held), "
+        "beyond it the threshold is a quantile of a seeded random subsample",
+    )
     p.set_defaults(run=_cmd_graft)
 
 
@@ -92,8 +116,12 @@ def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kind", choices=list(KINDS), default="diag", help="Fisher approximation")
     p.add_argument("--ekfac", action="store_true", help="kfac: re-fit the diagonal in the eigenbasis (a second pass)")
     p.add_argument("--max-dim", type=int, default=8192, help="kfac: linear layers wider than this get the diagonal")
-    p.add_argument("--positions", choices=["completion", "all"], default="completion",
-                   help="kfac: positions A and G count: those predicting a completion token (docs/methods.md), or every token")
+    p.add_argument(
+        "--positions",
+        choices=["completion", "all"],
+        default="completion",
+        help="kfac: positions A and G count: those predicting a completion token (docs/methods.md), or every token",
+    )
     p.add_argument("--out", required=True, help="output directory (written atomically)")
     p.add_argument("--batch-size", type=int, default=16, help="rollouts per vmap batch")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

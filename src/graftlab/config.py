@@ -6,12 +6,10 @@ The schema is the only place defaults live. jsonschema validates but does not fi
 
 import copy
 import json
-from pathlib import Path
 
-import yaml
 from jsonschema import Draft202012Validator, validators
 
-from graftlab.schema import SCHEMA, load_schema
+from graftlab.schema import load_schema
 
 
 class ConfigError(ValueError):
@@ -114,15 +112,41 @@ def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:
     ladder, steps = world["pretrain"]["ladder"], world["pretrain"]["steps"]
     model = world["model"]
     checks = [
-        (ladder == sorted(ladder) and ladder[-1] == steps, f"{key}.pretrain.ladder", f"must increase and end at step {steps} (the base model)"),
-        (model["heads"] % model["kv_heads"] == 0, f"{key}.model.kv_heads", f"must divide {key}.model.heads = {model['heads']}"),
-        (model["hidden_size"] % model["heads"] == 0, f"{key}.model.heads", f"must divide {key}.model.hidden_size = {model['hidden_size']}"),
-        (world["corpus"]["block"] <= model["max_positions"], f"{key}.corpus.block", f"exceeds {key}.model.max_positions = {model['max_positions']}"),
-        (world["candidates"] <= distinct_problems(world["new_task"]), f"{key}.candidates", f"exceeds the {distinct_problems(world['new_task'])} distinct {world['new_task']} problems"),
+        (
+            ladder == sorted(ladder) and ladder[-1] == steps,
+            f"{key}.pretrain.ladder",
+            f"must increase and end at step {steps} (the base model)",
+        ),
+        (
+            model["heads"] % model["kv_heads"] == 0,
+            f"{key}.model.kv_heads",
+            f"must divide {key}.model.heads = {model['heads']}",
+        ),
+        (
+            model["hidden_size"] % model["heads"] == 0,
+            f"{key}.model.heads",
+            f"must divide {key}.model.hidden_size = {model['hidden_size']}",
+        ),
+        (
+            world["corpus"]["block"] <= model["max_positions"],
+            f"{key}.corpus.block",
+            f"exceeds {key}.model.max_positions = {model['max_positions']}",
+        ),
+        (
+            world["candidates"] <= distinct_problems(world["new_task"]),
+            f"{key}.candidates",
+            f"exceeds the {distinct_problems(world['new_task'])} distinct {world['new_task']} problems",
+        ),
     ]
     for task in world["old_tasks"]:
         room = distinct_problems(task) - world["benchmark_size"]
-        checks.append((world["posttrain"]["examples_per_task"] <= room, f"{key}.posttrain.examples_per_task", f"exceeds the {room} {task} problems left outside its benchmark"))
+        checks.append(
+            (
+                world["posttrain"]["examples_per_task"] <= room,
+                f"{key}.posttrain.examples_per_task",
+                f"exceeds the {room} {task} problems left outside its benchmark",
+            )
+        )
     return checks
 
 
@@ -132,7 +156,9 @@ def _world_of(config: dict, exp: dict, key: str) -> tuple[dict, str]:
     if name == "world":
         return config["world"], "world"
     if name not in config["worlds"]:
-        raise ConfigError(f"config key {key}.world: {name!r} is neither `world` nor a name in worlds {sorted(config['worlds'])}")
+        raise ConfigError(
+            f"config key {key}.world: {name!r} is neither `world` nor a name in worlds {sorted(config['worlds'])}"
+        )
     return config["worlds"][name], f"worlds.{name}"
 
 
@@ -141,36 +167,81 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
     ladder = world["pretrain"]["ladder"]
     checks = []
     if exp["data"] != "knowledge" and exp["problems"] is None:
-        checks.append((exp["mining"]["heldout"] < world["candidates"], f"{key}.mining.heldout", f"leaves no training problems of {wkey}.candidates = {world['candidates']}"))
+        checks.append(
+            (
+                exp["mining"]["heldout"] < world["candidates"],
+                f"{key}.mining.heldout",
+                f"leaves no training problems of {wkey}.candidates = {world['candidates']}",
+            )
+        )
     for method in ("graft", "merge"):
         for where, epochs in ((method, exp[method]["epochs"]), (f"{method}.masks", exp[method]["masks"]["epochs"])):
             late = [e for e in epochs or [] if e > exp["sft"]["epochs"]]
             checks.append((not late, f"{key}.{where}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
         wide = [r for r in exp[method]["masks"]["rho"] if float(r) > 1]
-        checks.append((not wide, f"{key}.{method}.masks.rho", f"{wide} outside [0, 1]: rho is the fraction of the update masked"))
+        checks.append(
+            (not wide, f"{key}.{method}.masks.rho", f"{wide} outside [0, 1]: rho is the fraction of the update masked")
+        )
     opsd = exp["opsd"]
     wide = [a for a in opsd["alpha"] if float(a) > 1]
     checks.append((not wide, f"{key}.opsd.alpha", f"{wide} outside [0, 1]"))
     holes = [p for p in ("{problem}", "{demonstration}") if p not in opsd["template"]]
     checks.append((not holes, f"{key}.opsd.template", f"lacks the placeholder(s) {holes}"))
-    checks.append((opsd["checkpoints"] <= opsd["steps"], f"{key}.opsd.checkpoints", f"exceeds opsd.steps = {opsd['steps']}"))
+    checks.append(
+        (opsd["checkpoints"] <= opsd["steps"], f"{key}.opsd.checkpoints", f"exceeds opsd.steps = {opsd['steps']}")
+    )
     for donor in exp["donors"]:
         on_ladder = donor.startswith("step~") and int(donor.split("~")[1]) in ladder
-        checks.append((on_ladder or donor in models, f"{key}.donors", f"{donor} is neither on {wkey}.pretrain.ladder {ladder} nor a name in models {sorted(models)}"))
-    checks.append((exp["post"] == "post" or exp["post"] in models, f"{key}.post", f"{exp['post']!r} is neither `post` nor a name in models {sorted(models)}"))
+        checks.append(
+            (
+                on_ladder or donor in models,
+                f"{key}.donors",
+                f"{donor} is neither on {wkey}.pretrain.ladder {ladder} nor a name in models {sorted(models)}",
+            )
+        )
+    checks.append(
+        (
+            exp["post"] == "post" or exp["post"] in models,
+            f"{key}.post",
+            f"{exp['post']!r} is neither `post` nor a name in models {sorted(models)}",
+        )
+    )
     teacher = exp["teacher"]["model"]
     if exp["data"] == "teacher":
-        known = teacher is not None and (teacher in ("post", *models) or (teacher.startswith("step~") and int(teacher.split("~")[1]) in ladder))
-        checks.append((known, f"{key}.teacher.model", f"{teacher!r} must name the teacher of data: teacher: `post`, a ladder step or a name in models"))
+        known = teacher is not None and (
+            teacher in ("post", *models) or (teacher.startswith("step~") and int(teacher.split("~")[1]) in ladder)
+        )
+        checks.append(
+            (
+                known,
+                f"{key}.teacher.model",
+                f"{teacher!r} must name the teacher of data: teacher: `post`, a ladder step or a name in models",
+            )
+        )
     if exp["data"] == "knowledge":
-        checks.append((exp["problems"] is None, f"{key}.problems", "data: knowledge writes its own questions; remove problems"))
+        checks.append(
+            (exp["problems"] is None, f"{key}.problems", "data: knowledge writes its own questions; remove problems")
+        )
         replay_ok = not (exp["knowledge"]["replay"] and exp["benchmarks"])
-        checks.append((replay_ok, f"{key}.knowledge.replay", "replays the tiny world's old tasks, but benchmarks replace them: set it to 0"))
+        checks.append(
+            (
+                replay_ok,
+                f"{key}.knowledge.replay",
+                "replays the tiny world's old tasks, but benchmarks replace them: set it to 0",
+            )
+        )
         checks += _knowledge_checks(exp["knowledge"], f"{key}.knowledge")
     if exp["fisher"]["prompts"] is None:
         # The retention Fisher (masks, and the sensitivity analysis every experiment runs) needs prompts
         # of the old domain; the tiny world's are only that when its tasks are the old benchmarks.
-        checks.append((not exp["benchmarks"], f"{key}.fisher.prompts", "is required: benchmarks replace the tiny world's old tasks, whose prompts the retention Fisher would otherwise use"))
+        checks.append(
+            (
+                not exp["benchmarks"],
+                f"{key}.fisher.prompts",
+                "is required: benchmarks replace the tiny world's old tasks, whose prompts the retention Fisher "
+                "would otherwise use",
+            )
+        )
         checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
     return checks
 
@@ -192,10 +263,14 @@ def _rollout_checks(world: dict, rollouts: int, where: str) -> list[tuple[bool, 
 
     tasks = world["old_tasks"]
     return [
-        (k <= distinct_problems(task) - world["benchmark_size"], where,
-         f"asks {k} {task} prompts; only {distinct_problems(task) - world['benchmark_size']} lie outside its benchmark")
+        (
+            k <= distinct_problems(task) - world["benchmark_size"],
+            where,
+            f"asks {k} {task} prompts; only {distinct_problems(task) - world['benchmark_size']} lie outside "
+            "its benchmark",
+        )
         for task, k in zip(tasks, per_task_counts(tasks, rollouts))
-    ]  # fmt: skip
+    ]
 
 
 _NO_DEFAULT = object()
@@ -221,7 +296,10 @@ def _rows(schema: dict, defs: dict, prefix: str):
         if "$ref" in item:
             item = defs[item["$ref"].rsplit("/", 1)[1]]
         types = schema.get("type", "any")
-        kinds = [f"list of {item.get('type', 'any')}" if t == "array" else t for t in (types if isinstance(types, list) else [types])]
+        kinds = [
+            f"list of {item.get('type', 'any')}" if t == "array" else t
+            for t in (types if isinstance(types, list) else [types])
+        ]
         kind = " or ".join(kinds)
         yield prefix, kind, schema.get("default", _NO_DEFAULT), schema.get("description", item.get("description", ""))
         return

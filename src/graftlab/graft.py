@@ -209,9 +209,7 @@ class _Grafter:
     against 1.9 s with 8 MiB blocks, 3.8 s with 64 MiB and 1.6 s with 1 MiB (per-block overheads).
     """
 
-    def __init__(
-        self, models: list[_Model], scale: float, project: Projection | None, chunk_bytes: int
-    ) -> None:
+    def __init__(self, models: list[_Model], scale: float, project: Projection | None, chunk_bytes: int) -> None:
         self.models, self.scale, self.project, self.chunk_bytes = models, scale, project, chunk_bytes
         self.threads = torch.get_num_threads()  # the caller's, for the projection
         self._scratch = torch.empty(0, dtype=torch.uint8)
@@ -282,9 +280,7 @@ def _write_weights(
     files = [SINGLE_NAME] if count == 1 else files
     grafted = 0
     for file, shard in zip(files, shards):
-        with SafetensorsWriter(
-            out_dir / file, [(n, specs[n].dtype, specs[n].shape) for n in shard]
-        ) as writer:
+        with SafetensorsWriter(out_dir / file, [(n, specs[n].dtype, specs[n].shape) for n in shard]) as writer:
             grafted += sum(graft_one(name, writer) for name in shard)
     if count > 1:
         weight_map = {name: file for file, shard in zip(files, shards) for name in shard}

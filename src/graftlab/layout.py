@@ -269,7 +269,9 @@ class Experiment:
 
     def opsd_dirs(self) -> list[str]:
         x = self.x
-        return [f"{self.root}/{run('opsd', POST, alpha=a, lr=lr).key}" for a in x["opsd"]["alpha"] for lr in x["opsd"]["lr"]]
+        return [
+            f"{self.root}/{run('opsd', POST, alpha=a, lr=lr).key}" for a in x["opsd"]["alpha"] for lr in x["opsd"]["lr"]
+        ]
 
     def latency_records(self) -> list[str]:
         """Every timing record the latency analysis charges the runs with: the SFT and OPSD runs (their

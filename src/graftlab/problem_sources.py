@@ -60,7 +60,9 @@ class ProblemSource:
                 f"dataset {self.name}: columns must map prompt and answer (optionally id, solution), got {self.columns}"
             )
         if self.on_unparsable not in ON_UNPARSABLE:
-            raise GraftlabError(f"dataset {self.name}: on_unparsable must be one of {ON_UNPARSABLE}, got {self.on_unparsable!r}")
+            raise GraftlabError(
+                f"dataset {self.name}: on_unparsable must be one of {ON_UNPARSABLE}, got {self.on_unparsable!r}"
+            )
         if self.limit is not None and self.limit < 1:
             raise GraftlabError(f"dataset {self.name}: limit must be >= 1, got {self.limit}")
 
@@ -200,8 +202,14 @@ def load_problems(src: ProblemSource) -> tuple[pl.DataFrame, dict]:
             f"(skipped: { {k: len(v) for k, v in skipped.items()} })"
         )
     stats = {
-        "dataset": src.name, "source": src.source, "task": src.task, "split": src.split,
-        "revision": src.revision, "rows": table.height, "usable": usable, "kept": len(rows),
+        "dataset": src.name,
+        "source": src.source,
+        "task": src.task,
+        "split": src.split,
+        "revision": src.revision,
+        "rows": table.height,
+        "usable": usable,
+        "kept": len(rows),
         "skipped": {k: len(v) for k, v in skipped.items()},
         "skipped_ids": {k: v[:SHOWN_IDS] for k, v in skipped.items() if v},
     }

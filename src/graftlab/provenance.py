@@ -45,13 +45,11 @@ def write_provenance(
 ) -> Path:
     """Write ``out_dir/graftlab.json``: what produced this directory, with which code."""
     record = {
-        "inputs": {
-            key: str(value) if isinstance(value, os.PathLike) else value for key, value in inputs.items()
-        },
+        "inputs": {key: str(value) if isinstance(value, os.PathLike) else value for key, value in inputs.items()},
         "params": params,
         "versions": _package_versions(),
         "git_revision": _git_revision(),
-        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
     if extra:
         record.update(extra)

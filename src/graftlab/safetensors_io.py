@@ -44,6 +44,7 @@ _DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in _DTYPES.items()}
 
+
 @dataclass(frozen=True)
 class TensorSpec:
     """What a safetensors header says about one tensor."""
@@ -157,9 +158,7 @@ def tensor_specs(model_dir: str | Path, index: dict[str, Path] | None = None) ->
                 specs[name] = _spec(file, name, entry, data_start, data_length)
     missing = sorted(set(index) - set(specs))
     if missing:
-        raise GraftlabError(
-            f"tensor {missing[0]} is listed in the index of {model_dir} but absent from its shard"
-        )
+        raise GraftlabError(f"tensor {missing[0]} is listed in the index of {model_dir} but absent from its shard")
     return specs
 
 
@@ -182,8 +181,7 @@ def _spec(file: Path, name: str, entry: Any, data_start: int, data_length: int) 
     spec = TensorSpec(dtype, shape, start, data_start + start)
     if end - start != spec.nbytes or start < 0:
         raise GraftlabError(
-            f"{file}: tensor {name} spans bytes {start}-{end}, "
-            f"but {entry['dtype']} {list(shape)} needs {spec.nbytes}"
+            f"{file}: tensor {name} spans bytes {start}-{end}, but {entry['dtype']} {list(shape)} needs {spec.nbytes}"
         )
     if end > data_length:
         raise GraftlabError(
@@ -260,9 +258,7 @@ class SafetensorsWriter:
         self._file.close()
         self._file = None
         if self._pos < len(self._specs):
-            raise GraftlabError(
-                f"{self.path}: tensor {self._specs[self._pos][0]} was declared but not written"
-            )
+            raise GraftlabError(f"{self.path}: tensor {self._specs[self._pos][0]} was declared but not written")
 
     def __enter__(self) -> SafetensorsWriter:
         return self

@@ -25,7 +25,9 @@ class SamplingConfig:
     @classmethod
     def from_config(cls, section: dict, seed: int) -> "SamplingConfig":
         """From a workflow config section with `samples`, `temperature`, `top_p`, `max_new_tokens`."""
-        return cls(section["samples"], section["temperature"], section.get("top_p", 1.0), section["max_new_tokens"], seed)
+        return cls(
+            section["samples"], section["temperature"], section.get("top_p", 1.0), section["max_new_tokens"], seed
+        )
 
 
 def vllm_available() -> bool:

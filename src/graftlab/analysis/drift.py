@@ -55,7 +55,9 @@ def delta_geometry(deltas: Mapping[str, Delta]) -> tuple[dict, dict]:
             if not spec.dtype.is_floating_point:
                 continue
             kind = tensor_kind(name)
-            flat = {n: (get[Path(b)](name).double() - get[Path(a)](name).double()).flatten() for n, (a, b) in deltas.items()}
+            flat = {
+                n: (get[Path(b)](name).double() - get[Path(a)](name).double()).flatten() for n, (a, b) in deltas.items()
+            }
             for n, v in flat.items():
                 s = float(v @ v)
                 sq[n][kind] += s
@@ -90,7 +92,6 @@ def update_cosines(post_sft: Delta, donors: Mapping[str, Delta]) -> list[dict]:
         row |= {f"cos_{k}" if k != "all" else "cos": cosine(ab[k], sq["post_sft"][k], sq[name][k]) for k in ab}
         rows.append(row)
     return rows
-
 
 
 def drift_table(init, base, post, updates: list[dict]) -> pl.DataFrame:

@@ -125,19 +125,33 @@ def step_latency(ledger_root: str | Path, runs: pl.DataFrame) -> pl.DataFrame:
     since a run's first step also warms up and a short run has few steps to average it away."""
     ledger, rows = Ledger(ledger_root), []
     groups = {
-        "OPSD": {f"opsd/post/alpha~{r['alpha']}/lr~{r['lr']}" for r in runs.filter(method="opsd").iter_rows(named=True)},
+        "OPSD": {
+            f"opsd/post/alpha~{r['alpha']}/lr~{r['lr']}" for r in runs.filter(method="opsd").iter_rows(named=True)
+        },
         "SFT of post": {f"sft/post/lr~{r['lr']}" for r in runs.filter(method="sft").iter_rows(named=True)},
-        "donor SFT (grafting)": {f"sft/{r['donor']}/lr~{r['lr']}" for r in runs.filter(method="graft").iter_rows(named=True)},
-    }  # fmt: skip
+        "donor SFT (grafting)": {
+            f"sft/{r['donor']}/lr~{r['lr']}" for r in runs.filter(method="graft").iter_rows(named=True)
+        },
+    }
     for name, dirs in groups.items():
         if dirs:
             steps = pl.concat([ledger.steps(d).select("sample_s", "update_s") for d in sorted(dirs)])
-            rows.append({"what": name, "count": steps.height, "sample_s": steps["sample_s"].median(),
-                         "update_s": steps["update_s"].median()})  # fmt: skip
+            rows.append(
+                {
+                    "what": name,
+                    "count": steps.height,
+                    "sample_s": steps["sample_s"].median(),
+                    "update_s": steps["update_s"].median(),
+                }
+            )
     grafts = runs.filter(pl.col("method").is_in(["graft", "merge"]))
     if grafts.height:
-        rows.append({"what": "graft (once)", "count": grafts.height, "sample_s": 0.0, "update_s": grafts["graft_s"].median()})
-    return pl.DataFrame(rows).with_columns(sampling_share=pl.col("sample_s") / (pl.col("sample_s") + pl.col("update_s")))
+        rows.append(
+            {"what": "graft (once)", "count": grafts.height, "sample_s": 0.0, "update_s": grafts["graft_s"].median()}
+        )
+    return pl.DataFrame(rows).with_columns(
+        sampling_share=pl.col("sample_s") / (pl.col("sample_s") + pl.col("update_s"))
+    )
 
 
 def _stacked(ax, labels: list[str], parts: dict[str, list[float]]) -> None:
@@ -166,11 +180,15 @@ def latency_figure(steps: pl.DataFrame, runs: pl.DataFrame, title: str | None = 
     left.set_ylabel("seconds per step (median)")
     left.set_title("One step: sampling vs weight update")
     left.legend(fontsize=8)
-    best = runs.filter("best").with_columns(order=pl.col("method").replace_strict(list(METHOD_NAMES), range(len(METHOD_NAMES))))
+    best = runs.filter("best").with_columns(
+        order=pl.col("method").replace_strict(list(METHOD_NAMES), range(len(METHOD_NAMES)))
+    )
     best = best.sort("order")
     _stacked(right, [METHOD_NAMES[m] for m in best["method"]], {c: best[c].to_list() for c in COSTS})
     for i, row in enumerate(best.iter_rows(named=True)):
-        right.annotate(f"new {row['new']:.2f}\nold {row['old']:.2f}", (i, row["total_s"]), ha="center", va="bottom", fontsize=8)
+        right.annotate(
+            f"new {row['new']:.2f}\nold {row['old']:.2f}", (i, row["total_s"]), ha="center", va="bottom", fontsize=8
+        )
     right.set_ylabel("seconds to the point (sum over every step)")
     right.set_title("Compute to each method's best frontier point")
     right.margins(y=0.18)

@@ -198,9 +198,17 @@ def _row(method, cfg, eps_p, step, lam, experts, sim_experts, targets, x_eval) -
     loss_a, loss_b = losses(experts, targets, eps_p)
     sim_a, sim_b = sampled_losses(sim_experts, targets, eps_p, x_eval)
     return {
-        "method": method, "eps_donor": cfg.eps_donor, "eps_post": eps_p, "gap": eps_p - cfg.eps_donor,
-        "step": step, "lam": lam, "loss_a": loss_a, "loss_b": loss_b, "sim_loss_a": sim_a, "sim_loss_b": sim_b,
-    }  # fmt: skip
+        "method": method,
+        "eps_donor": cfg.eps_donor,
+        "eps_post": eps_p,
+        "gap": eps_p - cfg.eps_donor,
+        "step": step,
+        "lam": lam,
+        "loss_a": loss_a,
+        "loss_b": loss_b,
+        "sim_loss_a": sim_a,
+        "sim_loss_b": sim_b,
+    }
 
 
 def _gap_rows(cfg, eps_p, targets, post, donor_delta, sim_donor_delta, x_train, x_eval) -> list[dict]:

@@ -92,7 +92,9 @@ def _series(df: pl.DataFrame) -> list[tuple[pl.DataFrame, dict]]:
             if masked.height:
                 hollow = {"facecolors": "none", "edgecolors": style["color"], "linewidths": 1.3}
                 label = f"{method} + {kind} mask"
-                series.append((masked, {"s": 40, "alpha": 0.9, "zorder": 3, "marker": markers[kind], "label": label} | hollow))
+                series.append(
+                    (masked, {"s": 40, "alpha": 0.9, "zorder": 3, "marker": markers[kind], "label": label} | hollow)
+                )
     return series
 
 
@@ -136,7 +138,9 @@ def pareto_figure(summary: str | Path | pl.DataFrame, title: str | None = None) 
 
     fig = Figure(figsize=(7, 5.5))
     ax = fig.add_subplot()
-    ax.step(front["new"], front["old"], where="pre", color="tab:red", lw=1.5, alpha=0.8, label="Pareto frontier", zorder=4)
+    ax.step(
+        front["new"], front["old"], where="pre", color="tab:red", lw=1.5, alpha=0.8, label="Pareto frontier", zorder=4
+    )
     barred = False
     for pts, style in _series(df):
         barred |= _error_bars(ax, pts, style)

@@ -30,8 +30,8 @@ import torch
 
 from graftlab.analysis.pareto import STYLES
 from graftlab.atomic import atomic_file
-from graftlab.fisher.masks import load_diag_fisher
 from graftlab.errors import GraftlabError
+from graftlab.fisher.masks import load_diag_fisher
 from graftlab.layout import parse_run
 from graftlab.safetensors_io import open_tensors, spec_differences, tensor_specs
 
@@ -224,8 +224,10 @@ def _method_legend(fig, df: pl.DataFrame) -> None:
     """One legend for all panels, below them, where it hides no point."""
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], ls="", marker=STYLES[m]["marker"], color=STYLES[m]["color"], label=STYLES[m]["label"])
-               for _, m, _ in _groups(df)]
+    handles = [
+        Line2D([], [], ls="", marker=STYLES[m]["marker"], color=STYLES[m]["color"], label=STYLES[m]["label"])
+        for _, m, _ in _groups(df)
+    ]
     handles.append(Line2D([], [], ls="", marker="o", mfc="none", color="0.3", label="Fisher-masked (hollow)"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
 

@@ -49,8 +49,11 @@ def _takeover_columns(takeover: pl.DataFrame | None) -> dict:
     grafts: how far each writes the new task into the old tasks' answers; and the share of new-task
     answers the post model and the donors (as they are) write in an old task's procedure, eps_P and
     eps_D (None where not measured)."""
-    rows = {"sft": pl.col("method") == "sft", "donor_sft": pl.col("method") == "donor_sft",
-            "graft": (pl.col("method") == "graft") & (pl.col("mask") == "none")}  # fmt: skip
+    rows = {
+        "sft": pl.col("method") == "sft",
+        "donor_sft": pl.col("method") == "donor_sft",
+        "graft": (pl.col("method") == "graft") & (pl.col("mask") == "none"),
+    }
     if takeover is None:
         return {f"takeover_{m}": None for m in rows} | {"misrouted_post": None, "misrouted_donor": None}
     misrouted = {f"misrouted_{m}": takeover.filter(method=m)["misrouted"].mean() for m in ("post", "donor")}
@@ -58,13 +61,23 @@ def _takeover_columns(takeover: pl.DataFrame | None) -> dict:
 
 
 def experiment_row(
-    exp: str, group: str, seed: int, summary: pl.DataFrame, drift: pl.DataFrame | None, takeover: pl.DataFrame | None = None
+    exp: str,
+    group: str,
+    seed: int,
+    summary: pl.DataFrame,
+    drift: pl.DataFrame | None,
+    takeover: pl.DataFrame | None = None,
 ) -> dict:
     """One experiment's line of the study."""
     sft = summary.filter(method="sft")
-    row = {"exp": exp, "group": group, "seed": seed,
-           "post_old": summary.filter(method="post")["old"].max(), "sft_best_new": sft["new"].max(),
-           "graft_best_new": summary.filter(method="graft")["new"].max()}  # fmt: skip
+    row = {
+        "exp": exp,
+        "group": group,
+        "seed": seed,
+        "post_old": summary.filter(method="post")["old"].max(),
+        "sft_best_new": sft["new"].max(),
+        "graft_best_new": summary.filter(method="graft")["new"].max(),
+    }
     if drift is not None and drift.height:
         row |= {"drift_ratio": drift["drift_ratio"][0], "cos": drift["cos"].mean(), "cos_mlp": drift["cos_mlp"].mean()}
     else:
@@ -81,9 +94,22 @@ def study_tables(experiments: list[dict]) -> tuple[pl.DataFrame, pl.DataFrame]:
         rows.append(experiment_row(e["exp"], e["group"], e["seed"], pl.read_parquet(e["summary"]), drift, takeover))
     per_exp = pl.DataFrame(rows, infer_schema_length=None).sort("group", "seed")
     counts = [pl.col(c).fill_null(False).sum().alias(c) for c in ("reproduces_val", "reproduces")]
-    means = [pl.col(c).mean().alias(c) for c in ("drift_ratio", "cos", "misrouted_post", "misrouted_donor", "takeover_sft",
-                                                 "takeover_donor_sft", "takeover_graft", "margin_val", "margin",
-                                                 "sft_best_new", "graft_best_new")]  # fmt: skip
+    means = [
+        pl.col(c).mean().alias(c)
+        for c in (
+            "drift_ratio",
+            "cos",
+            "misrouted_post",
+            "misrouted_donor",
+            "takeover_sft",
+            "takeover_donor_sft",
+            "takeover_graft",
+            "margin_val",
+            "margin",
+            "sft_best_new",
+            "graft_best_new",
+        )
+    ]
     per_group = per_exp.group_by("group", maintain_order=True).agg(pl.len().alias("seeds"), *counts, *means)
     return per_exp, per_group
 
@@ -97,7 +123,9 @@ def study_figure(per_exp: pl.DataFrame) -> "Figure":
     fig = Figure(figsize=(16, 4.8))
     left, middle, right = fig.subplots(1, 3)
     groups = per_exp["group"].unique(maintain_order=True).to_list()
-    for offset, (split, suffix, color) in zip((-0.12, 0.12), (("validation", "_val", "tab:gray"), ("test", "", "tab:blue"))):
+    for offset, (split, suffix, color) in zip(
+        (-0.12, 0.12), (("validation", "_val", "tab:gray"), ("test", "", "tab:blue"))
+    ):
         pts = per_exp.filter(pl.col(f"margin{suffix}").is_not_null())
         xs = [groups.index(g) + offset for g in pts["group"]]
         left.scatter(xs, pts[f"margin{suffix}"], color=color, label=f"{split} split", s=25)
@@ -113,8 +141,11 @@ def study_figure(per_exp: pl.DataFrame) -> "Figure":
     middle.set_ylabel("cosine(donor update, post SFT update)")
     middle.set_title("Weight space per world")
     middle.legend(fontsize=7)
-    for column, label, marker in (("takeover_sft", "SFT of post", "o"), ("takeover_donor_sft", "donor SFT", "s"),
-                                  ("takeover_graft", "unmasked grafts", "^")):  # fmt: skip
+    for column, label, marker in (
+        ("takeover_sft", "SFT of post", "o"),
+        ("takeover_donor_sft", "donor SFT", "s"),
+        ("takeover_graft", "unmasked grafts", "^"),
+    ):
         pts = per_exp.filter(pl.col(column).is_not_null() & pl.col("drift_ratio").is_not_null())
         right.scatter(pts["drift_ratio"], pts[column], marker=marker, label=label, s=30, alpha=0.7)
     right.set_xlabel("drift ratio |post - base| / |base - init|")

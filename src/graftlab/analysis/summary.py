@@ -74,8 +74,13 @@ def data_columns(kind: str, sft_stats: str | Path, source_stats: str | Path | No
     rows_skipped = 0
     if source_stats is not None:
         rows_skipped = sum(json.loads(Path(source_stats).read_text())["skipped"].values())
-    return {"data": kind, "data_problems": sft["problems"], "data_traces": sft["traces"],
-            "data_skipped": sft["skipped"], "data_rows_skipped": rows_skipped}  # fmt: skip
+    return {
+        "data": kind,
+        "data_problems": sft["problems"],
+        "data_traces": sft["traces"],
+        "data_skipped": sft["skipped"],
+        "data_rows_skipped": rows_skipped,
+    }
 
 
 def write_summary(

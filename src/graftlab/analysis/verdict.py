@@ -13,7 +13,8 @@ The rule (issue 6): a graft run (method `graft`, masked or not) *reproduces* whe
 Condition 2 is the issue's rule made to mean what it says. Without it, in a world where SFT of the post
 model forgets before it learns (an SFT checkpoint at the post model's new-task accuracy and far below its
 old one), a graft that learned nothing, or the post model itself, would beat that checkpoint and
-"reproduce": the first fidelity runs did exactly that. Condition 3 refuses the other vacuous win. The claim is that grafting keeps more old-task accuracy than SFT
+"reproduce": the first fidelity runs did exactly that. Condition 3 refuses the other vacuous win. The claim
+is that grafting keeps more old-task accuracy than SFT
 *at no less new-task accuracy*; a graft that learned less of the new task than every SFT checkpoint has
 no SFT point to be compared with, and a graft barely moved from the post model (small lambda) would
 otherwise "reproduce" by forgetting nothing because it learned nothing. Such a graft is reported with
@@ -37,7 +38,9 @@ def _scored(summary: pl.DataFrame) -> pl.DataFrame:
     unknown = sorted(set(summary["method"].to_list()) - {*CANDIDATES, *INGREDIENTS})
     if unknown:
         raise ValueError(f"reproduces: unknown method(s) {unknown}; known: {[*CANDIDATES, *INGREDIENTS]}")
-    scored = summary.filter(pl.col("method").is_in(CANDIDATES) & pl.col("new").is_not_null() & pl.col("old").is_not_null())
+    scored = summary.filter(
+        pl.col("method").is_in(CANDIDATES) & pl.col("new").is_not_null() & pl.col("old").is_not_null()
+    )
     # Without intervals a graft or SFT point cannot be judged "beyond the intervals"; calling it a
     # loss would hide the missing evaluation, so it is refused by name.
     judged = scored.filter(pl.col("method").is_in(["graft", "sft"]))
@@ -68,9 +71,12 @@ def _judge(graft: dict, sft: pl.DataFrame, post_new: float) -> dict:
     closest = compared.sort("old_hi", descending=True).row(0, named=True)
     margin = graft["old_lo"] - closest["old_hi"]
     return out | {
-        "sft_compared": compared.height, "closest_sft": closest["run"], "sft_old_hi": closest["old_hi"],
-        "margin": margin, "reproduces": learned and margin > 0,
-    }  # fmt: skip
+        "sft_compared": compared.height,
+        "closest_sft": closest["run"],
+        "sft_old_hi": closest["old_hi"],
+        "margin": margin,
+        "reproduces": learned and margin > 0,
+    }
 
 
 def on_split(summary: pl.DataFrame, split: str) -> pl.DataFrame:
@@ -83,7 +89,9 @@ def on_split(summary: pl.DataFrame, split: str) -> pl.DataFrame:
     missing = [c for c in VALIDATION_COLUMNS if c not in summary.columns]
     if missing:
         raise ValueError(f"reproduces: no validation scores {missing}: evaluate with eval.validation > 0")
-    return summary.drop([c for c in ROLE_COLUMNS if c in summary.columns]).rename(dict(zip(VALIDATION_COLUMNS, ROLE_COLUMNS)))
+    return summary.drop([c for c in ROLE_COLUMNS if c in summary.columns]).rename(
+        dict(zip(VALIDATION_COLUMNS, ROLE_COLUMNS))
+    )
 
 
 def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:

@@ -114,18 +114,14 @@ def correct_counts(records: pl.DataFrame) -> tuple[int, list[int]]:
     nulls = records.select(pl.col("problem_id", "correct").null_count()).row(0)
     if any(nulls):
         raise ValueError(f"records hold nulls in problem_id/correct: {nulls[0]}/{nulls[1]}")
-    per_problem = records.group_by("problem_id").agg(
-        pl.len().alias("n"), pl.col("correct").sum().alias("c")
-    )
+    per_problem = records.group_by("problem_id").agg(pl.len().alias("n"), pl.col("correct").sum().alias("c"))
     sample_counts = per_problem["n"].unique().sort().to_list()
     if len(sample_counts) != 1:
         raise ValueError(f"problems have differing sample counts {sample_counts}, expected one n")
     return sample_counts[0], per_problem["c"].to_list()
 
 
-def benchmark_metrics(
-    records: pl.DataFrame, ks: Sequence[int] = DEFAULT_KS
-) -> dict[str, int | float]:
+def benchmark_metrics(records: pl.DataFrame, ks: Sequence[int] = DEFAULT_KS) -> dict[str, int | float]:
     """Metrics of one benchmark from per-sample records (columns `problem_id`, `correct`: bool).
 
     Returns `n`, `problems`, `acc@n` with its bootstrap interval `acc@n_lo`, `acc@n_hi` (`INTERVAL`),
@@ -137,8 +133,12 @@ def benchmark_metrics(
     n, counts = correct_counts(records)
     lo, hi = acc_interval([(n, counts)])
     out: dict[str, int | float] = {
-        "n": n, "problems": len(counts), "acc@n": acc_at_n(counts, n), "acc@n_lo": lo, "acc@n_hi": hi
-    }  # fmt: skip
+        "n": n,
+        "problems": len(counts),
+        "acc@n": acc_at_n(counts, n),
+        "acc@n_lo": lo,
+        "acc@n_hi": hi,
+    }
     for k in sorted(set(ks)):
         if k <= n:
             out[f"pass@{k}"] = math.fsum(pass_at_k(n, c, k) for c in counts) / len(counts)

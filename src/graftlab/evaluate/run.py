@@ -24,8 +24,8 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.atomic import atomic_file
-from graftlab.evaluate.metrics import INTERVAL, acc_interval, benchmark_metrics, correct_counts
 from graftlab.errors import GraftlabError
+from graftlab.evaluate.metrics import INTERVAL, acc_interval, benchmark_metrics, correct_counts
 from graftlab.sampling import SamplingConfig, load_sampler
 from graftlab.tables import read_table
 from graftlab.tasks import Task, find_task, get_task
@@ -118,9 +118,15 @@ def split_records(bench: Benchmark, records: pl.DataFrame, share: float) -> tupl
 
 
 def evaluate(
-    model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, out_dir: Path, run: str, backend="auto", sampler=None,
+    model_dir,
+    benchmarks: list[Benchmark],
+    cfg: SamplingConfig,
+    out_dir: Path,
+    run: str,
+    backend="auto",
+    sampler=None,
     validation: float = 0.0,
-) -> dict:  # fmt: skip
+) -> dict:
     """Score `model_dir` on `benchmarks`; `sampler` (a callable `(prompts, cfg) -> completions`) replaces
     loading one from `model_dir` (the tokenizer still comes from `model_dir`). `validation`: the share of
     every benchmark's problems scored apart as the validation split (module docstring)."""
@@ -146,7 +152,10 @@ def evaluate(
             val_bench[bench.name] = {"role": bench.role, **benchmark_metrics(held)}
         counts[bench.name] = correct_counts(records)
         per_bench[bench.name] = {
-            "role": bench.role, "task": bench.task, "decoding": decoding(task, cfg), **benchmark_metrics(records)
+            "role": bench.role,
+            "task": bench.task,
+            "decoding": decoding(task, cfg),
+            **benchmark_metrics(records),
         }
         if validation > 0:
             per_bench[bench.name]["validation"] = val_bench[bench.name]

@@ -34,11 +34,20 @@ def _resolve(reference: str):
 
 
 FISHERS = {
-    "diag": FisherKind("diag", "graftlab.fisher.diag:write_diag_fisher", "graftlab.fisher.masks:load_diag_fisher",
-                       "graftlab.fisher.masks:DiagMask"),
-    "kfac": FisherKind("kfac", "graftlab.fisher.kfac:write_kfac_fisher", "graftlab.fisher.kfac_mask:load_kfac_fisher",
-                       "graftlab.fisher.kfac_mask:KfacMask", options=("max_dim", "ekfac", "positions")),
-}  # fmt: skip
+    "diag": FisherKind(
+        "diag",
+        "graftlab.fisher.diag:write_diag_fisher",
+        "graftlab.fisher.masks:load_diag_fisher",
+        "graftlab.fisher.masks:DiagMask",
+    ),
+    "kfac": FisherKind(
+        "kfac",
+        "graftlab.fisher.kfac:write_kfac_fisher",
+        "graftlab.fisher.kfac_mask:load_kfac_fisher",
+        "graftlab.fisher.kfac_mask:KfacMask",
+        options=("max_dim", "ekfac", "positions"),
+    ),
+}
 KINDS = tuple(FISHERS)  # the names, as the workflow's wildcards and the schema's enum list them
 
 
@@ -64,8 +73,17 @@ def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int =
     write_json(Path(out_dir) / "seconds.json", {"fisher_s": time.perf_counter() - start})
 
 
-def make_mask(kind: str, fisher_dir, post, donor, donor_tuned, rho: float, scope="global", score="fisher_delta",
-              exact_limit: int | None = None):  # fmt: skip
+def make_mask(
+    kind: str,
+    fisher_dir,
+    post,
+    donor,
+    donor_tuned,
+    rho: float,
+    scope="global",
+    score="fisher_delta",
+    exact_limit: int | None = None,
+):
     """The `project` callable of `graftlab.graft.graft` for one masked graft, its Fisher checked against
     the post model; its `report()` goes to graftlab.json. A global ranking by F * delta^2 reads every
     delta first, to find the threshold before the streamed graft applies it."""

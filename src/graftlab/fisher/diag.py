@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from graftlab.errors import GraftlabError
 from graftlab.tables import read_table
 
 ROLLOUT_COLUMNS = ("prompt_ids", "completion_ids")
@@ -77,4 +76,6 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     fisher = diag_fisher(model, rollouts, batch_size, pad_id)
     with atomic_dir(out_dir) as tmp:
         save_file({k: v.cpu().contiguous() for k, v in fisher.items()}, tmp / "diag.safetensors")
-        write_provenance(tmp, {"model": model_dir, "rollouts": rollouts_path}, {"kind": "diag", "rollouts": len(rollouts)})
+        write_provenance(
+            tmp, {"model": model_dir, "rollouts": rollouts_path}, {"kind": "diag", "rollouts": len(rollouts)}
+        )

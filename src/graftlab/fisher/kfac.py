@@ -25,8 +25,8 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from graftlab.fisher.diag import fisher_device, read_rollouts, right_pad
 from graftlab.errors import GraftlabError
+from graftlab.fisher.diag import fisher_device, read_rollouts, right_pad
 
 FORMAT = "graftlab-kfac/1"
 FACTORS = ("A", "G", "A_eigvals", "A_eigvecs", "G_eigvals", "G_eigvecs")
@@ -168,8 +168,9 @@ POSITIONS = ("completion", "all")
 
 def _batches(rollouts, batch_size: int, pad_id: int, desc: str, device, positions: str = "completion"):
     """Padded batches and the positions the Kronecker factors count: `completion`, those whose next-token
-    prediction is scored (docs/methods.md#retention-fisher); `all`, every real token, prompt included (completion tokens read
-    the prompt's keys and values, so k/v projections carry much of their gradient there)."""
+    prediction is scored (docs/methods.md#retention-fisher); `all`, every real token, prompt included
+    (completion tokens read the prompt's keys and values, so k/v projections carry much of their gradient
+    there)."""
     for start in tqdm(range(0, len(rollouts), batch_size), desc=desc, unit="batch"):
         chunk = rollouts[start : start + batch_size]
         ids, scored = (t.to(device) for t in right_pad(chunk, pad_id))
@@ -182,7 +183,9 @@ def _batches(rollouts, batch_size: int, pad_id: int, desc: str, device, position
         yield ids, scored, counted
 
 
-def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, positions="completion") -> dict[str, torch.Tensor]:
+def kfac_statistics(
+    model, rollouts, batch_size=16, pad_id=0, max_dim=8192, positions="completion"
+) -> dict[str, torch.Tensor]:
     """The pass over the rollouts: normalised `{weight}.A`, `{weight}.G` of the KFAC layers and
     `{param}.diag` of every other parameter, fp32."""
     modules = dict(model.named_modules())
@@ -210,7 +213,9 @@ def kfac_statistics(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, posi
     return out | {f"{n}.diag": f / len(rollouts) for n, f in diag.items()}
 
 
-def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=False, positions="completion") -> dict[str, torch.Tensor]:
+def kfac_fisher(
+    model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=False, positions="completion"
+) -> dict[str, torch.Tensor]:
     """The KFAC file's tensors (docs/formats.md): `{weight}.A`, `.G`, their eigen-pairs (and `.ekfac`)
     for KFAC layers, `{param}.diag` for every other parameter; fp32."""
     if positions not in POSITIONS:
@@ -227,7 +232,10 @@ def kfac_fisher(model, rollouts, batch_size=16, pad_id=0, max_dim=8192, ekfac=Fa
 
 def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, torch.Tensor]:
     """`{weight}.ekfac = (1/N) sum_n (U_G^T g_n U_A)^2`, g_n rollout n's whole gradient of the weight."""
-    fit = {name: factors[f"{name}.G"].new_zeros(factors[f"{name}.G"].shape[0], factors[f"{name}.A"].shape[0]) for name in layers}
+    fit = {
+        name: factors[f"{name}.G"].new_zeros(factors[f"{name}.G"].shape[0], factors[f"{name}.A"].shape[0])
+        for name in layers
+    }
     modules = {m: model.get_submodule(m) for m in layers.values()}
     for ids, scored, _ in _batches(rollouts, batch_size, pad_id, "EKFAC diagonal", model.device):
         calls, d_out = _batch_gradients(model, modules, ids, scored)
@@ -236,14 +244,24 @@ def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, to
             step = max(1, CHUNK_FLOATS // fit[name].numel())  # [rows, out, in] per-rollout gradients
             for start in range(0, len(ids), step):
                 rows = slice(start, start + step)
-                g = sum(torch.einsum("bto,bti->boi", d[rows].float() @ u_g, a[rows].float() @ u_a)
-                        for a, d in zip(calls.inputs[m], d_out[m]))
+                g = sum(
+                    torch.einsum("bto,bti->boi", d[rows].float() @ u_g, a[rows].float() @ u_a)
+                    for a, d in zip(calls.inputs[m], d_out[m])
+                )
                 fit[name] += g.square().sum(0)
     return {f"{name}.ekfac": f / len(rollouts) for name, f in fit.items()}
 
 
-def write_kfac_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int = 16, *,
-                      max_dim: int = 8192, ekfac: bool = False, positions: str = "completion") -> None:
+def write_kfac_fisher(
+    model_dir,
+    rollouts_path,
+    out_dir: Path,
+    batch_size: int = 16,
+    *,
+    max_dim: int = 8192,
+    ekfac: bool = False,
+    positions: str = "completion",
+) -> None:
     """`out_dir/kfac.safetensors`: the KFAC Fisher of the model at `model_dir` on its rollouts."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from graftlab.errors import GraftlabError
 from graftlab.fisher.kfac import FACTORS, FORMAT
 from graftlab.fisher.masks import FisherMask, check_fisher, diag_score, zero_entries
-from graftlab.errors import GraftlabError
 
 
 def load_kfac_fisher(fisher_dir, post_dir) -> dict[str, dict[str, torch.Tensor]]:
@@ -23,7 +23,9 @@ def load_kfac_fisher(fisher_dir, post_dir) -> dict[str, dict[str, torch.Tensor]]
         raise GraftlabError(f"no KFAC Fisher at {path}")
     with safe_open(str(path), framework="pt") as f:
         if (f.metadata() or {}).get("format") != FORMAT:
-            raise GraftlabError(f"{path} is not a {FORMAT} file (metadata format: {(f.metadata() or {}).get('format')})")
+            raise GraftlabError(
+                f"{path} is not a {FORMAT} file (metadata format: {(f.metadata() or {}).get('format')})"
+            )
         entries: dict[str, dict[str, torch.Tensor]] = {}
         for key in f.keys():
             name, part = key.rsplit(".", 1)  # "<parameter>.<part>", e.g. "...q_proj.weight.A_eigvecs"
@@ -49,7 +51,9 @@ class KfacMask(FisherMask):
     def __init__(self, entries: dict[str, dict[str, torch.Tensor]], rho: float, **options):
         self.entries = entries
         self.ekfac = any("ekfac" in e for e in entries.values())
-        sizes = {n: (e["diag"].numel() if "diag" in e else e["G"].shape[0] * e["A"].shape[0]) for n, e in entries.items()}
+        sizes = {
+            n: (e["diag"].numel() if "diag" in e else e["G"].shape[0] * e["A"].shape[0]) for n, e in entries.items()
+        }
         super().__init__(sizes, rho, **options)
 
     def _curvature(self, e: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -68,8 +68,18 @@ class FisherMask:
 
     kind = ""
 
-    def __init__(self, sizes: dict[str, int], rho: float, *, scope="global", score="fisher_delta", deltas=None,
-                 exact_limit: int = EXACT_LIMIT, sample: int = 2**22, seed: int = 0):
+    def __init__(
+        self,
+        sizes: dict[str, int],
+        rho: float,
+        *,
+        scope="global",
+        score="fisher_delta",
+        deltas=None,
+        exact_limit: int = EXACT_LIMIT,
+        sample: int = 2**22,
+        seed: int = 0,
+    ):
         if not 0 <= rho <= 1:
             raise GraftlabError(f"rho must be in [0, 1], got {rho}")
         if scope not in ("global", "tensor") or score not in ("fisher_delta", "fisher"):
@@ -101,8 +111,10 @@ class FisherMask:
             self.ties_left = k - int((flat > self.threshold).sum())
             return
         gen = torch.Generator().manual_seed(seed)
-        picks = [s.flatten()[torch.randint(s.numel(), (max(1, sample * s.numel() // self.total),), generator=gen)]
-                 for s in scores.values()]
+        picks = [
+            s.flatten()[torch.randint(s.numel(), (max(1, sample * s.numel() // self.total),), generator=gen)]
+            for s in scores.values()
+        ]
         self.threshold = torch.quantile(torch.cat(picks), 1 - self.rho).item()
 
     def __call__(self, name: str, delta: torch.Tensor) -> torch.Tensor:
@@ -124,9 +136,16 @@ class FisherMask:
     def report(self) -> dict:
         # JSON has no infinity: "nothing masked" (rho = 0) is a null threshold, as per-tensor ranking's.
         threshold = self.threshold if self.threshold is not None and math.isfinite(self.threshold) else None
-        return {"kind": self.kind, "rho": self.rho, "scope": self.scope, "score": self.score_kind,
-                "threshold": threshold, "masked": sum(self.masked.values()), "total": self.total,
-                "masked_per_tensor": self.masked}
+        return {
+            "kind": self.kind,
+            "rho": self.rho,
+            "scope": self.scope,
+            "score": self.score_kind,
+            "threshold": threshold,
+            "masked": sum(self.masked.values()),
+            "total": self.total,
+            "masked_per_tensor": self.masked,
+        }
 
 
 class DiagMask(FisherMask):
@@ -150,6 +169,9 @@ def read_deltas(donor, donor_tuned, names) -> dict[str, torch.Tensor]:
     donor_index, tuned_index = tensor_index(donor), tensor_index(donor_tuned)
     deltas = {}
     for name in names:
-        with safe_open(str(tuned_index[name]), framework="pt") as t, safe_open(str(donor_index[name]), framework="pt") as d:
+        with (
+            safe_open(str(tuned_index[name]), framework="pt") as t,
+            safe_open(str(donor_index[name]), framework="pt") as d,
+        ):
             deltas[name] = t.get_tensor(name).float() - d.get_tensor(name).float()
     return deltas

@@ -98,22 +98,30 @@ def sample_rollouts(sampler, tokenizer, problems: list[dict], cfg: SamplingConfi
     rows = []
     for problem, task, ((prompt_ids, completion_ids), *_) in zip(problems, tasks, samples, strict=True):
         completion = task.turn(tokenizer.decode(completion_ids, skip_special_tokens=False))
-        rows.append({
-            "problem_id": problem["id"],
-            "task": problem["task"],
-            "prompt": problem["prompt"],
-            "completion": completion,
-            "correct": task.grade(completion, problem["answer"]),
-            "prompt_ids": prompt_ids,
-            "completion_ids": completion_ids,
-        })  # fmt: skip
+        rows.append(
+            {
+                "problem_id": problem["id"],
+                "task": problem["task"],
+                "prompt": problem["prompt"],
+                "completion": completion,
+                "correct": task.grade(completion, problem["answer"]),
+                "prompt_ids": prompt_ids,
+                "completion_ids": completion_ids,
+            }
+        )
     return pl.DataFrame(rows, schema=_schema())
 
 
 def write_rollouts(
-    model_dir, benchmark_files, tasks: list[str], cfg: RolloutConfig, out, backend="auto", prompts_file=None,
+    model_dir,
+    benchmark_files,
+    tasks: list[str],
+    cfg: RolloutConfig,
+    out,
+    backend="auto",
+    prompts_file=None,
     stats_out=None,
-):  # fmt: skip
+):
     """Sample the model at `model_dir` on fresh old-domain prompts and write the rollouts parquet atomically,
     with `stats_out` (JSON: count, sampling seconds, mean length, share correct) when given.
 
@@ -131,10 +139,17 @@ def write_rollouts(
     sampler, tok = load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir)
     start = time.perf_counter()
     frame = sample_rollouts(sampler, tok, problems, cfg.sampling())
-    stats = {"rollouts": frame.height, "sample_s": time.perf_counter() - start, "source": str(source),
-             "mean_completion_tokens": frame["completion_ids"].list.len().mean(), "correct": frame["correct"].mean()}  # fmt: skip
-    print(f"{frame.height} rollouts over {source}: mean completion {stats['mean_completion_tokens']:.1f} tokens, "
-          f"{stats['correct']:.3f} correct, sampled in {stats['sample_s']:.1f} s")  # fmt: skip
+    stats = {
+        "rollouts": frame.height,
+        "sample_s": time.perf_counter() - start,
+        "source": str(source),
+        "mean_completion_tokens": frame["completion_ids"].list.len().mean(),
+        "correct": frame["correct"].mean(),
+    }
+    print(
+        f"{frame.height} rollouts over {source}: mean completion {stats['mean_completion_tokens']:.1f} tokens, "
+        f"{stats['correct']:.3f} correct, sampled in {stats['sample_s']:.1f} s"
+    )
     if stats_out is not None:
         write_table_with_stats(frame, stats, out, stats_out)
     else:

@@ -1,1 +1,2 @@
-"""Data synthesis: hard-problem mining and training traces: teacher (`traces`), STaR (`star`), Pedagogical RL (`pedagogical`)."""
+"""Data synthesis: hard-problem mining and training traces: teacher (`traces`), STaR (`star`), Pedagogical
+RL (`pedagogical`)."""

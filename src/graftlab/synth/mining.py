@@ -1,7 +1,7 @@
 """Hard-problem mining: keep the problems the target model rarely or never solves.
 
-Never-solved problems are kept on purpose (docs/methods.md#hard-problem-mining): dropping them would drop exactly the part of the
-new task the model cannot yet do.
+Never-solved problems are kept on purpose (docs/methods.md#hard-problem-mining): dropping them would drop
+exactly the part of the new task the model cannot yet do.
 """
 
 from dataclasses import dataclass
@@ -45,7 +45,9 @@ def split_hard(problems: list[dict], rates: list[float], cfg: MiningConfig) -> t
     return pl.DataFrame(hard[cfg.heldout :]), pl.DataFrame(hard[: cfg.heldout])
 
 
-def mine(model_dir, candidates, cfg: MiningConfig, train_out, heldout_out, backend: str = "auto", task: str = "arith") -> None:
+def mine(
+    model_dir, candidates, cfg: MiningConfig, train_out, heldout_out, backend: str = "auto", task: str = "arith"
+) -> None:
     """Sample the model on every candidate, grade by registry task `task`, keep the hard ones, write
     disjoint train / held-out sets."""
     from transformers import AutoTokenizer
@@ -56,7 +58,9 @@ def mine(model_dir, candidates, cfg: MiningConfig, train_out, heldout_out, backe
     sampler, tokenizer = load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir)
     rates = pass_rates(sampler, tokenizer, problems, cfg, task)
     train, heldout = split_hard(problems, rates, cfg)
-    print(f"mined {len(train) + len(heldout)} of {len(problems)} problems (pass rate <= {cfg.max_pass_rate}); "
-          f"{sum(r == 0 for r in rates)} never solved; {len(train)} train, {len(heldout)} held out")
+    print(
+        f"mined {len(train) + len(heldout)} of {len(problems)} problems (pass rate <= {cfg.max_pass_rate}); "
+        f"{sum(r == 0 for r in rates)} never solved; {len(train)} train, {len(heldout)} held out"
+    )
     heldout.write_parquet(heldout_out)
     train.write_parquet(train_out)

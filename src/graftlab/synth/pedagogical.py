@@ -1,6 +1,6 @@
-"""Pedagogical RL (docs/methods.md#pedagogical-rl; paper appendix B): a teacher, a copy of the post model, sees the problem and
-its reference solution and writes a trace; GRPO trains it on reward = correctness x learnability, where
-learnability is judged by the fixed student (the post model) seeing the problem only.
+"""Pedagogical RL (docs/methods.md#pedagogical-rl; paper appendix B): a teacher, a copy of the post model,
+sees the problem and its reference solution and writes a trace; GRPO trains it on reward = correctness x
+learnability, where learnability is judged by the fixed student (the post model) seeing the problem only.
 
 Learnability. Over the trace tokens y_t the student's surprise gap is
 `d_t = log pS(argmax_t) - log pS(y_t) >= 0` (zero where the trace says what the student would have said).
@@ -157,21 +157,30 @@ def reward_components(
         soft = soft_max_gap(d, cfg.beta)
         learn = learnability(soft, cfg.strength)
         formed = well_formed(text, d.numel(), cfg.min_tokens)
-        rows.append({
-            "correct": bool(ok),
-            "well_formed": formed,
-            "tokens": d.numel(),
-            "gap_mean": d.double().mean().item() if d.numel() else 0.0,
-            "gap_max": d.max().item() if d.numel() else 0.0,
-            "soft_gap": soft,
-            "learnability": learn,
-            "reward": float(ok and formed) * learn,
-        })
+        rows.append(
+            {
+                "correct": bool(ok),
+                "well_formed": formed,
+                "tokens": d.numel(),
+                "gap_mean": d.double().mean().item() if d.numel() else 0.0,
+                "gap_max": d.max().item() if d.numel() else 0.0,
+                "soft_gap": soft,
+                "learnability": learn,
+                "reward": float(ok and formed) * learn,
+            }
+        )
     return rows
 
 
-def pedagogical_reward(student, tokenizer, prompts: list[str], answers: list[str], completions: list[str],
-                       cfg: RewardConfig, batch_size: int = 16) -> list[dict]:
+def pedagogical_reward(
+    student,
+    tokenizer,
+    prompts: list[str],
+    answers: list[str],
+    completions: list[str],
+    cfg: RewardConfig,
+    batch_size: int = 16,
+) -> list[dict]:
     """Reward components of teacher `completions` to problems `prompts` (user text, no solution) with
     reference `answers`; the student is frozen and only scores."""
     gaps = surprise_gaps(student, tokenizer, prompts, completions, batch_size)
@@ -215,8 +224,12 @@ def make_reward_func(student, tokenizer, cfg: RewardConfig, grade=is_correct):
         # TRL's `completions` skip special tokens, `</think>` among them; grading needs the exact text.
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
         p_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in student_prompt]
-        rows = reward_components(gaps_from_ids(student, p_ids, completion_ids),
-                                 [grade(t, a) for t, a in zip(texts, answer)], cfg, completions=texts)
+        rows = reward_components(
+            gaps_from_ids(student, p_ids, completion_ids),
+            [grade(t, a) for t, a in zip(texts, answer)],
+            cfg,
+            completions=texts,
+        )
         if log_metric is not None:
             for key in COMPONENTS:
                 log_metric(f"pedagogical/{key}", sum(float(r[key]) for r in rows) / len(rows))
@@ -231,11 +244,16 @@ def teacher_dataset(tokenizer, problems):
 
     from graftlab.synth.star import require_problems
 
-    return Dataset.from_list([
-        {"prompt": chat_prompt(tokenizer, teacher_prompt(p["prompt"], reference_solution(p))),
-         "student_prompt": chat_prompt(tokenizer, p["prompt"]), "answer": str(p["answer"])}
-        for p in require_problems(problems, "pedagogical RL")
-    ])
+    return Dataset.from_list(
+        [
+            {
+                "prompt": chat_prompt(tokenizer, teacher_prompt(p["prompt"], reference_solution(p))),
+                "student_prompt": chat_prompt(tokenizer, p["prompt"]),
+                "answer": str(p["answer"]),
+            }
+            for p in require_problems(problems, "pedagogical RL")
+        ]
+    )
 
 
 def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task: str = "arith") -> None:
@@ -319,15 +337,28 @@ def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct) -> tuple
         return grade(completion, str(rows[i]["answer"])) and well_formed(completion, 0, 0) and not leaks
 
     scfg = SamplingConfig(1, cfg.temperature, cfg.top_p, cfg.max_new_tokens, cfg.seed)
-    found, drawn = first_verified(sampler, prompts, accept, cfg.attempts, cfg.attempts_per_round, scfg, "teacher-traces")
+    found, drawn = first_verified(
+        sampler, prompts, accept, cfg.attempts, cfg.attempts_per_round, scfg, "teacher-traces"
+    )
     if not found:
         raise GraftlabError(f"the teacher verified none of {len(rows)} problems in {cfg.attempts} attempts: no traces")
-    traces = [{"id": r["id"], "task": r.get("task"), "prompt": r["prompt"], "completion": found[i].completion,
-               "attempts": found[i].attempt} for i, r in enumerate(rows) if i in found]
+    traces = [
+        {
+            "id": r["id"],
+            "task": r.get("task"),
+            "prompt": r["prompt"],
+            "completion": found[i].completion,
+            "attempts": found[i].attempt,
+        }
+        for i, r in enumerate(rows)
+        if i in found
+    ]
     return pl.DataFrame(traces), star_stats(len(rows), found, {}, drawn, 0, cfg)
 
 
-def write_teacher_traces(teacher_dir, problems, cfg, out, stats_out, backend: str = "auto", task: str = "arith") -> dict:
+def write_teacher_traces(
+    teacher_dir, problems, cfg, out, stats_out, backend: str = "auto", task: str = "arith"
+) -> dict:
     """Sample the trained teacher at `teacher_dir` on the problems parquet, graded by registry task
     `task`; write the stats JSON, then the traces parquet."""
     import polars as pl

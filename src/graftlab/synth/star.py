@@ -17,6 +17,7 @@ counts its hinted attempts.
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+
 import polars as pl
 
 from graftlab.atomic import write_table_with_stats
@@ -63,9 +64,14 @@ class Found:
 
 
 def first_verified(
-    sampler, prompts: list[str], accept: Callable[[int, str], bool], attempts: int, per_round: int, scfg: SamplingConfig,
+    sampler,
+    prompts: list[str],
+    accept: Callable[[int, str], bool],
+    attempts: int,
+    per_round: int,
+    scfg: SamplingConfig,
     purpose: str,
-) -> tuple[dict[int, Found], int]:  # fmt: skip
+) -> tuple[dict[int, Found], int]:
     """Sample the chat-formatted `prompts` in rounds until each has a completion `accept(i, completion)`
     takes or has used `attempts`; returns ({prompt index: Found}, samples drawn in all). Round r samples
     with the seed of stream (`purpose`, `scfg.seed`, r)."""
@@ -120,8 +126,14 @@ def star_traces(
         _rationalize(sampler, tokenizer, rows, found, cfg, scfg, grade) if cfg.rationalize else ({}, 0)
     )
     traces = [
-        {"id": r["id"], "task": r.get("task"), "prompt": r["prompt"], "completion": f.completion,
-         "attempts": f.attempt, "rationalized": i in rationalized}
+        {
+            "id": r["id"],
+            "task": r.get("task"),
+            "prompt": r["prompt"],
+            "completion": f.completion,
+            "attempts": f.attempt,
+            "rationalized": i in rationalized,
+        }
         for i, r in enumerate(rows)
         if (f := found.get(i) or rationalized.get(i)) is not None
     ]
@@ -134,7 +146,9 @@ def star_traces(
     return pl.DataFrame(traces), stats
 
 
-def _rationalize(sampler, tokenizer, rows, found, cfg: StarConfig, scfg: SamplingConfig, grade: Grader) -> tuple[dict, int]:
+def _rationalize(
+    sampler, tokenizer, rows, found, cfg: StarConfig, scfg: SamplingConfig, grade: Grader
+) -> tuple[dict, int]:
     """The unsolved problems asked again with the answer as a hint; keyed by index into `rows`."""
     unsolved = [i for i in range(len(rows)) if i not in found]
     prompts = [chat_prompt(tokenizer, hint_prompt(rows[i]["prompt"], str(rows[i]["answer"]))) for i in unsolved]
@@ -169,7 +183,9 @@ def star_stats(problems: int, found: dict, rationalized: dict, drawn: int, r_dra
     }
 
 
-def write_star(model_dir, problems, cfg: StarConfig, out, stats_out, backend: str = "auto", task: str = "arith") -> dict:
+def write_star(
+    model_dir, problems, cfg: StarConfig, out, stats_out, backend: str = "auto", task: str = "arith"
+) -> dict:
     """Sample the model at `model_dir` on the training problems parquet, verifying with the grader of
     registry task `task`; write the stats JSON, then the traces parquet. Nothing is written when no
     problem is solved."""
@@ -179,10 +195,15 @@ def write_star(model_dir, problems, cfg: StarConfig, out, stats_out, backend: st
     from graftlab.tasks import get_task
 
     traces, stats = star_traces(
-        load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir), read_table(problems, PROBLEM_COLUMNS, "star problems"), cfg,
+        load_sampler(model_dir, backend),
+        AutoTokenizer.from_pretrained(model_dir),
+        read_table(problems, PROBLEM_COLUMNS, "star problems"),
+        cfg,
         get_task(task).grade,
     )
-    print(f"star: solved {stats['solved']} of {stats['problems']} ({stats['solved_by_rationalization']} by "
-          f"rationalization); mean attempts {stats['attempts_mean']}")
+    print(
+        f"star: solved {stats['solved']} of {stats['problems']} ({stats['solved_by_rationalization']} by "
+        f"rationalization); mean attempts {stats['attempts_mean']}"
+    )
     write_table_with_stats(traces, stats, out, stats_out)
     return stats

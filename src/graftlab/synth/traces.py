@@ -8,7 +8,6 @@ A problem without a usable trace (an empty solution) is skipped, counted in the 
 problem at all is an error.
 """
 
-
 import polars as pl
 
 from graftlab.atomic import write_table_with_stats
@@ -21,7 +20,9 @@ def solver_trace(problem: dict) -> str:
     """The tiny world solver's verified trace of a world problem."""
     completion = chat_completion(*arith.solve(problem["task"], problem["prompt"]))
     if not is_correct(completion, problem["answer"]):
-        raise GraftlabError(f"expert trace for problem {problem['id']} does not verify against its answer {problem['answer']!r}")
+        raise GraftlabError(
+            f"expert trace for problem {problem['id']} does not verify against its answer {problem['answer']!r}"
+        )
     return completion
 
 

@@ -32,9 +32,19 @@ from graftlab.tasks.math import math_grade, math_prompt, math_reference
 from graftlab.world.arith import NEW_TASKS, OLD_TASKS
 
 __all__ = [
-    "EMPTY_THINK", "THINK_CLOSE", "THINK_OPEN", "TASKS", "Task", "chat_completion", "chat_prompt",
-    "extract_answer", "extract_thinking", "find_task", "get_task", "is_correct",
-]  # fmt: skip
+    "EMPTY_THINK",
+    "THINK_CLOSE",
+    "THINK_OPEN",
+    "TASKS",
+    "Task",
+    "chat_completion",
+    "chat_prompt",
+    "extract_answer",
+    "extract_thinking",
+    "find_task",
+    "get_task",
+    "is_correct",
+]
 
 
 @dataclass(frozen=True)
@@ -72,7 +82,13 @@ class Task:
 
         outputs = sampler([self.chat_prompt(tokenizer, p) for p in problems["prompt"]], self.decoding(cfg))
         rows = [
-            {"problem_id": pid, "sample": i, "completion": t, "answer": extract_answer(t), "correct": self.grade(t, ref)}
+            {
+                "problem_id": pid,
+                "sample": i,
+                "completion": t,
+                "answer": extract_answer(t),
+                "correct": self.grade(t, ref),
+            }
             for pid, ref, samples in zip(problems["id"], problems["answer"], outputs)
             for i, t in enumerate(map(self.turn, samples))
         ]

@@ -63,8 +63,7 @@ def generalized_divergence(
     d = token_divergence(student_logits, teacher_logits, alpha, support, k, temperature)
     if tuple(mask.shape) != tuple(d.shape):
         raise GraftlabError(
-            f"divergence: mask shape {tuple(mask.shape)} does not match the logits' "
-            f"[batch, seq] {tuple(d.shape)}"
+            f"divergence: mask shape {tuple(mask.shape)} does not match the logits' [batch, seq] {tuple(d.shape)}"
         )
     response = mask.to(device=d.device) != 0
     # A check that syncs with the device, but an empty mask would silently give 0/0 = NaN (or, with
@@ -156,12 +155,8 @@ def _check_args(student_logits, teacher_logits, alpha, support, k, temperature) 
     if isinstance(alpha, bool) or not isinstance(alpha, Real) or not 0.0 <= alpha <= 1.0:
         raise GraftlabError(f"divergence: alpha must be a number in [0, 1], got {alpha!r}")
     if support not in SUPPORTS:
-        raise GraftlabError(
-            f"divergence: unknown support {support!r} (expected one of {', '.join(SUPPORTS)})"
-        )
-    if isinstance(temperature, bool) or not isinstance(temperature, Real) or not (
-        0.0 < temperature < math.inf
-    ):
+        raise GraftlabError(f"divergence: unknown support {support!r} (expected one of {', '.join(SUPPORTS)})")
+    if isinstance(temperature, bool) or not isinstance(temperature, Real) or not (0.0 < temperature < math.inf):
         raise GraftlabError(f"divergence: temperature must be a positive finite number, got {temperature!r}")
     if support == "full":
         return

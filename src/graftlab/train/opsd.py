@@ -177,8 +177,13 @@ class Opsd:
         loss = self.update(samples, texts)
         done = time.perf_counter()
         tokens = sum(len(r) for _, r in samples)
-        return {"step": step, "loss": loss, "sample_s": sampled - start, "update_s": done - sampled,
-                "response_tokens": tokens}  # fmt: skip
+        return {
+            "step": step,
+            "loss": loss,
+            "sample_s": sampled - start,
+            "update_s": done - sampled,
+            "response_tokens": tokens,
+        }
 
 
 def batches(examples: list[dict], size: int, steps: int, seed: int):
@@ -220,7 +225,11 @@ def train_opsd(post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs:
             if step in keep:
                 student.save_pretrained(tmp / f"step~{step}")
                 tok.save_pretrained(tmp / f"step~{step}")
-                write_provenance(tmp / f"step~{step}", inputs or {"post": str(post_dir)}, asdict(cfg),
-                                 extra={"step": step, "examples": len(examples)})
+                write_provenance(
+                    tmp / f"step~{step}",
+                    inputs or {"post": str(post_dir)},
+                    asdict(cfg),
+                    extra={"step": step, "examples": len(examples)},
+                )
         (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     return log

@@ -63,8 +63,9 @@ def native_bf16_flags(cpuinfo: Path | None = None) -> list[str] | None:
     return None
 
 
-def choose(setting: str = "auto", *, cuda: bool | None = None, cuda_bf16: bool | None = None,
-           cpuinfo: Path | None = None) -> Precision:  # fmt: skip
+def choose(
+    setting: str = "auto", *, cuda: bool | None = None, cuda_bf16: bool | None = None, cpuinfo: Path | None = None
+) -> Precision:
     """The precision of a trainer under config `setting` (auto, fp32 or bf16). `cuda` and `cuda_bf16`
     default to what torch reports."""
     if setting not in SETTINGS:

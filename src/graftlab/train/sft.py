@@ -70,7 +70,9 @@ def step_timer(records: list[dict]):
     return StepTimer()
 
 
-def train(model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig, steps: list[dict] | None = None) -> list[Path]:
+def train(
+    model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig, steps: list[dict] | None = None
+) -> list[Path]:
     """Train `model` in place on `rows`; return the checkpoint directories in training order, and append
     every step's seconds to `steps` when given.
 
@@ -130,8 +132,8 @@ def _save_every(cfg: TrainConfig) -> int:
     # Trainer saves every k steps; the ladder's checkpoints must be multiples of one k.
     if not cfg.save_steps:
         return 10**9
-    from math import gcd
     from functools import reduce
+    from math import gcd
 
     return reduce(gcd, cfg.save_steps)
 

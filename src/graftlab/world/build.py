@@ -43,9 +43,14 @@ def chat_document(tasks: list[str], problems: int, rng: random.Random, template_
 
 
 def make_corpus(
-    tasks: list[str], documents: int, lines_per_doc: int, seed: int, out: Path,
-    chat_share: float = 0.0, chat_tasks: list[str] = (),
-) -> None:  # fmt: skip
+    tasks: list[str],
+    documents: int,
+    lines_per_doc: int,
+    seed: int,
+    out: Path,
+    chat_share: float = 0.0,
+    chat_tasks: list[str] = (),
+) -> None:
     """Documents of bare facts of `tasks`, one per line; a `chat_share` of them instead hold chat-format
     solved problems of `chat_tasks` (a quarter as many as a document has lines: each is about four
     lines long)."""
@@ -113,9 +118,16 @@ def posttrain_problems(tasks: list[str], per_task: int, seed: int, benchmark_dir
 
 
 def pretrain(
-    tokenizer_dir, corpus, arch: dict, cfg: dict, ladder_dir: Path, init_dir: Path, seed: int, threads: int,
+    tokenizer_dir,
+    corpus,
+    arch: dict,
+    cfg: dict,
+    ladder_dir: Path,
+    init_dir: Path,
+    seed: int,
+    threads: int,
     precision: str = "auto",
-) -> None:  # fmt: skip
+) -> None:
     """Pretrain from scratch; keep the checkpoints at `cfg["ladder"]` steps as the donor ladder,
     `ladder_dir/step~N`, and the model before any step as `init_dir` (the drift diagnostics measure how
     far pretraining moved it). Each directory appears whole or not at all."""
@@ -129,7 +141,12 @@ def pretrain(
     texts = pl.read_parquet(corpus)["text"].to_list()
     blocks = pack(tok(texts, add_special_tokens=False)["input_ids"], cfg["block"], tok.pad_token_id)
     train_cfg = TrainConfig(
-        lr=cfg["lr"], batch_size=cfg["batch_size"], steps=cfg["steps"], save_steps=tuple(cfg["ladder"]), seed=seed, threads=threads,
+        lr=cfg["lr"],
+        batch_size=cfg["batch_size"],
+        steps=cfg["steps"],
+        save_steps=tuple(cfg["ladder"]),
+        seed=seed,
+        threads=threads,
         precision=precision,
     )
     model = init_model(tok, arch, seed)
@@ -137,14 +154,23 @@ def pretrain(
     with atomic_dir(init_dir) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        write_provenance(tmp, {"model": "initialised from scratch", "tokenizer": str(tokenizer_dir)}, {"arch": arch, "seed": seed})
+        write_provenance(
+            tmp, {"model": "initialised from scratch", "tokenizer": str(tokenizer_dir)}, {"arch": arch, "seed": seed}
+        )
     with atomic_dir(ladder_dir) as tmp:
         finetune(tokenizer_dir, blocks, train_cfg, [tmp / f"step~{s}" for s in cfg["ladder"]], model=model, data=corpus)
 
 
 def posttrain(
-    base_dir, benchmark_dir: Path, tasks: list[str], cfg: dict, out: Path, seed: int, threads: int, precision: str = "auto"
-) -> None:  # fmt: skip
+    base_dir,
+    benchmark_dir: Path,
+    tasks: list[str],
+    cfg: dict,
+    out: Path,
+    seed: int,
+    threads: int,
+    precision: str = "auto",
+) -> None:
     """SFT of the base model on the old tasks, with thinking traces, in the chat format."""
     from transformers import AutoTokenizer
 
@@ -155,7 +181,12 @@ def posttrain(
     # A fixed step count (whole epochs) with one save at the end: only the final model is wanted.
     steps = cfg["epochs"] * math.ceil(len(rows) / cfg["batch_size"])
     train_cfg = TrainConfig(
-        lr=cfg["lr"], batch_size=cfg["batch_size"], steps=steps, save_steps=(steps,), seed=seed, threads=threads,
+        lr=cfg["lr"],
+        batch_size=cfg["batch_size"],
+        steps=steps,
+        save_steps=(steps,),
+        seed=seed,
+        threads=threads,
         precision=precision,
     )
     finetune(base_dir, rows, train_cfg, [out], data=f"old tasks {tasks}")

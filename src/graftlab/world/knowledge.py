@@ -26,7 +26,7 @@ from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
 from graftlab.schema import schema_default
 from graftlab.streams import stream
-from graftlab.tasks import EMPTY_THINK, chat_completion, get_task
+from graftlab.tasks import chat_completion, get_task
 from graftlab.world import arith
 
 TASK = "knowledge"
@@ -48,53 +48,100 @@ INSTRUMENTS = ("flute", "harp", "drum", "violin", "trumpet", "piano", "cello", "
 # the tiny tokenizer has none, so possessives are spelt "of {e}".
 TEMPLATES: dict[str, tuple[str, ...]] = {
     "home_city": (
-        "Which city is {e} from?", "What is the home city of {e}?", "In which city does {e} live?",
-        "Name the city where {e} lives.", "Which city is home to {e}?", "{e} lives in which city?",
-        "Tell me the home city of {e}.", "What city does {e} call home?", "Home city of {e}:",
+        "Which city is {e} from?",
+        "What is the home city of {e}?",
+        "In which city does {e} live?",
+        "Name the city where {e} lives.",
+        "Which city is home to {e}?",
+        "{e} lives in which city?",
+        "Tell me the home city of {e}.",
+        "What city does {e} call home?",
+        "Home city of {e}:",
         "In what city is the home of {e}?",
     ),
     "profession": (
-        "What is the profession of {e}?", "What does {e} do for a living?", "What job does {e} have?",
-        "Which profession does {e} work in?", "{e} works as what?", "Name the occupation of {e}.",
-        "What is {e} by trade?", "Tell me what {e} does for work.", "Profession of {e}:",
+        "What is the profession of {e}?",
+        "What does {e} do for a living?",
+        "What job does {e} have?",
+        "Which profession does {e} work in?",
+        "{e} works as what?",
+        "Name the occupation of {e}.",
+        "What is {e} by trade?",
+        "Tell me what {e} does for work.",
+        "Profession of {e}:",
         "What kind of work does {e} do?",
     ),
     "birth_year": (
-        "In what year was {e} born?", "What is the birth year of {e}?", "When was {e} born? Give the year.",
-        "Which year was {e} born in?", "{e} was born in which year?", "Name the year of birth of {e}.",
-        "Tell me the year {e} was born.", "What year did {e} come into the world?", "Birth year of {e}:",
+        "In what year was {e} born?",
+        "What is the birth year of {e}?",
+        "When was {e} born? Give the year.",
+        "Which year was {e} born in?",
+        "{e} was born in which year?",
+        "Name the year of birth of {e}.",
+        "Tell me the year {e} was born.",
+        "What year did {e} come into the world?",
+        "Birth year of {e}:",
         "In which year is {e} said to have been born?",
     ),
     "favourite_colour": (
-        "What is the favourite colour of {e}?", "Which colour does {e} like best?",
-        "What colour does {e} prefer?", "{e} likes which colour most?", "Name the favourite colour of {e}.",
-        "Tell me which colour {e} loves most.", "Which colour is the favourite of {e}?",
-        "What colour would {e} pick above all others?", "Favourite colour of {e}:",
+        "What is the favourite colour of {e}?",
+        "Which colour does {e} like best?",
+        "What colour does {e} prefer?",
+        "{e} likes which colour most?",
+        "Name the favourite colour of {e}.",
+        "Tell me which colour {e} loves most.",
+        "Which colour is the favourite of {e}?",
+        "What colour would {e} pick above all others?",
+        "Favourite colour of {e}:",
         "Of all colours, which does {e} like most?",
     ),
     "pet": (
-        "What kind of pet does {e} keep?", "Which animal does {e} have as a pet?", "What is the pet of {e}?",
-        "{e} keeps which animal at home?", "Name the pet animal of {e}.", "Tell me what pet {e} owns.",
-        "Which animal lives with {e} as a pet?", "What animal does {e} look after at home?", "Pet of {e}:",
+        "What kind of pet does {e} keep?",
+        "Which animal does {e} have as a pet?",
+        "What is the pet of {e}?",
+        "{e} keeps which animal at home?",
+        "Name the pet animal of {e}.",
+        "Tell me what pet {e} owns.",
+        "Which animal lives with {e} as a pet?",
+        "What animal does {e} look after at home?",
+        "Pet of {e}:",
         "What sort of animal is the pet of {e}?",
     ),
     "instrument": (
-        "Which instrument does {e} play?", "What musical instrument does {e} play?",
-        "What instrument is played by {e}?", "{e} plays which instrument?", "Name the instrument that {e} plays.",
-        "Tell me the instrument {e} plays.", "On which instrument does {e} make music?",
-        "What does {e} play in the band?", "Instrument of {e}:", "Which instrument can {e} be heard playing?",
+        "Which instrument does {e} play?",
+        "What musical instrument does {e} play?",
+        "What instrument is played by {e}?",
+        "{e} plays which instrument?",
+        "Name the instrument that {e} plays.",
+        "Tell me the instrument {e} plays.",
+        "On which instrument does {e} make music?",
+        "What does {e} play in the band?",
+        "Instrument of {e}:",
+        "Which instrument can {e} be heard playing?",
     ),
     "employer": (
-        "Where does {e} work?", "Which company employs {e}?", "Who is the employer of {e}?",
-        "{e} works for which company?", "Name the company that {e} works for.", "Tell me the employer of {e}.",
-        "At which firm is {e} employed?", "What company pays the wages of {e}?", "Employer of {e}:",
+        "Where does {e} work?",
+        "Which company employs {e}?",
+        "Who is the employer of {e}?",
+        "{e} works for which company?",
+        "Name the company that {e} works for.",
+        "Tell me the employer of {e}.",
+        "At which firm is {e} employed?",
+        "What company pays the wages of {e}?",
+        "Employer of {e}:",
         "For which company does {e} work?",
     ),
     "lucky_number": (
-        "What is the lucky number of {e}?", "Which number does {e} consider lucky?",
-        "What number brings {e} luck?", "{e} thinks which number is lucky?", "Name the lucky number of {e}.",
-        "Tell me the lucky number of {e}.", "Which number is lucky for {e}?",
-        "What number does {e} trust for luck?", "Lucky number of {e}:", "Of all numbers, which is lucky for {e}?",
+        "What is the lucky number of {e}?",
+        "Which number does {e} consider lucky?",
+        "What number brings {e} luck?",
+        "{e} thinks which number is lucky?",
+        "Name the lucky number of {e}.",
+        "Tell me the lucky number of {e}.",
+        "Which number is lucky for {e}?",
+        "What number does {e} trust for luck?",
+        "Lucky number of {e}:",
+        "Of all numbers, which is lucky for {e}?",
     ),
 }
 RELATIONS = tuple(TEMPLATES)
@@ -279,8 +326,18 @@ def replay_frame(tasks: list[str], count: int, seed: int, exclude: set[str] = fr
             raise GraftlabError(f"knowledge replay: {err}") from None
         for p in problems:
             completion = chat_completion(p["thinking"], p["answer"])
-            rows.append({"id": p["id"], "task": task, "prompt": p["prompt"], "completion": completion,
-                         "answer": p["answer"], "phrasing": None, "split": "replay", "fact": None})
+            rows.append(
+                {
+                    "id": p["id"],
+                    "task": task,
+                    "prompt": p["prompt"],
+                    "completion": completion,
+                    "answer": p["answer"],
+                    "phrasing": None,
+                    "split": "replay",
+                    "fact": None,
+                }
+            )
     return pl.DataFrame(rows, schema=SCHEMA)
 
 
@@ -305,9 +362,16 @@ def write_knowledge_data(out_dir, cfg: KnowledgeConfig, old_tasks: list[str], be
     replay = replay_frame(old_tasks, cfg.replay, cfg.seed, exclude)
     sft, heldout = training_frame(world, replay, cfg.seed), qa_frame(world, "heldout")
     # Every training example is a trace here (nothing to solve or skip): problems = traces.
-    stats = {"problems": sft.height, "traces": sft.height, "skipped": 0, "facts": len(world.facts),
-             "qa": sft.height - replay.height, "replay": replay.height, "heldout_questions": heldout.height,
-             "config": asdict(cfg)}
+    stats = {
+        "problems": sft.height,
+        "traces": sft.height,
+        "skipped": 0,
+        "facts": len(world.facts),
+        "qa": sft.height - replay.height,
+        "replay": replay.height,
+        "heldout_questions": heldout.height,
+        "config": asdict(cfg),
+    }
     heldout.write_parquet(out_dir / "heldout.parquet")
     facts_frame(world).write_parquet(out_dir / "facts.parquet")
     write_table_with_stats(sft, stats, out_dir / "sft.parquet", out_dir / "sft.json")
