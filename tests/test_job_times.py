@@ -47,3 +47,18 @@ def test_a_file_without_its_rule_is_counted_apart(tmp_path):
     (tmp_path / "empty.tsv").write_text(EXTENDED + "\n")
     with pytest.raises(ValueError, match="without a row"):
         job_times.read_benchmark(tmp_path / "empty.tsv")
+
+
+def test_every_rule_that_does_work_writes_a_benchmark_file():
+    """job_times reads only benchmark files: a rule without `benchmark:` would drop out of the table."""
+    import re
+
+    repo = SCRIPT.parents[1]
+    missing, working = [], 0
+    for path in [repo / "Snakefile", *sorted((repo / "rules").glob("*.smk"))]:
+        for name, body in re.findall(r"^rule (\w+):\n((?:[ \t]+.*\n|\n)*)", path.read_text(), re.M):
+            if re.search(r"^\s+(script|shell|run|wrapper|notebook):", body, re.M):
+                working += 1
+                if not re.search(r"^\s+benchmark:", body, re.M):
+                    missing.append(f"{path.name}:{name}")
+    assert working >= 25 and not missing
