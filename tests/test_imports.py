@@ -1,0 +1,65 @@
+"""The import structure: no module imports another that imports it back (imports inside functions count),
+and parsing the workflow stays light."""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every graftlab module and the graftlab modules it imports anywhere in its body."""
+    modules = {module_name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from pkg import sub` imports the submodule when there is one, else a name of pkg.
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                ]
+            else:
+                continue
+            edges |= {t for t in targets if t in modules and t != name}
+        graph[name] = edges
+    return graph
+
+
+def test_no_import_cycle_counting_imports_inside_functions():
+    graph, state, cycles = import_graph(), {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert len(graph) > 40 and not cycles, cycles
+
+
+def test_the_modules_the_workflow_imports_leave_torch_out():
+    """Every `snakemake` call, a dry-run included, parses rules/common.smk: it must not pay for torch."""
+    imported = re.findall(r"^from (graftlab[\w.]*) import", (REPO / "rules" / "common.smk").read_text(), re.M)
+    assert {"graftlab.config", "graftlab.layout", "graftlab.fisher"} <= set(imported)
+    code = f"import sys; import {', '.join(imported)}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
