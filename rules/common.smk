@@ -1,9 +1,10 @@
 from pathlib import Path
 
 from graftlab.config import ConfigError, load_schema, resolve
-from graftlab.fetch import looks_local
+from graftlab.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.layout import Experiment, opsd_steps, study_experiments, worlds
+from graftlab.resources import classify, job_resources, model_params
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
 # leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).
@@ -18,6 +19,9 @@ try:
     )
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
+
+# Every job starts offline (graftlab.fetch.hub_offline); the local fetch rules switch the hub back on.
+hub_offline()
 
 EXPERIMENTS = list(config["experiments"])
 MODELS = config["models"]
@@ -78,7 +82,130 @@ def post_dir(wildcards):
     return layout(wildcards).post_dir
 
 
+def rope_dir(name):
+    """The fetched directory of the model whose rope scaling model `name` copies, or [] for none."""
+    other = MODELS[name].get("rope_from")
+    return f"resources/models/{other}" if other else []
+
+
 def local_source(source):
     """[source] when it names a local path, else [] (a hub id): an input, so a local file or model
     another rule writes is built first, and an edited one is read again."""
     return [str(Path(source).expanduser())] if looks_local(source) else []
+
+
+# Each job's resources, from the model it loads and the work it does (graftlab.resources, unit-tested
+# there): rules set them, and no profile sets per-rule resources, so nothing overrides them.
+PROMPT_TOKENS = (
+    512  # a competition problem in its chat template; the tiny world's are far shorter
+)
+# Problems assumed in a real data set that sets no `limit`: MATH's training split has 7,500.
+NOMINAL_PROBLEMS = 10000
+
+
+def profile_partitions():
+    """{cpu, gpu} partition names from the profile's default-resources: `slurm_partition` (every job's
+    default, a CPU partition) and `gpu_partition` (read by the GPU rules alone). A profile cannot
+    template per rule, so the GPU rules look their partition up here. Without them: no partitions.
+    """
+    defaults = workflow.resource_settings.default_resources
+    raw = {}
+    for name in ("slurm_partition", "gpu_partition"):
+        resource = defaults.get(name) if defaults is not None else None
+        raw[name] = getattr(resource, "raw", resource)
+    return {"cpu": raw["slurm_partition"], "gpu": raw["gpu_partition"]}
+
+
+PARTITIONS = profile_partitions()
+
+
+def problems(source):
+    """Problems a real data set holds at most (its `limit`, else NOMINAL_PROBLEMS)."""
+    return (source or {}).get("limit") or NOMINAL_PROBLEMS
+
+
+def job_work(rule_name, w):
+    """(model, sequences, tokens per sequence) of one job; model is a `models` name, `post` or None."""
+    if rule_name in ("world_pretrain", "world_posttrain"):
+        m = wcfg(w, "model")["max_positions"]
+        if rule_name == "world_pretrain":
+            return (
+                None,
+                wcfg(w, "pretrain", "steps") * wcfg(w, "pretrain", "batch_size"),
+                m,
+            )
+        post = wcfg(w, "posttrain")
+        n = post["examples_per_task"] * len(wcfg(w, "old_tasks")) * post["epochs"]
+        return None, n, m
+    if not hasattr(w, "exp"):
+        return None, 0, 0
+    x = config["experiments"][w.exp]
+    cands = problems(x["problems"]) if x["problems"] else layout(w).world["candidates"]
+    new = {
+        "teacher": x["teacher"],
+        "star": x["star"],
+        "pedagogical": x["pedagogical"],
+    }.get(x["data"], x["mining"])["max_new_tokens"]
+    bench = sum(problems(s) for s in (x["benchmarks"] or {}).values()) or 0
+    work = {
+        "mine": ("post", cands * x["mining"]["samples"], x["mining"]["max_new_tokens"]),
+        "teacher_traces": (
+            x["teacher"]["model"],
+            cands * x["teacher"]["attempts"],
+            new,
+        ),
+        "star": ("post", cands * x["star"]["attempts"], new),
+        "pedagogical_traces": ("post", cands * x["pedagogical"]["attempts"], new),
+        "pedagogical_teacher": ("post", _grpo(x["pedagogical"]), new),
+        "sft": (getattr(w, "donor", "post"), cands * x["sft"]["epochs"], new),
+        "opsd": (
+            "post",
+            x["opsd"]["steps"] * x["opsd"]["batch_size"],
+            x["opsd"]["max_new_tokens"],
+        ),
+        "rollouts": ("post", x["fisher"]["rollouts"], x["fisher"]["max_new_tokens"]),
+        "fisher": ("post", x["fisher"]["rollouts"], x["fisher"]["max_new_tokens"]),
+        "evaluate": (
+            "post",
+            (bench + x["mining"]["heldout"]) * x["eval"]["samples"],
+            x["eval"]["max_new_tokens"],
+        ),
+    }
+    model, sequences, tokens = work.get(rule_name, ("post", 0, 0))
+    return model, sequences, tokens + PROMPT_TOKENS
+
+
+def _grpo(p):
+    return p["steps"] * p["prompts_per_step"] * p["group_size"]
+
+
+def job_params(w, model):
+    """Parameters of `model` as a job of experiment w.exp loads it (graftlab.resources.model_params)."""
+    if model is None or not hasattr(w, "exp"):
+        return model_params(None)
+    name = config["experiments"][w.exp]["post"] if model == "post" else model
+    return model_params(layout(w).model_dir(model), MODELS.get(name, {}).get("params"))
+
+
+def sized(rule_name):
+    """The `resources:` of a rule: each a function of the job's wildcards and attempt."""
+
+    def get(key):
+        def resource(wildcards, attempt):
+            model, sequences, tokens = job_work(rule_name, wildcards)
+            params = job_params(wildcards, model)
+            return job_resources(
+                rule_name,
+                params,
+                sequences=sequences,
+                tokens=tokens,
+                attempt=attempt,
+                partitions=PARTITIONS,
+            )[key]
+
+        return resource
+
+    keys = ["gpu", "mem_mb", "runtime", "cpus_per_task"]
+    if PARTITIONS[classify(rule_name)]:
+        keys.append("slurm_partition")
+    return {key: get(key) for key in keys}

@@ -2,6 +2,11 @@
 # knowledge world. The traces each method learns from are written in rules/synth.smk.
 
 
+# A hub data set downloads where Snakemake runs (a login node with internet), like rules/models.smk.
+localrules:
+    dataset,
+
+
 rule dataset:
     input:
         # A local file is an input: edited, or built by another rule, it is read again.
@@ -17,6 +22,8 @@ rule dataset:
         source="problems|retention|benchmark~[A-Za-z0-9_-]+",
     conda:
         "../envs/cpu.yaml"
+    resources:
+        **sized("dataset"),
     params:
         source=lambda w: layout(w).dataset(w.source),
     script:
@@ -39,6 +46,8 @@ rule mine:
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
+    resources:
+        **sized("mine"),
     params:
         mining=lambda w: xcfg(w, "mining"),
         task=lambda w: layout(w).new_task,

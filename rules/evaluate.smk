@@ -16,6 +16,8 @@ rule evaluate:
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
+    resources:
+        **sized("evaluate"),
     params:
         model=lambda w: layout(w).eval_model(w.run)[1],
         benchmarks=lambda w: layout(w).eval_benchmarks(),

@@ -17,6 +17,8 @@ rule rollouts:
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
+    resources:
+        **sized("rollouts"),
     params:
         tasks=lambda w: layout(w).world["old_tasks"],
         # Only what sampling uses: a new Fisher batch size or EKFAC must not re-sample the rollouts.
@@ -46,6 +48,8 @@ rule fisher:
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
+    resources:
+        **sized("fisher"),
     params:
         kind=lambda w: w.mask,
         # Options of one kind only: switching EKFAC on must not recompute the diagonal Fisher.

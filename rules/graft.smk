@@ -24,6 +24,8 @@ rule graft:
     conda:
         "../envs/cpu.yaml"
     threads: config["threads"]["sample"]
+    resources:
+        **sized("graft"),
     params:
         donor=lambda w: layout(w).model_dir(w.donor),
         epoch=lambda w: w.epoch,

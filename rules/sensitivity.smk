@@ -18,6 +18,8 @@ rule sensitivity_update:
     conda:
         "../envs/cpu.yaml"
     threads: config["threads"]["sample"]
+    resources:
+        **sized("sensitivity_update"),
     params:
         run=lambda w: w.run,
         model=lambda w: layout(w).eval_model(w.run)[1],

@@ -36,6 +36,8 @@ rule teacher_traces:
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
+    resources:
+        **sized("teacher_traces"),
     params:
         model=lambda w: layout(w).model_dir(xcfg(w, "teacher", "model")),
         # STaR's sampling without rationalization: the first verified of up to `attempts` samples.
@@ -63,6 +65,8 @@ rule star:
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
+    resources:
+        **sized("star"),
     params:
         model=post_dir,
         sampling=lambda w: xcfg(w, "star"),
@@ -89,6 +93,8 @@ rule pedagogical_teacher:
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
+    resources:
+        **sized("pedagogical_teacher"),
     params:
         # Only what training uses: the trace-writing attempts must not retrain the teacher.
         training=lambda w: {
@@ -119,6 +125,8 @@ rule pedagogical_traces:
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
+    resources:
+        **sized("pedagogical_traces"),
     params:
         sampling=lambda w: {
             k: xcfg(w, "pedagogical", k)

@@ -15,6 +15,8 @@ rule sft:
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
+    resources:
+        **sized("sft"),
     params:
         model=lambda w: layout(w).model_dir(w.donor),
         lr=lambda w: float(w.lr),
@@ -45,6 +47,8 @@ rule opsd:
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
+    resources:
+        **sized("opsd"),
     params:
         alpha=lambda w: float(w.alpha),
         lr=lambda w: float(w.lr),

@@ -89,6 +89,8 @@ rule world_pretrain:
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
+    resources:
+        **sized("world_pretrain"),
     params:
         arch=lambda w: wcfg(w, "model"),
         pretrain=lambda w: wcfg(w, "pretrain") | {"block": wcfg(w, "corpus", "block")},
@@ -115,6 +117,8 @@ rule world_posttrain:
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
+    resources:
+        **sized("world_posttrain"),
     params:
         # The base model: the ladder ends at the last pretraining step (validated).
         base=lambda w: f"results/{w.world}/ladder/step~{wcfg(w, 'pretrain', 'steps')}",

@@ -134,3 +134,35 @@ def test_hub_download_pins_the_resolved_commit_and_fetches_only_model_files(sour
     assert_same_model(out, source)
     record = json.loads((out / "graftlab.json").read_text())
     assert record["inputs"] == {"source": "org/pico", "revision": "main", "commit": COMMIT}
+
+
+def test_rope_scaling_copied_from_the_post_model_and_recorded(pico_model, tmp_path):
+    donor = pico_model("donor", max_position_embeddings=64)
+    post = pico_model("post", max_position_embeddings=256)
+    cfg = json.loads((post / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    (post / "config.json").write_text(json.dumps(cfg))
+    out = fetch_model(str(donor), tmp_path / "m", rope_from=post)
+    got = json.loads((out / "config.json").read_text())
+    assert got["rope_scaling"] == cfg["rope_scaling"] and got["max_position_embeddings"] == 256
+    record = json.loads((out / "graftlab.json").read_text())["params"]["rope_from"]
+    assert record["model"] == str(post)
+    assert record["max_position_embeddings"] == [64, 256]
+    assert record["rope_scaling"][1]["rope_type"] == "yarn"
+    assert AutoModelForCausalLM.from_pretrained(out).config.rope_scaling["rope_type"] == "yarn"
+
+
+def test_fetch_rules_alone_reach_the_hub():
+    env = {"HF_HUB_OFFLINE": "0"}
+    fetch.hub_offline(env)
+    assert env == {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    fetch.hub_online(env)
+    assert env == {}
+    from tests.conftest import REPO
+
+    rules = (REPO / "rules" / "models.smk").read_text() + (REPO / "rules" / "data.smk").read_text()
+    assert "localrules:\n    fetch_model," in rules and "localrules:\n    dataset," in rules
+    assert "hub_offline()" in (REPO / "rules" / "common.smk").read_text()
+    for script in ("fetch_model.py", "dataset.py"):
+        text = (REPO / "workflow_scripts" / script).read_text()
+        assert text.index("hub_online()") < text.index("job_log")

@@ -1,8 +1,11 @@
 """Fetch one configured model (a local directory or a hub id at a revision) into resources/models/."""
 
-from graftlab.fetch import fetch_model
-from graftlab.joblog import job_log
+from graftlab.fetch import fetch_model, hub_online
+
+hub_online()  # a local rule: the one job that downloads models
+
+from graftlab.joblog import job_log  # noqa: E402
 
 p = snakemake.params
 with job_log(snakemake.log[0]):
-    fetch_model(p.source, snakemake.output[0], p.revision)
+    fetch_model(p.source, snakemake.output[0], p.revision, rope_from=p.rope_from)

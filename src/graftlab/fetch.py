@@ -8,6 +8,8 @@ the safetensors reader are imported where used.
 from __future__ import annotations
 
 import fnmatch
+import json
+import os
 import shutil
 from pathlib import Path
 
@@ -79,13 +81,16 @@ MODEL_FILE_PATTERNS = (
 )
 
 
-def fetch_model(source: str, out_dir: str | Path, revision: str | None = None) -> Path:
+def fetch_model(
+    source: str, out_dir: str | Path, revision: str | None = None, rope_from: str | Path | None = None
+) -> Path:
     """Write the model `source` to `out_dir`: its top-level model files (`MODEL_FILE_PATTERNS`) and a
     provenance file, atomically, so a failed fetch leaves nothing at `out_dir`.
 
     `source` is a local model directory (copied; `revision` must be None, it pins hub ids only) or a
     hub id, downloaded at `revision` (default: the main branch) and recorded with its resolved commit.
-    A source that starts like a path (/ . ~) is local whether or not it exists: never sent to the hub."""
+    A source that starts like a path (/ . ~) is local whether or not it exists: never sent to the hub.
+    `rope_from`, a model directory, lends its rope scaling (`copy_rope`), recorded in provenance."""
     local = Path(source).expanduser()
     is_local = looks_local(source)
     if is_local:
@@ -97,8 +102,29 @@ def fetch_model(source: str, out_dir: str | Path, revision: str | None = None) -
         else:
             commit = _download(source, revision, tmp)
         _check_fetched(source, tmp)
-        write_provenance(tmp, {"source": source, "revision": revision, "commit": commit}, {})
+        rope = copy_rope(tmp, rope_from) if rope_from is not None else None
+        write_provenance(tmp, {"source": source, "revision": revision, "commit": commit}, {"rope_from": rope})
     return Path(out_dir)
+
+
+# What long-context rope scaling consists of in an HF config: the scaling and the context it reaches.
+ROPE_KEYS = ("rope_scaling", "max_position_embeddings")
+
+
+def copy_rope(model_dir: str | Path, from_dir: str | Path) -> dict:
+    """Give `model_dir`'s config.json the rope scaling of `from_dir`'s (YaRN long context, say), as the
+    grafting paper's Appendix E does for earlier-stage donors, so a donor's update is learnt and grafted
+    at the post model's context length. Returns the change, {model, key: [before, after]}, for provenance."""
+    path = Path(model_dir) / "config.json"
+    config = json.loads(path.read_text())
+    source = json.loads((Path(from_dir) / "config.json").read_text())
+    change = {"model": str(from_dir)}
+    for key in ROPE_KEYS:
+        if config.get(key) != source.get(key):
+            change[key] = [config.get(key), source.get(key)]
+            config[key] = source.get(key)
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return change
 
 
 def _check_local_source(source: str, path: Path, revision: str | None) -> None:
@@ -157,3 +183,23 @@ def _check_fetched(source: str, model_dir: Path) -> None:
         tensor_index(model_dir)
     except GraftlabError as e:
         raise GraftlabError(f"model {source}: {e}") from None
+
+
+# Set by the workflow for every process it starts (rules/common.smk): compute jobs, often on nodes
+# without internet, read only what the local fetch rules wrote.
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def hub_offline(environ: dict | None = None) -> None:
+    """Switch the hub off for this process and the jobs it starts."""
+    environ = os.environ if environ is None else environ
+    for var in OFFLINE_VARS:
+        environ[var] = "1"
+
+
+def hub_online(environ: dict | None = None) -> None:
+    """Switch the hub back on: the fetch rules only, run where Snakemake runs (a login node with
+    internet). Call before huggingface_hub or datasets is imported: both read these at import."""
+    environ = os.environ if environ is None else environ
+    for var in OFFLINE_VARS:
+        environ.pop(var, None)

@@ -1,0 +1,120 @@
+"""Job resources: the sizing function with figures worked by hand, and the Qwen3 preset's DAG resolved
+under profiles/slurm, each job checked for its partition, GPUs, memory and runtime."""
+
+import re
+
+import pytest
+
+from graftlab.resources import CPU_KINDS, GPU_KINDS, classify, job_resources, model_params, params_from_config
+from tests.conftest import REPO, snakemake
+
+QWEN3_1_7B = {
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+PARTITIONS = {"cpu": "cpu-part", "gpu": "gpu-part"}
+
+
+def test_params_of_qwen3_1_7b_by_hand():
+    # attention 2*2048*16*128 + 2*2048*8*128 = 12,582,912; MLP 3*2048*6144 = 37,748,736;
+    # 28 layers = 1,409,286,144; tied embeddings 151,936*2048 = 311,164,928.
+    assert params_from_config(QWEN3_1_7B) == 1_720_451_072
+
+
+def test_model_params_prefers_the_fetched_config(tmp_path):
+    import json
+
+    assert model_params(tmp_path, hint=8e9) == 8e9  # not fetched yet: the hint
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_1_7B))
+    assert model_params(tmp_path, hint=8e9) == 1_720_451_072
+    assert model_params(None) == 2e6  # the tiny world
+
+
+def test_sft_of_an_8b_model_by_hand():
+    # GPU: 16 bytes/param x 8e9 x 1.25 headroom = 160 GB = 2 GPUs of 80 GB. Host: 4 GB + 4 bytes x 8e9.
+    # Runtime: 6 x 8e9 x 1000 sequences x 1000 tokens = 4.8e16 FLOPs at 2 x 120e12/s = 200 s, + 10 min.
+    r = job_resources("sft", 8e9, sequences=1000, tokens=1000, partitions=PARTITIONS)
+    assert r == {"gpu": 2, "mem_mb": 36000, "runtime": 14, "cpus_per_task": 8, "slurm_partition": "gpu-part"}
+    # A retry: x1.5 memory and runtime (13.33 min x 1.5 = 20).
+    retry = job_resources("sft", 8e9, sequences=1000, tokens=1000, attempt=2, partitions=PARTITIONS)
+    assert (retry["mem_mb"], retry["runtime"], retry["gpu"]) == (54000, 20, 2)
+
+
+def test_sampling_and_cpu_jobs_by_hand():
+    # 2 bytes/param x 8e9 x 1.25 = 20 GB: one GPU. 2 x 8e9 x 1e4 x 1e4 = 1.6e18 FLOPs at 40e12/s =
+    # 40,000 s = 666.7 min, + 10.
+    r = job_resources("mine", 8e9, sequences=10_000, tokens=10_000, partitions=PARTITIONS)
+    assert (r["gpu"], r["runtime"], r["slurm_partition"]) == (1, 677, "gpu-part")
+    # A graft holds 16 bytes/param in host memory: 4 GB + 128 GB.
+    g = job_resources("graft", 8e9, partitions=PARTITIONS)
+    assert (g["gpu"], g["mem_mb"], g["cpus_per_task"], g["slurm_partition"]) == (0, 132000, 1, "cpu-part")
+    assert "slurm_partition" not in job_resources("graft", 8e9)  # no cluster: no partition
+    assert job_resources("mine", 1e12, sequences=10**6, tokens=10**5)["runtime"] == 48 * 60  # capped
+
+
+def test_an_unsized_rule_is_an_error():
+    with pytest.raises(KeyError, match="not sized"):
+        classify("new_rule")
+
+
+def workflow_rules() -> set[str]:
+    files = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
+    return {m for f in files for m in re.findall(r"^rule (\w+):", f.read_text(), re.M)}
+
+
+def test_every_rule_is_sized_once():
+    rules = workflow_rules()
+    assert not set(GPU_KINDS) & set(CPU_KINDS)
+    unsized = sorted(r for r in rules if r not in GPU_KINDS and r not in CPU_KINDS)
+    assert not unsized, f"rules missing from graftlab.resources: {unsized}"
+    assert not (set(GPU_KINDS) | set(CPU_KINDS)) - rules  # nothing stale either
+
+
+def dry_run_jobs(workdir, *args):
+    proc = snakemake(workdir, "-n", *args, configs=(REPO / "configs" / "qwen3-1.7b-star.yaml",))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    jobs = re.findall(r"^(?:local)?rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
+    assert jobs
+    return [(rule, dict(kv.split("=", 1) for kv in res.split(", "))) for rule, res in jobs]
+
+
+def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
+    jobs = dry_run_jobs(tmp_path, "--profile", str(REPO / "profiles" / "slurm"))
+    seen = {}
+    for rule, res in jobs:
+        if rule == "all":
+            continue
+        gpu = classify(rule) == "gpu"
+        assert res["slurm_partition"] == ("YOUR_GPU_PARTITION" if gpu else "YOUR_CPU_PARTITION"), rule
+        assert (int(res.get("gpu", 0)) >= 1) == gpu, rule
+        seen[rule] = (int(res.get("gpu", 0)), int(res["mem_mb"]), int(res["runtime"]))
+    assert {r for r in seen if classify(r) == "gpu"} == {
+        "mine",
+        "star",
+        "sft",
+        "opsd",
+        "rollouts",
+        "fisher",
+        "evaluate",
+    }
+    # Qwen3-1.7B (the preset's 1.72e9 hint): one GPU each, 4 GB + 4 bytes/param of host memory.
+    assert all(seen[r][:2] == (1, 10880) for r in ("mine", "star", "sft", "fisher", "evaluate"))
+    # SFT: 3 epochs x 10,000 problems (MATH sets no limit) x (8192 + 512) tokens x 6 x 1.72e9 FLOPs at
+    # 120e12/s = 374.2 min, + 10.
+    assert seen["sft"][2] == 385
+    # Mining and STaR sample 16 and 32 x 10,000 x 8,704 tokens: 2,007 min, and STaR past the 48 h cap.
+    assert seen["mine"][2] == 2007 and seen["star"][2] == 48 * 60
+    assert seen["graft"] == (0, 4000 + 16 * 1720, 20)  # 16 bytes/param, streamed at 50 MB/s
+    assert seen["fetch_model"][0] == 0
+
+
+def test_local_runs_name_no_partition(tmp_path):
+    jobs = dry_run_jobs(tmp_path)
+    assert all("slurm_partition" not in res for _, res in jobs)
