@@ -128,6 +128,52 @@ def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cmd_fisher)
 
 
+def _cmd_plan(args: argparse.Namespace) -> None:
+    from graftlab.config import ConfigError
+    from graftlab.errors import GraftlabError
+    from graftlab.plan import Assumptions, dag_jobs, estimate, load_config, render
+
+    fields = ("mfu", "gpu_flops", "prompt_tokens", "problems", "benchmark_problems", "kept", "checkpoint_bytes", "jobs")
+    try:
+        plan = estimate(load_config(args.configfile, args.config), Assumptions(**{f: getattr(args, f) for f in fields}))
+        if args.dag:
+            snakemake_args = ["--configfile", *args.configfile] if args.configfile else []
+            dag = dag_jobs(snakemake_args + (["--config", *args.config] if args.config else []))
+            ours = {rule: cost.jobs for rule, cost in plan.costs.items()}
+            plan.notes += [
+                f"{rule}: Snakemake's DAG has {dag.get(rule, 0)} jobs, the cost model {ours.get(rule, 0)}"
+                for rule in sorted(set(dag) | set(ours))
+                if dag.get(rule, 0) != ours.get(rule, 0)
+            ] or ["Snakemake's DAG has the same jobs per rule."]
+    except (ConfigError, ValueError, RuntimeError) as e:
+        raise GraftlabError(str(e)) from None
+    print(render(plan))
+
+
+def _add_plan(subparsers: argparse._SubParsersAction) -> None:
+    from graftlab.plan import Assumptions
+
+    a = Assumptions()
+    p = subparsers.add_parser(
+        "plan",
+        help="jobs, GPU-hours and disk per rule of a run, before its launch",
+        description="Estimate a run from its config, as Snakemake would resolve it: jobs per rule, GPU-hours "
+        "(tokens x FLOPs per token at a utilisation), disk written and the peak on disk (docs/cli.md).",
+    )
+    p.add_argument("--configfile", nargs="+", default=[], help="config files, as given to snakemake")
+    p.add_argument("--config", nargs="+", default=[], help="KEY=VALUE overrides, as given to snakemake")
+    p.add_argument("--mfu", type=float, default=a.mfu, help="share of the GPU's peak FLOP/s reached")
+    p.add_argument("--gpu-flops", type=float, default=a.gpu_flops, help="peak FLOP/s (default: H100 bf16 dense)")
+    p.add_argument("--prompt-tokens", type=int, default=a.prompt_tokens, help="tokens per prompt")
+    p.add_argument("--problems", type=int, default=a.problems, help="candidates of a data set with no limit")
+    p.add_argument("--benchmark-problems", type=int, default=a.benchmark_problems, help="problems per benchmark")
+    p.add_argument("--kept", type=float, default=a.kept, help="share of candidates mining keeps")
+    p.add_argument("--checkpoint-bytes", type=int, default=a.checkpoint_bytes, help="bytes per saved parameter")
+    p.add_argument("--jobs", type=int, default=a.jobs, help="jobs at once, as snakemake --jobs (graft disk peak)")
+    p.add_argument("--dag", action="store_true", help="check the job counts against Snakemake's dry-run")
+    p.set_defaults(run=_cmd_plan)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graftlab", description="Continual learning of post-trained LLMs by grafting donor updates."
@@ -135,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_graft(subparsers)
     _add_fisher(subparsers)
+    _add_plan(subparsers)
     return parser
 
 

@@ -1,0 +1,117 @@
+"""`graftlab plan`: the cost model against figures computed by hand, and the command on every config."""
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from graftlab.cli import main
+from graftlab.config import resolve
+from graftlab.plan import WORLD_VOCAB, Assumptions, estimate, qwen3_model, render, size_in_name
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
+
+# A 1B-parameter model named by hub id only (nothing fetched: bf16 assumed), one donor, STaR data.
+# Every sequence is 256 prompt + 744 generated = 1,000 tokens.
+HAND = {
+    "models": {"m": {"source": "org/Model-1B"}, "d": {"source": "org/Model-1B-Base"}},
+    "experiments": {
+        "x": {
+            "post": "m",
+            "donors": ["d"],
+            "data": "star",
+            "problems": {"source": "org/problems", "limit": 100},
+            "benchmarks": {"b": {"source": "org/bench", "limit": 50}},
+            "mining": {"samples": 8, "heldout": 10, "max_new_tokens": 744},
+            "star": {"attempts": 4, "max_new_tokens": 744},
+            "sft": {"lr": ["1e-5"], "epochs": 2},
+            "graft": {"lam": ["1"], "epochs": [2]},
+            "merge": {"lam": ["0.5"], "epochs": [2]},
+            "fisher": {"rollouts": 100, "max_new_tokens": 744, "prompts": {"source": "org/old", "limit": 100}},
+            "opsd": {"alpha": []},
+            "eval": {"samples": 2, "max_new_tokens": 744, "donor_sft": False},
+        }
+    },
+}
+
+
+def test_hand_computed_plan(tmp_path):
+    a = Assumptions(mfu=0.5, gpu_flops=1e15, prompt_tokens=256, kept=0.5, jobs=1)
+    plan = estimate(resolve(copy.deepcopy(HAND)), a, root=tmp_path)
+    c = plan.costs
+    # Mining: 2 x 1e9 FLOPs x 100 problems x 8 samples x 1,000 tokens.
+    assert c["mine"].flops == pytest.approx(2e9 * 100 * 8 * 1000)
+    # Half of 100 kept, 10 held out: 40 train problems, each up to 4 STaR attempts.
+    assert c["star"].flops == pytest.approx(2e9 * 40 * 4 * 1000)
+    # SFT of post and of the donor: 6 x 1e9 x 2 epochs x 40 examples x 1,000 tokens each; an fp32
+    # checkpoint (4 GB) per epoch each.
+    assert (c["sft"].jobs, c["sft"].flops, c["sft"].written) == (2, pytest.approx(2 * 6e9 * 2 * 40e3), 16e9)
+    assert c["rollouts"].flops == pytest.approx(2e9 * 100e3)
+    # Only the diagonal Fisher (the sensitivity analysis needs it): 6 x 1e9 per token, 4 GB in fp32.
+    assert (c["fisher"].jobs, c["fisher"].flops, c["fisher"].written) == (1, pytest.approx(6e9 * 100e3), 4e9)
+    # A graft and a merge, 2 GB each in bf16, written but not kept (temp()).
+    assert (c["graft"].jobs, c["graft"].written, c["graft"].kept) == (2, 4e9, 0)
+    # post, SFT of post at epochs 1 and 2, the graft and the merge: 5 runs x (50 + 10 problems) x 2 samples.
+    assert (c["evaluate"].jobs, c["evaluate"].flops) == (5, pytest.approx(5 * 2e9 * 60 * 2 * 1000))
+    assert c["fetch_model"].written == 4e9
+    assert c["sensitivity_update"].jobs == 4 and c["dataset"].jobs == 3 and "opsd" not in c
+    total = 1.6e15 + 3.2e14 + 9.6e14 + 2e14 + 6e14 + 1.2e15
+    assert plan.gpu_hours(plan.total) == pytest.approx(total / (1e15 * 0.5) / 3600)
+    # Kept: 16 GB of SFT checkpoints, 4 GB of Fisher, 4 GB fetched; both grafts on disk at once.
+    assert plan.peak_disk == pytest.approx(24e9 + 4e9)
+    assert "| **total** | **" in render(plan)
+
+
+def test_stated_params_win_over_the_name(tmp_path):
+    config = resolve(
+        {**copy.deepcopy(HAND), "models": {"m": {"source": "org/Model-1B", "params": 3e9}, "d": HAND["models"]["d"]}}
+    )
+    assert estimate(config, root=tmp_path).costs["fetch_model"].written == (3e9 + 1e9) * 2
+
+
+def test_model_sizes():
+    assert size_in_name("Qwen/Qwen3-8B") == 8e9
+    assert size_in_name("Qwen/Qwen3-1.7B-Base") == 1.7e9
+    assert size_in_name("allenai/Olmo-3-1025-7B") == 7e9
+    assert size_in_name("org/model") is None
+    # Qwen3-1.7B's architecture: 1.4B parameters besides its (tied) embeddings, as its model card says.
+    arch = {"hidden_size": 2048, "intermediate_size": 6144, "layers": 28, "heads": 16, "kv_heads": 8, "head_dim": 128}
+    model = qwen3_model(arch, 151936, True, 2, "")
+    assert model.params - 151936 * 2048 == pytest.approx(1.4e9, rel=0.01)
+
+
+def test_world_count_matches_transformers():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from graftlab.world.tokenizer import CHARS, SPECIALS
+
+    assert len(SPECIALS + CHARS) == WORLD_VOCAB
+    arch = {"hidden_size": 64, "intermediate_size": 128, "layers": 2, "heads": 2, "kv_heads": 1}
+    config = Qwen3Config(
+        vocab_size=WORLD_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        tie_word_embeddings=True,
+    )
+    real = sum(p.numel() for p in Qwen3ForCausalLM(config).parameters())
+    assert qwen3_model(arch, WORLD_VOCAB, True, 4, "").params == real
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_plan_prints_every_config(path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", "--configfile", str(path.relative_to(ROOT))]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("| rule | jobs | GPU-hours | disk written (GB) |")
+    assert "| **total** |" in out and "Peak disk:" in out
+
+
+def test_jobs_match_snakemake_dag(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", "--configfile", "configs/smoke.yaml", "--dag"]) == 0
+    assert "Snakemake's DAG has the same jobs per rule." in capsys.readouterr().out
