@@ -105,6 +105,7 @@ rule pedagogical_teacher:
         task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
+        resume_minutes=config["resume_minutes"],
     script:
         "../workflow_scripts/pedagogical_teacher.py"
 

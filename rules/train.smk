@@ -24,6 +24,7 @@ rule sft:
         batch_size=lambda w: xcfg(w, "sft", "batch_size"),
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
+        resume_minutes=config["resume_minutes"],
     script:
         "../workflow_scripts/sft.py"
 
@@ -58,5 +59,6 @@ rule opsd:
         save_steps=lambda w: opsd_steps(xcfg(w, "opsd")),
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
+        resume_minutes=config["resume_minutes"],
     script:
         "../workflow_scripts/opsd.py"

@@ -4,6 +4,7 @@ import polars as pl
 
 from graftlab.joblog import job_log
 from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
+from graftlab.train.resume import Resume, resume_dir
 
 p, inp = snakemake.params, snakemake.input
 o = {k: v for k, v in p.opsd.items() if k != "checkpoints"}
@@ -19,4 +20,5 @@ with job_log(snakemake.log[0], snakemake.threads):
     )
     facts = pl.read_parquet(inp.facts) if inp.facts else None
     examples = opsd_examples(pl.read_parquet(inp.data), facts)
-    train_opsd(inp.model, examples, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data})
+    resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
+    train_opsd(inp.model, examples, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data}, resume)

@@ -2,10 +2,12 @@
 
 from graftlab.joblog import job_log
 from graftlab.synth.pedagogical import RewardConfig, TeacherConfig, train_teacher
+from graftlab.train.resume import Resume, resume_dir
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 t = dict(p.training)
 reward = RewardConfig(**{k: t.pop(k) for k in ("beta", "strength", "min_tokens")})
 with job_log(snakemake.log[0], snakemake.threads):
     cfg = TeacherConfig(**t, reward=reward, seed=p.seed, threads=snakemake.threads, precision=p.precision)
-    train_teacher(inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task)
+    resume = Resume(resume_dir(out.teacher), p.resume_minutes)
+    train_teacher(inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task, resume=resume)

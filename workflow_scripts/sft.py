@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from graftlab.joblog import job_log
+from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.sft import TrainConfig, sft_epochs
 
 p = snakemake.params
@@ -10,4 +11,5 @@ cfg = TrainConfig(
     lr=p.lr, batch_size=p.batch_size, epochs=p.epochs, seed=p.seed, threads=snakemake.threads, precision=p.precision
 )
 with job_log(snakemake.log[0], snakemake.threads):
-    sft_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]))
+    resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
+    sft_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), resume)

@@ -256,10 +256,12 @@ def teacher_dataset(tokenizer, problems):
     )
 
 
-def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task: str = "arith") -> None:
+def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task: str = "arith", resume=None) -> None:
     """GRPO-train a copy of the post model at `post_dir` as the teacher on the problems parquet, graded
     by registry task `task`; write the teacher to `out_dir` (atomically, with provenance) and the
-    per-step log, reward components included, as JSON lines to `log_out`."""
+    per-step log, reward components included, as JSON lines to `log_out`. With `resume` (a
+    `graftlab.train.resume.Resume`), the Trainer saves its full state there every `resume.minutes` and a
+    rerun continues from the newest."""
     import polars as pl
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
@@ -267,6 +269,7 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
     from graftlab.atomic import atomic_dir
     from graftlab.provenance import write_provenance
     from graftlab.tasks import get_task
+    from graftlab.train import resume as rs
     from graftlab.train.precision import WEIGHTS_DTYPE, announce
 
     torch.set_num_threads(cfg.threads)
@@ -276,15 +279,18 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
     student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
     student = student.eval().requires_grad_(False).to(device)
     dataset = teacher_dataset(tok, pl.read_parquet(problems))
+    if resume is not None:
+        resume.open(rs.fingerprint(cfg, post=str(post_dir), problems=str(problems), task=task))
     with atomic_dir(out_dir) as tmp:
         trainer = GRPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE),
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
-            args=_grpo_args(cfg, tmp / ".trainer", precision),
+            args=_grpo_args(cfg, resume.dir if resume is not None else tmp / ".trainer", precision),
             train_dataset=dataset,
             processing_class=tok,
+            callbacks=[rs.trainer_callback(resume)] if resume is not None else None,
         )
-        trainer.train()
+        trainer.train(resume_from_checkpoint=rs.last_checkpoint(resume) if resume is not None else None)
         trainer.model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         shutil.rmtree(tmp / ".trainer", ignore_errors=True)
@@ -292,6 +298,8 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
         write_provenance(tmp, inputs, asdict(cfg), extra={"problems": len(dataset)})
     steps = [h for h in trainer.state.log_history if "pedagogical/reward" in h]
     Path(log_out).write_text("".join(json.dumps(h) + "\n" for h in steps))
+    if resume is not None:
+        resume.finish()
 
 
 def _grpo_args(cfg: TeacherConfig, work: Path, precision):

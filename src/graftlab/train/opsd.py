@@ -198,14 +198,18 @@ def batches(examples: list[dict], size: int, steps: int, seed: int):
         order = order[size:]
 
 
-def train_opsd(post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs: dict | None = None) -> list[dict]:
+def train_opsd(
+    post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs: dict | None = None, resume=None
+) -> list[dict]:
     """OPSD of the model at `post_dir` on `examples` (`prompt`, `demonstration`); writes `out_dir/step~N`
     for every checkpoint and `out_dir/steps.jsonl` (loss, sampling and update seconds per step), all at
-    once when the run ends (a failed run leaves nothing)."""
+    once when the run ends (a failed run leaves nothing). With `resume` (a `graftlab.train.resume.Resume`),
+    the full state is saved every `resume.minutes` and a rerun continues from it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graftlab.atomic import atomic_dir
     from graftlab.provenance import write_provenance
+    from graftlab.train import resume as rs
 
     if not examples:
         raise GraftlabError("OPSD: no training examples")
@@ -217,19 +221,60 @@ def train_opsd(post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs:
     student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
     teacher = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
     run = Opsd(student, teacher, tok, cfg, precision)
-    log, keep = [], set(cfg.checkpoints())
+    keep = set(cfg.checkpoints())
+    if resume is not None:
+        resume.open(rs.fingerprint(cfg, post=str(post_dir), examples=len(examples)))
+    log, done = _resume_opsd(run, resume)
     with atomic_dir(out_dir) as tmp:
+        # Kept checkpoints of a resumable run wait in its resume directory, which survives a kill.
+        kept = resume.dir if resume is not None else tmp
         for step, batch in enumerate(batches(examples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
+            if step <= done:
+                continue  # the data position: the seeded batch order replayed up to the saved step
             log.append(run.step(batch, step))
             print(json.dumps(log[-1]), flush=True)
             if step in keep:
-                student.save_pretrained(tmp / f"step~{step}")
-                tok.save_pretrained(tmp / f"step~{step}")
+                student.save_pretrained(kept / f"step~{step}")
+                tok.save_pretrained(kept / f"step~{step}")
                 write_provenance(
-                    tmp / f"step~{step}",
+                    kept / f"step~{step}",
                     inputs or {"post": str(post_dir)},
                     asdict(cfg),
                     extra={"step": step, "examples": len(examples)},
                 )
+            if resume is not None and step < cfg.steps and resume.due():
+                _save_opsd(run, resume, step, log)
+        for step in keep if resume is not None else ():
+            (kept / f"step~{step}").rename(tmp / f"step~{step}")
         (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    if resume is not None:
+        resume.finish()
     return log
+
+
+def _save_opsd(run: Opsd, resume, step: int, log: list[dict]) -> None:
+    from graftlab.train import resume as rs
+
+    state = {
+        "step": step,
+        "model": run.student.state_dict(),
+        "optimizer": run.optimizer.state_dict(),
+        "rng": rs.rng_state(),
+        "log": log,
+    }
+    rs.save_state(resume, state)
+    print(f"resume: saved OPSD step {step} to {resume.dir}", flush=True)
+
+
+def _resume_opsd(run: Opsd, resume) -> tuple[list[dict], int]:
+    """The step log so far and the last step done: from the saved state when there is one."""
+    from graftlab.train import resume as rs
+
+    state = rs.load_state(resume) if resume is not None else None
+    if state is None:
+        return [], 0
+    run.student.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    rs.set_rng_state(state["rng"])
+    print(f"resume: OPSD continues after step {state['step']} from {resume.dir}", flush=True)
+    return state["log"], state["step"]

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graftlab.schema import schema_default
-
-# Files TRL writes into checkpoints that are training state, not part of a model.
-_STATE_FILES = ("trainer_state.json", "training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth")
+from graftlab.train.resume import RESUME_ONLY, TRAINER_STATE, Resume, fingerprint, last_checkpoint, trainer_callback
 
 
 @dataclass(frozen=True)
@@ -45,20 +43,22 @@ def encode_traces(tokenizer, prompts: list[str], completions: list[str]) -> list
     return [encode_chat(tokenizer, chat_prompt(tokenizer, p), c) for p, c in zip(prompts, completions)]
 
 
-def step_timer(records: list[dict]):
+def step_timer(records: list[dict], keep: Path | None = None):
     """A TrainerCallback appending each optimizer step's epoch and wall seconds (forward, backward and
     update: SFT samples nothing) to `records`, for the latency comparison with OPSD, whose steps also
-    sample, and to charge a checkpoint `epoch~e` the steps it took."""
+    sample, and to charge a checkpoint `epoch~e` the steps it took. With `keep`, the records so far are
+    written there at every checkpoint, for a resumed run to start from."""
+    import math
     import time
 
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
-        # Epochs are counted, not read from `state.epoch`: that float ends an epoch at 0.999… or 1.000….
         epoch = 0
 
         def on_epoch_begin(self, args, state, control, **kwargs):
-            self.epoch += 1
+            # `state.epoch` ends an epoch at 0.999… or 1.000…; a resumed run begins mid-epoch.
+            self.epoch = math.floor(state.epoch + 1e-6) + 1
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.start = time.perf_counter()
@@ -67,29 +67,69 @@ def step_timer(records: list[dict]):
             seconds = time.perf_counter() - self.start
             records.append({"step": state.global_step, "epoch": self.epoch, "sample_s": 0.0, "update_s": seconds})
 
+        def on_save(self, args, state, control, **kwargs):
+            if keep is not None:
+                keep.write_text(json.dumps(records))
+
     return StepTimer()
 
 
 def train(
-    model, tokenizer, rows: list[dict], work_dir: Path, cfg: TrainConfig, steps: list[dict] | None = None
+    model,
+    tokenizer,
+    rows: list[dict],
+    work_dir: Path,
+    cfg: TrainConfig,
+    steps: list[dict] | None = None,
+    resume: Resume | None = None,
 ) -> list[Path]:
     """Train `model` in place on `rows`; return the checkpoint directories in training order, and append
-    every step's seconds to `steps` when given.
+    every step's seconds to `steps` when given. With `resume`, `work_dir` is its directory: the Trainer
+    saves its full state there every `resume.minutes` and continues from the newest such state.
 
     Each checkpoint is a complete Hugging Face model directory (weights, config, tokenizer).
     """
     import torch
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
+
+    torch.set_num_threads(cfg.threads)
+    if cfg.epochs is None and cfg.steps is None:
+        raise ValueError("TrainConfig needs epochs or steps")
+    args = _sft_args(cfg, work_dir, "completion_mask" in rows[0], resume is not None)
+    start = last_checkpoint(resume) if resume is not None else None
+    keep = work_dir / "steps.json" if resume is not None else None
+    if start is not None and steps is not None and keep.exists():
+        done = int(Path(start).name.split("-")[1])
+        steps[:] = [r for r in json.loads(keep.read_text()) if r["step"] <= done]
+    callbacks = [step_timer(steps, keep)] if steps is not None else []
+    if resume is not None:
+        callbacks.append(trainer_callback(resume))
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=callbacks
+    )
+    trainer.train(resume_from_checkpoint=start)
+    checkpoints = sorted(work_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    for ckpt in [c for c in checkpoints if (c / RESUME_ONLY).exists()]:
+        shutil.rmtree(ckpt)
+    checkpoints = [c for c in checkpoints if c.exists()]
+    for ckpt in checkpoints:
+        for name in TRAINER_STATE:
+            (ckpt / name).unlink(missing_ok=True)
+    if cfg.save_steps:
+        wanted = set(cfg.save_steps)
+        checkpoints = [c for c in checkpoints if int(c.name.split("-")[1]) in wanted]
+    return checkpoints
+
+
+def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool):
+    import torch
+    from trl import SFTConfig
 
     from graftlab.train.precision import announce
 
-    torch.set_num_threads(cfg.threads)
     precision = announce(cfg.precision)
-    masked = "completion_mask" in rows[0]
-    if cfg.epochs is None and cfg.steps is None:
-        raise ValueError("TrainConfig needs epochs or steps")
-    args = SFTConfig(
+    return SFTConfig(
         output_dir=str(work_dir),
         learning_rate=cfg.lr,
         per_device_train_batch_size=cfg.batch_size,
@@ -101,7 +141,8 @@ def train(
         optim="adamw_torch",
         save_strategy="epoch" if cfg.epochs else "steps",
         save_steps=_save_every(cfg),
-        save_only_model=True,
+        # Resuming needs the optimizer, scheduler and RNG in the checkpoint, not only the model.
+        save_only_model=not resumable,
         completion_only_loss=masked,
         seed=cfg.seed,
         data_seed=cfg.seed,
@@ -113,19 +154,6 @@ def train(
         disable_tqdm=False,
         **precision.trainer_kwargs(),
     )
-    callbacks = [step_timer(steps)] if steps is not None else None
-    trainer = SFTTrainer(
-        model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=callbacks
-    )
-    trainer.train()
-    checkpoints = sorted(work_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    for ckpt in checkpoints:
-        for name in _STATE_FILES:
-            (ckpt / name).unlink(missing_ok=True)
-    if cfg.save_steps:
-        wanted = set(cfg.save_steps)
-        checkpoints = [c for c in checkpoints if int(c.name.split("-")[1]) in wanted]
-    return checkpoints
 
 
 def _save_every(cfg: TrainConfig) -> int:
@@ -148,13 +176,21 @@ def move_checkpoints(checkpoints: list[Path], targets: list[Path]) -> None:
 
 
 def finetune(
-    model_dir, rows: list[dict], cfg: TrainConfig, targets: list[Path], model=None, data=None, steps_out=None
+    model_dir,
+    rows: list[dict],
+    cfg: TrainConfig,
+    targets: list[Path],
+    model=None,
+    data=None,
+    steps_out=None,
+    resume: Resume | None = None,
 ) -> None:
     """Train the model at `model_dir` (or the given fresh `model`) and write one checkpoint per target,
     each with its `graftlab.json` provenance, and the seconds of every step as JSON lines to `steps_out`.
 
     Training state lives in a hidden work directory beside the first target, so a failed run leaves no
-    directory that looks like a finished checkpoint.
+    directory that looks like a finished checkpoint; with `resume`, in its directory instead, which a
+    failed run keeps for the rerun to continue from.
     """
     from dataclasses import asdict
 
@@ -167,23 +203,31 @@ def finetune(
     inputs = {"model": "initialised from scratch" if model is not None else str(model_dir), "data": str(data)}
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=WEIGHTS_DTYPE)
-    work = targets[0].parent / f".work-{targets[0].name}"
-    shutil.rmtree(work, ignore_errors=True)
+    if resume is not None:
+        resume.open(fingerprint(cfg, model=inputs["model"], data=inputs["data"], examples=len(rows)))
+        work = resume.dir
+    else:
+        work = targets[0].parent / f".work-{targets[0].name}"
+        shutil.rmtree(work, ignore_errors=True)
     steps: list[dict] = []
     try:
-        checkpoints = train(model, tokenizer, rows, work, cfg, steps)
+        checkpoints = train(model, tokenizer, rows, work, cfg, steps, resume)
         for i, ckpt in enumerate(checkpoints):
             write_provenance(ckpt, inputs, asdict(cfg), extra={"checkpoint": i + 1, "examples": len(rows)})
         move_checkpoints(checkpoints, targets)
         if steps_out is not None:
             Path(steps_out).write_text("".join(json.dumps(r) + "\n" for r in steps))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if resume is None:
+            shutil.rmtree(work, ignore_errors=True)
+    if resume is not None:
+        resume.finish()
 
 
-def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path) -> None:
+def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path, resume: Resume | None = None) -> None:
     """SFT on a traces parquet (`prompt`, `completion`); writes `out_dir/epoch~{e}` for every epoch and
-    `out_dir/steps.jsonl`, the seconds of every step (as OPSD's, with no sampling)."""
+    `out_dir/steps.jsonl`, the seconds of every step (as OPSD's, with no sampling). With `resume`, a killed
+    run continues from its newest saved state."""
     from transformers import AutoTokenizer
 
     from graftlab.tables import read_table
@@ -192,4 +236,4 @@ def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path) -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
     targets = [out_dir / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
-    finetune(model_dir, rows, cfg, targets, data=data, steps_out=out_dir / "steps.jsonl")
+    finetune(model_dir, rows, cfg, targets, data=data, steps_out=out_dir / "steps.jsonl", resume=resume)
