@@ -52,7 +52,7 @@ rule mine:
         mining=lambda w: xcfg(w, "mining"),
         task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
-        backend=config["sampling_backend"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/mine.py"
 

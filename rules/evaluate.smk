@@ -29,6 +29,6 @@ rule evaluate:
         },
         validation=lambda w: xcfg(w, "eval", "validation"),
         seed=lambda w: xcfg(w, "seed"),
-        backend=config["sampling_backend"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/evaluate.py"

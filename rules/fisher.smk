@@ -27,7 +27,7 @@ rule rollouts:
             for k in ("rollouts", "temperature", "max_new_tokens")
         },
         seed=lambda w: xcfg(w, "seed"),
-        backend=config["sampling_backend"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/rollouts.py"
 

@@ -44,7 +44,7 @@ rule teacher_traces:
         sampling=lambda w: {k: v for k, v in xcfg(w, "teacher").items() if k != "model"},
         task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
-        backend=config["sampling_backend"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/star.py"
 
@@ -72,7 +72,7 @@ rule star:
         sampling=lambda w: xcfg(w, "star"),
         task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
-        backend=config["sampling_backend"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/star.py"
 
@@ -106,6 +106,7 @@ rule pedagogical_teacher:
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
         resume_minutes=config["resume_minutes"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/pedagogical_teacher.py"
 
@@ -140,6 +141,6 @@ rule pedagogical_traces:
         },
         task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
-        backend=config["sampling_backend"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/pedagogical_traces.py"

@@ -60,5 +60,6 @@ rule opsd:
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
         resume_minutes=config["resume_minutes"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/opsd.py"

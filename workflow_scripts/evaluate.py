@@ -4,7 +4,7 @@ from pathlib import Path
 
 from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.joblog import job_log
-from graftlab.sampling import SamplingConfig
+from graftlab.sampling import Engine, SamplingConfig
 
 p = snakemake.params
 benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
@@ -15,6 +15,6 @@ with job_log(snakemake.log[0], snakemake.threads):
         SamplingConfig.from_config(p.sampling, p.seed),
         Path(snakemake.output.metrics).parent,
         snakemake.wildcards.run,
-        p.backend,
+        Engine.of(p.backend, seed=p.seed),
         validation=p.validation,
     )

@@ -1,6 +1,7 @@
 """Mine the new-task problems the post model rarely or never solves."""
 
 from graftlab.joblog import job_log
+from graftlab.sampling import Engine
 from graftlab.synth.mining import MiningConfig, mine
 
 p = snakemake.params
@@ -11,6 +12,6 @@ with job_log(snakemake.log[0], snakemake.threads):
         MiningConfig(**p.mining, seed=p.seed),
         snakemake.output.train,
         snakemake.output.heldout,
-        p.backend,
+        Engine.of(p.backend, seed=p.seed),
         p.task,
     )

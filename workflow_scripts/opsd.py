@@ -16,6 +16,7 @@ with job_log(snakemake.log[0], snakemake.threads):
         seed=p.seed,
         threads=snakemake.threads,
         precision=p.precision,
+        backend=p.backend,
         **o,
     )
     facts = pl.read_parquet(inp.facts) if inp.facts else None

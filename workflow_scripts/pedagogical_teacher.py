@@ -1,6 +1,7 @@
 """Pedagogical RL: GRPO-train a copy of the post model as the teacher; reward components per step."""
 
 from graftlab.joblog import job_log
+from graftlab.sampling import Engine
 from graftlab.synth.pedagogical import RewardConfig, TeacherConfig, train_teacher
 from graftlab.train.resume import Resume, resume_dir
 
@@ -8,6 +9,9 @@ p, inp, out = snakemake.params, snakemake.input, snakemake.output
 t = dict(p.training)
 reward = RewardConfig(**{k: t.pop(k) for k in ("beta", "strength", "min_tokens")})
 with job_log(snakemake.log[0], snakemake.threads):
-    cfg = TeacherConfig(**t, reward=reward, seed=p.seed, threads=snakemake.threads, precision=p.precision)
+    backend = Engine.of(p.backend, seed=p.seed)
+    cfg = TeacherConfig(
+        **t, reward=reward, seed=p.seed, threads=snakemake.threads, precision=p.precision, backend=backend
+    )
     resume = Resume(resume_dir(out.teacher), p.resume_minutes)
     train_teacher(inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task, resume=resume)

@@ -2,10 +2,11 @@
 reference solution it was shown."""
 
 from graftlab.joblog import job_log
+from graftlab.sampling import Engine
 from graftlab.synth.pedagogical import write_teacher_traces
 from graftlab.synth.star import StarConfig
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):
     cfg = StarConfig(**p.sampling, seed=p.seed)
-    write_teacher_traces(inp.model, inp.problems, cfg, out.sft, out.stats, p.backend, p.task)
+    write_teacher_traces(inp.model, inp.problems, cfg, out.sft, out.stats, Engine.of(p.backend, seed=p.seed), p.task)

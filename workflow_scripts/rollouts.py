@@ -3,6 +3,7 @@ sampling seconds and share correct."""
 
 from graftlab.fisher.rollouts import RolloutConfig, write_rollouts
 from graftlab.joblog import job_log
+from graftlab.sampling import Engine
 
 p, inp = snakemake.params, snakemake.input
 with job_log(snakemake.log[0], snakemake.threads):
@@ -12,7 +13,7 @@ with job_log(snakemake.log[0], snakemake.threads):
         p.tasks,
         RolloutConfig(**p.rollouts, seed=p.seed),
         snakemake.output.rollouts,
-        p.backend,
+        Engine.of(p.backend, seed=p.seed),
         prompts_file=inp.prompts or None,
         stats_out=snakemake.output.stats,
     )

@@ -2,9 +2,10 @@
 or teacher traces (a teacher model's)."""
 
 from graftlab.joblog import job_log
+from graftlab.sampling import Engine
 from graftlab.synth.star import StarConfig, write_star
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):
     cfg = StarConfig(**p.sampling, seed=p.seed)
-    write_star(p.model, inp.problems, cfg, out.sft, out.stats, p.backend, p.task)
+    write_star(p.model, inp.problems, cfg, out.sft, out.stats, Engine.of(p.backend, seed=p.seed), p.task)

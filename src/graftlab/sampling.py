@@ -1,10 +1,13 @@
 """One `generate()` for every stage that samples: evaluation, mining, trace synthesis, rollouts.
 
 Two backends behind the same call: vLLM on a GPU (imported lazily: it pins its own CUDA torch and lives
-in its own environment) and transformers `generate` everywhere else.
+in its own environment) and transformers `generate` everywhere else. `Engine` is the config's choice
+(`sampling_backend` and the `vllm` section); each job logs what it resolved to.
 """
 
-from dataclasses import dataclass
+import importlib.util
+import os
+from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
@@ -31,39 +34,122 @@ class SamplingConfig:
 
 
 def vllm_available() -> bool:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("vllm") is None:
         return False
     import torch
 
     return torch.cuda.is_available()
 
 
-def generate(model_dir, prompts: list[str], cfg: SamplingConfig, backend: str = "auto") -> list[list[str]]:
+@dataclass(frozen=True)
+class Engine:
+    """The sampling backend a job asked for and the vLLM engine's options (transformers ignores them)."""
+
+    backend: str = "auto"  # auto | vllm | transformers
+    max_model_len: int | None = None  # None: the model's own context length
+    gpu_memory_utilization: float = 0.9
+    colocate_gpu_memory_utilization: float = 0.3  # beside a model being trained (on-policy stages)
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    seed: int = 0
+
+    @classmethod
+    def of(cls, spec, seed: int | None = None) -> "Engine":
+        """From a backend name, an `Engine`, or the rules' `backend` param (the backend with the `vllm`
+        config section's options, flattened)."""
+        engine = spec if isinstance(spec, Engine) else cls(spec) if isinstance(spec, str) else cls(**spec)
+        return engine if seed is None else replace(engine, seed=seed)
+
+    def resolve(self) -> tuple[str, str]:
+        """(backend, why). `auto` never falls back silently: on a GPU, `generate` at thousands of samples
+        of 8k+ tokens takes days, so a GPU without vLLM is an error to fix, not a slower run."""
+        if self.backend not in ("auto", "vllm", "transformers"):
+            raise ValueError(f"unknown sampling backend {self.backend!r}; use auto, transformers or vllm")
+        if self.backend != "auto":
+            return self.backend, "configured"
+        import torch
+
+        if not torch.cuda.is_available():
+            return "transformers", "auto: no CUDA device"
+        if importlib.util.find_spec("vllm") is None:
+            raise RuntimeError(
+                "sampling_backend auto: a CUDA device is present but vLLM is not installed; install "
+                "graftlab[gpu] (envs/sample-vllm.yaml) or set sampling_backend: transformers"
+            )
+        return "vllm", "auto: CUDA device and vLLM present"
+
+    def record(self, backend: str, why: str) -> dict:
+        """What provenance and stats keep of the sampling: the backend, why, and the engine's options."""
+        options = {k: v for k, v in vars(self).items() if k != "backend"}
+        return {"backend": backend, "why": why} | ({"vllm": options} if backend == "vllm" else {})
+
+
+def _announce(engine: Engine) -> tuple[str, str]:
+    backend, why = engine.resolve()
+    print(f"sampling backend: {backend} ({why})", flush=True)
+    return backend, why
+
+
+def generate(model_dir, prompts: list[str], cfg: SamplingConfig, backend="auto") -> list[list[str]]:
     """`cfg.n` completions per prompt (already chat-formatted), decoded up to the end-of-turn token."""
     return load_sampler(model_dir, backend)(prompts, cfg)
 
 
-def generate_ids(model_dir, prompts: list[str], cfg: SamplingConfig, backend: str = "auto") -> list[list[Sample]]:
+def generate_ids(model_dir, prompts: list[str], cfg: SamplingConfig, backend="auto") -> list[list[Sample]]:
     """`cfg.n` samples per prompt as token ids `(prompt_ids, completion_ids)`, for stages that score them."""
     return load_sampler(model_dir, backend).sample_ids(prompts, cfg)
 
 
-def load_sampler(model_dir, backend: str = "auto"):
+def load_sampler(model_dir, backend="auto"):
     """A callable `(prompts, cfg) -> completions` holding the model, for stages that sample repeatedly;
-    its `sample_ids(prompts, cfg)` gives the same samples as token ids."""
-    if backend == "auto":
-        backend = "vllm" if vllm_available() else "transformers"
-    if backend == "vllm":
-        return VllmSampler(model_dir)
-    if backend == "transformers":
-        return HfSampler(model_dir)
-    raise ValueError(f"unknown sampling backend {backend!r}; use auto, transformers or vllm")
+    its `sample_ids(prompts, cfg)` gives the same samples as token ids. `backend`: anything `Engine.of`
+    reads. The choice goes to the job's log and to the sampler's `record` for the stage's stats."""
+    engine = Engine.of(backend)
+    name, why = _announce(engine)
+    sampler = VllmSampler(model_dir, engine) if name == "vllm" else HfSampler(model_dir)
+    sampler.record = engine.record(name, why)
+    return sampler
+
+
+def policy_sampler(model, tokenizer, backend="auto"):
+    """A sampler of a model being trained on its own samples (OPSD). With vLLM the engine runs in this
+    process, started from the checkpoint the model was loaded from; call its `load_weights` before each
+    round of sampling so it samples the current policy."""
+    engine = Engine.of(backend)
+    name, why = _announce(engine)
+    if name == "vllm":
+        colocated = replace(engine, gpu_memory_utilization=engine.colocate_gpu_memory_utilization)
+        sampler = VllmSampler(model.name_or_path, colocated, colocate=True)
+    else:
+        sampler = HfSampler.from_model(model, tokenizer)
+    sampler.record = engine.record(name, why)
+    return sampler
+
+
+def sampling_record(sampler) -> dict | None:
+    """The backend record of a sampler made here; None for one a caller built itself."""
+    return getattr(sampler, "record", None)
+
+
+def grpo_vllm_kwargs(backend="auto") -> dict:
+    """TRL GRPOConfig options for the backend: vLLM in TRL's colocate mode (the engine shares the
+    trainer's process and GPU, and TRL moves the weights into it after each step), or `generate`."""
+    engine = Engine.of(backend)
+    if _announce(engine)[0] != "vllm":
+        return {"use_vllm": False}
+    return {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": engine.colocate_gpu_memory_utilization,
+        "vllm_tensor_parallel_size": engine.tensor_parallel_size,
+        "vllm_max_model_length": engine.max_model_len,
+    }
 
 
 class VllmSampler:
-    def __init__(self, model_dir):
+    backend = "vllm"
+
+    def __init__(self, model_dir, engine: Engine | None = None, colocate: bool = False):
         try:
             from vllm import LLM
         except ImportError:
@@ -72,7 +158,29 @@ class VllmSampler:
                 "(envs/sample-vllm.yaml) or use sampling_backend: transformers"
             ) from None
 
-        self.llm = LLM(model=str(model_dir))
+        engine = engine or Engine("vllm")
+        extra = {}
+        if colocate:
+            # As TRL's colocate mode: the engine in this process, so its model's weights can be written.
+            extra["distributed_executor_backend"] = "external_launcher"
+            _single_process_group()
+        self.llm = LLM(
+            model=str(model_dir),
+            max_model_len=engine.max_model_len,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
+            tensor_parallel_size=engine.tensor_parallel_size,
+            dtype=engine.dtype,
+            seed=engine.seed,
+            **extra,
+        )
+
+    def load_weights(self, named_params) -> None:
+        """Write a trained model's `(name, tensor)` pairs into the engine (one created with `colocate`),
+        then drop the prefix cache: its keys and values came from the old weights."""
+        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        # vLLM's loaders take any iterable: a generator copies one tensor at a time, as TRL's loop does.
+        model.load_weights((name, param.detach()) for name, param in named_params)
+        self.llm.reset_prefix_cache()
 
     def _generate(self, prompts: list[str], cfg: SamplingConfig):
         from vllm import SamplingParams
@@ -99,6 +207,8 @@ class VllmSampler:
 
 
 class HfSampler:
+    backend = "transformers"
+
     def __init__(self, model_dir):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -157,6 +267,19 @@ class HfSampler:
         completions = [_until_eos(row, tok.eos_token_id) for row in ids[:, batch["input_ids"].shape[1] :].tolist()]
         samples = [(prompt_ids[i // n], c) for i, c in enumerate(completions)]
         return [samples[i : i + n] * (cfg.n // n) for i in range(0, len(samples), n)]
+
+
+def _single_process_group() -> None:
+    """The rendezvous an in-process engine joins: this process alone, on a free port, so that two such
+    jobs on one node do not collide."""
+    import socket
+
+    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "localhost")):
+        os.environ.setdefault(key, value)
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
 
 
 def _until_eos(ids: list[int], eos: int) -> list[int]:

@@ -26,7 +26,7 @@ import polars as pl
 from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
 from graftlab.evaluate.metrics import INTERVAL, acc_interval, benchmark_metrics, correct_counts
-from graftlab.sampling import SamplingConfig, load_sampler
+from graftlab.sampling import SamplingConfig, load_sampler, sampling_record
 from graftlab.tables import read_table
 from graftlab.tasks import Task, find_task, get_task
 
@@ -163,6 +163,7 @@ def evaluate(
     if validation > 0:
         metrics |= role_scores(val_bench, val_counts, VALIDATION) | {"validation_share": validation}
     metrics["interval"] = dict(INTERVAL)
+    metrics["sampling"] = sampling_record(sampler)
     with atomic_file(out_dir / "metrics.json") as tmp:
         tmp.write_text(json.dumps(metrics, indent=2))
     return metrics

@@ -129,7 +129,7 @@ def write_rollouts(
     drawn from it instead and `tasks` is unused: the file's `task` column says how each is graded."""
     from transformers import AutoTokenizer
 
-    from graftlab.sampling import load_sampler
+    from graftlab.sampling import load_sampler, sampling_record
 
     if prompts_file is None:
         problems, source = retention_problems(tasks, cfg.rollouts, cfg.seed, benchmark_files), tasks
@@ -145,6 +145,7 @@ def write_rollouts(
         "source": str(source),
         "mean_completion_tokens": frame["completion_ids"].list.len().mean(),
         "correct": frame["correct"].mean(),
+        "sampling": sampling_record(sampler),
     }
     print(
         f"{frame.height} rollouts over {source}: mean completion {stats['mean_completion_tokens']:.1f} tokens, "

@@ -29,6 +29,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -213,6 +214,9 @@ class TeacherConfig:
     seed: int = 0
     threads: int = 1
     precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
+    # GRPO's sampling (graftlab.sampling.Engine.of reads it): with vLLM, TRL's colocated engine, which
+    # TRL itself moves the current weights into each step.
+    backend: Any = schema_default("", "sampling_backend")
 
 
 def make_reward_func(student, tokenizer, cfg: RewardConfig, grade=is_correct):
@@ -305,6 +309,8 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
 def _grpo_args(cfg: TeacherConfig, work: Path, precision):
     from trl import GRPOConfig
 
+    from graftlab.sampling import grpo_vllm_kwargs
+
     return GRPOConfig(
         output_dir=str(work),
         per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size,
@@ -322,6 +328,7 @@ def _grpo_args(cfg: TeacherConfig, work: Path, precision):
         dataloader_num_workers=0,
         disable_tqdm=True,
         **precision.trainer_kwargs(),
+        **grpo_vllm_kwargs(cfg.backend),
     )
 
 
@@ -373,10 +380,11 @@ def write_teacher_traces(
     from transformers import AutoTokenizer
 
     from graftlab.atomic import write_table_with_stats
-    from graftlab.sampling import load_sampler
+    from graftlab.sampling import load_sampler, sampling_record
     from graftlab.tasks import get_task
 
     sampler, tok = load_sampler(teacher_dir, backend), AutoTokenizer.from_pretrained(teacher_dir)
     traces, stats = teacher_traces(sampler, tok, pl.read_parquet(problems), cfg, get_task(task).grade)
+    stats["sampling"] = sampling_record(sampler)
     write_table_with_stats(traces, stats, out, stats_out)
     return stats

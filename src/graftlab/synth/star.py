@@ -191,16 +191,18 @@ def write_star(
     problem is solved."""
     from transformers import AutoTokenizer
 
-    from graftlab.sampling import load_sampler
+    from graftlab.sampling import load_sampler, sampling_record
     from graftlab.tasks import get_task
 
+    sampler = load_sampler(model_dir, backend)
     traces, stats = star_traces(
-        load_sampler(model_dir, backend),
+        sampler,
         AutoTokenizer.from_pretrained(model_dir),
         read_table(problems, PROBLEM_COLUMNS, "star problems"),
         cfg,
         get_task(task).grade,
     )
+    stats["sampling"] = sampling_record(sampler)
     print(
         f"star: solved {stats['solved']} of {stats['problems']} ({stats['solved_by_rationalization']} by "
         f"rationalization); mean attempts {stats['attempts_mean']}"

@@ -18,9 +18,11 @@ pools all response tokens. Nor does it time sampling and update apart, which the
 needs. Overriding its loss would leave little of it; the loop below is about 100 lines.
 """
 
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
@@ -53,6 +55,7 @@ class OpsdConfig:
     seed: int = 0
     threads: int = 1
     precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
+    backend: Any = schema_default("", "sampling_backend")  # anything graftlab.sampling.Engine.of reads
 
     def __post_init__(self) -> None:
         if not 0 <= self.alpha <= 1:
@@ -137,15 +140,25 @@ class Opsd:
         self.optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
         self.k = min(cfg.top_k, student.config.vocab_size)
 
+    @functools.cached_property
+    def sampler(self):
+        from graftlab.sampling import Engine, policy_sampler
+
+        return policy_sampler(self.student, self.tok, Engine.of(self.cfg.backend, seed=self.cfg.seed))
+
     def sample(self, problems: list[str], step: int) -> list[tuple[list[int], list[int]]]:
-        from graftlab.sampling import HfSampler, SamplingConfig
+        from graftlab.sampling import SamplingConfig
 
         self.student.eval()
         seed = stream_seed("opsd-sampling", self.cfg.seed, step)
         scfg = SamplingConfig(1, self.cfg.temperature, 1.0, self.cfg.max_new_tokens, seed)
         prompts = [chat_prompt(self.tok, p) for p in problems]
+        if self.sampler.backend == "vllm":
+            # On-policy: the engine must sample the student as it is after the last update. Our own loop
+            # does what TRL's colocate mode does inside its trainers: an in-process engine, weights written.
+            self.sampler.load_weights(self.student.named_parameters())
         with self.autocast():
-            samples = HfSampler.from_model(self.student, self.tok).sample_ids(prompts, scfg)
+            samples = self.sampler.sample_ids(prompts, scfg)
         return [s[0] for s in samples]
 
     def update(self, samples, teacher_prompts: list[str]) -> float:

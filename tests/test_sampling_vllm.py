@@ -1,0 +1,203 @@
+"""Every sampling stage through its vLLM path, on a fake `vllm` (tests/fake_vllm) that records its calls:
+the engine gets the configured options, the job logs the backend, the stats keep it, and OPSD moves
+its current weights into the engine before each round of sampling."""
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import torch
+
+from graftlab.sampling import Engine, SamplingConfig, grpo_vllm_kwargs, load_sampler
+from graftlab.tasks import chat_completion
+from graftlab.world import arith, build
+from graftlab.world.tokenizer import build_tokenizer
+
+FAKE = Path(__file__).parent / "fake_vllm"
+ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=128)
+OLD_TASKS = ["add", "sub", "compare"]
+ENGINE = Engine(
+    "vllm",
+    max_model_len=512,
+    gpu_memory_utilization=0.55,
+    colocate_gpu_memory_utilization=0.2,
+    tensor_parallel_size=1,
+    dtype="float32",
+    seed=7,
+)
+OPTIONS = dict(max_model_len=512, gpu_memory_utilization=0.55, tensor_parallel_size=1, dtype="float32", seed=7)
+LOGGED = "sampling backend: vllm (configured)"
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("vllm-world")
+    tok = build_tokenizer()
+    build.init_model(tok, ARCH, seed=0).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    build.make_benchmarks(OLD_TASKS, 6, 0, root / "benchmarks")
+    pl.DataFrame(arith.sample_problems("mul", 6, "candidates", 0)).write_parquet(root / "problems.parquet")
+    return root
+
+
+@pytest.fixture
+def vllm(monkeypatch):
+    monkeypatch.syspath_prepend(str(FAKE))
+    sys.modules.pop("vllm", None)
+    import vllm
+
+    vllm.CALLS.clear()
+    monkeypatch.setattr(vllm, "RESPOND", vllm._default_response)
+    yield vllm
+    # Gone again, so that the other tests see a machine without vLLM.
+    sys.modules.pop("vllm", None)
+
+
+def calls(vllm, name: str) -> list:
+    return [details for called, details in vllm.CALLS if called == name]
+
+
+def right(prompt: str, _index: int) -> str:
+    """The solved completion of the arithmetic problem in a chat prompt's user turn."""
+    user = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", prompt, re.S).group(1)
+    thinking, answer = arith.solve("mul", user.split("\n")[0])
+    return chat_completion(thinking, answer)
+
+
+def check_engine(vllm, model_dir: Path, capsys, stats: dict | None = None) -> None:
+    (init,) = calls(vllm, "init")
+    assert init == {"model": str(model_dir), **OPTIONS}
+    assert LOGGED in capsys.readouterr().out
+    if stats is not None:
+        assert stats["sampling"] == {"backend": "vllm", "why": "configured", "vllm": ENGINE.record("vllm", "")["vllm"]}
+        assert stats["sampling"]["vllm"]["max_model_len"] == 512
+
+
+def test_mining(world, vllm, tmp_path, capsys):
+    from graftlab.synth.mining import MiningConfig, mine
+
+    cfg = MiningConfig(samples=3, max_pass_rate=0.5, heldout=2, temperature=0.8, max_new_tokens=16, seed=1)
+    mine(
+        world / "model", world / "problems.parquet", cfg, tmp_path / "train.parquet", tmp_path / "held.parquet", ENGINE
+    )
+    check_engine(vllm, world / "model", capsys)
+    (gen,) = calls(vllm, "generate")
+    assert len(gen["prompts"]) == 6
+    assert {k: gen["params"].kwargs[k] for k in ("n", "temperature", "max_tokens")} == {
+        "n": 3,
+        "temperature": 0.8,
+        "max_tokens": 16,
+    }
+    # The fake's fixed completion is wrong everywhere: every problem is hard.
+    assert pl.read_parquet(tmp_path / "train.parquet").height == 4
+
+
+@pytest.mark.parametrize("stage", ["star", "teacher_traces", "pedagogical_traces"])
+def test_trace_stages(world, vllm, tmp_path, capsys, monkeypatch, stage):
+    from graftlab.synth.pedagogical import write_teacher_traces
+    from graftlab.synth.star import StarConfig, write_star
+
+    monkeypatch.setattr(vllm, "RESPOND", right)
+    write = write_teacher_traces if stage == "pedagogical_traces" else write_star
+    args = (world / "model", world / "problems.parquet", StarConfig(attempts=2), tmp_path / "sft.parquet")
+    stats = write(*args, tmp_path / "sft.json", ENGINE)
+    check_engine(vllm, world / "model", capsys, json.loads((tmp_path / "sft.json").read_text()))
+    assert stats["traces"] == 6 and pl.read_parquet(tmp_path / "sft.parquet").height == 6
+
+
+def test_retention_rollouts(world, vllm, tmp_path, capsys):
+    from graftlab.fisher.rollouts import RolloutConfig, write_rollouts
+
+    benchmarks = sorted((world / "benchmarks").glob("*.parquet"))
+    out, stats = tmp_path / "rollouts.parquet", tmp_path / "rollouts.json"
+    cfg = RolloutConfig(rollouts=5, temperature=1.0, max_new_tokens=16)
+    write_rollouts(world / "model", benchmarks, OLD_TASKS, cfg, out, ENGINE, stats_out=stats)
+    check_engine(vllm, world / "model", capsys, json.loads(stats.read_text()))
+    frame = pl.read_parquet(out)
+    eos = build_tokenizer().eos_token_id
+    assert frame.height == 5 and all(ids[-1] == eos for ids in frame["completion_ids"])
+
+
+def test_evaluation(world, vllm, tmp_path, capsys):
+    from graftlab.evaluate.run import Benchmark, evaluate
+
+    bench = Benchmark("add", world / "benchmarks" / "add.parquet", "old")
+    metrics = evaluate(world / "model", [bench], SamplingConfig(2, 1.0, 0.9, 16), tmp_path / "eval", "post", ENGINE)
+    check_engine(vllm, world / "model", capsys, json.loads((tmp_path / "eval" / "metrics.json").read_text()))
+    assert metrics["sampling"]["backend"] == "vllm"
+    assert calls(vllm, "generate")[0]["params"].kwargs["top_p"] == 0.9
+
+
+def test_opsd_moves_its_current_weights_into_the_engine_each_step(world, vllm, capsys, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftlab.train.opsd import Opsd, OpsdConfig
+
+    # The engine's rendezvous variables must not outlive this test: a later trainer would read them.
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "x")
+        monkeypatch.delenv(key)
+
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    student, teacher = (AutoModelForCausalLM.from_pretrained(world / "model") for _ in range(2))
+    cfg = OpsdConfig(alpha=0.5, lr=1e-2, steps=2, batch_size=2, max_new_tokens=8, seed=7, backend=ENGINE)
+    run = Opsd(student, teacher, tok, cfg)
+    batch = [{"prompt": p, "demonstration": "1+1=2"} for p in ("3*4", "5*6")]
+    sums = []
+    for step in (1, 2):
+        before = {n: float(p.detach().double().sum()) for n, p in student.named_parameters()}
+        run.step(batch, step)
+        sums.append(before)
+    (init,) = calls(vllm, "init")
+    # Colocated: the engine lives in this process (its weights writable) and leaves the GPU to training.
+    assert init == {
+        "model": str(world / "model"),
+        **OPTIONS,
+        "gpu_memory_utilization": 0.2,
+        "distributed_executor_backend": "external_launcher",
+    }
+    assert LOGGED in capsys.readouterr().out
+    assert os.environ["WORLD_SIZE"] == "1" and int(os.environ["MASTER_PORT"]) > 0
+    names = [name for name, _ in vllm.CALLS]
+    assert names == ["init"] + ["load_weights", "reset_prefix_cache", "generate"] * 2
+    loaded = calls(vllm, "load_weights")
+    # Each step the engine got every parameter as it stood before that step's sampling: step 2's are trained.
+    assert loaded == sums
+    assert loaded[0] != loaded[1]
+
+
+def test_grpo_samples_through_trls_colocated_vllm(vllm, capsys):
+    kwargs = grpo_vllm_kwargs({"backend": "vllm", "colocate_gpu_memory_utilization": 0.25, "max_model_len": 256})
+    assert kwargs == {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": 0.25,
+        "vllm_tensor_parallel_size": 1,
+        "vllm_max_model_length": 256,
+    }
+    assert LOGGED in capsys.readouterr().out
+    assert grpo_vllm_kwargs("transformers") == {"use_vllm": False}
+
+
+def test_auto_is_vllm_on_cuda_and_never_falls_back_silently(world, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert Engine().resolve() == ("transformers", "auto: no CUDA device")
+    sampler = load_sampler(world / "model", {"backend": "auto", "max_model_len": 64})
+    assert "sampling backend: transformers (auto: no CUDA device)" in capsys.readouterr().out
+    assert sampler.record == {"backend": "transformers", "why": "auto: no CUDA device"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(RuntimeError, match="vLLM is not installed.*or set sampling_backend: transformers"):
+        Engine().resolve()
+    monkeypatch.syspath_prepend(str(FAKE))
+    assert Engine().resolve() == ("vllm", "auto: CUDA device and vLLM present")
+
+
+def test_asking_for_vllm_where_it_is_absent_is_an_error(world):
+    with pytest.raises(RuntimeError, match="needs vLLM"):
+        load_sampler(world / "model", "vllm")
+    with pytest.raises(ValueError, match="unknown sampling backend"):
+        load_sampler(world / "model", "generate")
