@@ -4,7 +4,7 @@ from graftlab.config import ConfigError, load_schema, resolve
 from graftlab.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.layout import Experiment, opsd_steps, study_experiments, worlds
-from graftlab.resources import classify, job_resources, model_params
+from graftlab.resources import classify, job_resources, job_work, model_params
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
 # leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).
@@ -96,13 +96,6 @@ def local_source(source):
 
 # Each job's resources, from the model it loads and the work it does (graftlab.resources, unit-tested
 # there): rules set them, and no profile sets per-rule resources, so nothing overrides them.
-PROMPT_TOKENS = (
-    512  # a competition problem in its chat template; the tiny world's are far shorter
-)
-# Problems assumed in a real data set that sets no `limit`: MATH's training split has 7,500.
-NOMINAL_PROBLEMS = 10000
-
-
 def profile_partitions():
     """{cpu, gpu} partition names from the profile's default-resources: `slurm_partition` (every job's
     default, a CPU partition) and `gpu_partition` (read by the GPU rules alone). A profile cannot
@@ -119,64 +112,15 @@ def profile_partitions():
 PARTITIONS = profile_partitions()
 
 
-def problems(source):
-    """Problems a real data set holds at most (its `limit`, else NOMINAL_PROBLEMS)."""
-    return (source or {}).get("limit") or NOMINAL_PROBLEMS
-
-
-def job_work(rule_name, w):
-    """(model, sequences, tokens per sequence) of one job; model is a `models` name, `post` or None."""
+def job_work_of(rule_name, w):
+    """(model, sequences, tokens per sequence) of one job (graftlab.resources.job_work)."""
     if rule_name in ("world_pretrain", "world_posttrain"):
-        m = wcfg(w, "model")["max_positions"]
-        if rule_name == "world_pretrain":
-            return (
-                None,
-                wcfg(w, "pretrain", "steps") * wcfg(w, "pretrain", "batch_size"),
-                m,
-            )
-        post = wcfg(w, "posttrain")
-        n = post["examples_per_task"] * len(wcfg(w, "old_tasks")) * post["epochs"]
-        return None, n, m
+        return job_work(rule_name, world=WORLDS[w.world])
     if not hasattr(w, "exp"):
         return None, 0, 0
     x = config["experiments"][w.exp]
-    cands = problems(x["problems"]) if x["problems"] else layout(w).world["candidates"]
-    new = {
-        "teacher": x["teacher"],
-        "star": x["star"],
-        "pedagogical": x["pedagogical"],
-    }.get(x["data"], x["mining"])["max_new_tokens"]
-    bench = sum(problems(s) for s in (x["benchmarks"] or {}).values()) or 0
-    work = {
-        "mine": ("post", cands * x["mining"]["samples"], x["mining"]["max_new_tokens"]),
-        "teacher_traces": (
-            x["teacher"]["model"],
-            cands * x["teacher"]["attempts"],
-            new,
-        ),
-        "star": ("post", cands * x["star"]["attempts"], new),
-        "pedagogical_traces": ("post", cands * x["pedagogical"]["attempts"], new),
-        "pedagogical_teacher": ("post", _grpo(x["pedagogical"]), new),
-        "sft": (getattr(w, "donor", "post"), cands * x["sft"]["epochs"], new),
-        "opsd": (
-            "post",
-            x["opsd"]["steps"] * x["opsd"]["batch_size"],
-            x["opsd"]["max_new_tokens"],
-        ),
-        "rollouts": ("post", x["fisher"]["rollouts"], x["fisher"]["max_new_tokens"]),
-        "fisher": ("post", x["fisher"]["rollouts"], x["fisher"]["max_new_tokens"]),
-        "evaluate": (
-            "post",
-            (bench + x["mining"]["heldout"]) * x["eval"]["samples"],
-            x["eval"]["max_new_tokens"],
-        ),
-    }
-    model, sequences, tokens = work.get(rule_name, ("post", 0, 0))
-    return model, sequences, tokens + PROMPT_TOKENS
-
-
-def _grpo(p):
-    return p["steps"] * p["prompts_per_step"] * p["group_size"]
+    donor = getattr(w, "donor", "post")
+    return job_work(rule_name, world=layout(w).world, experiment=x, donor=donor)
 
 
 def job_params(w, model):
@@ -192,7 +136,7 @@ def sized(rule_name):
 
     def get(key):
         def resource(wildcards, attempt):
-            model, sequences, tokens = job_work(rule_name, wildcards)
+            model, sequences, tokens = job_work_of(rule_name, wildcards)
             params = job_params(wildcards, model)
             return job_resources(
                 rule_name,

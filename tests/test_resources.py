@@ -118,3 +118,31 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
 def test_local_runs_name_no_partition(tmp_path):
     jobs = dry_run_jobs(tmp_path)
     assert all("slurm_partition" not in res for _, res in jobs)
+
+
+def test_job_work_by_hand():
+    """The work each job is sized by, read from the resolved config of the Qwen3 preset by hand."""
+    import yaml
+
+    from graftlab.config import resolve
+    from graftlab.resources import PROMPT_TOKENS, job_work
+
+    config = resolve(yaml.safe_load((REPO / "configs" / "qwen3-1.7b-star.yaml").read_text()))
+    (name, x), world = next(iter(config["experiments"].items())), config["world"]
+    limit = x["problems"]["limit"] or 10_000
+    assert job_work("mine", world=world, experiment=x) == (
+        "post",
+        limit * x["mining"]["samples"],
+        x["mining"]["max_new_tokens"] + PROMPT_TOKENS,
+    )
+    assert job_work("sft", world=world, experiment=x, donor="qwen3-1.7b-base") == (
+        "qwen3-1.7b-base",
+        limit * x["sft"]["epochs"],
+        x["star"]["max_new_tokens"] + PROMPT_TOKENS,
+    )
+    assert job_work("world_pretrain", world=world) == (
+        None,
+        world["pretrain"]["steps"] * world["pretrain"]["batch_size"],
+        world["model"]["max_positions"],
+    )
+    assert job_work("summary", world=world) == (None, 0, 0), name

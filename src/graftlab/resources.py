@@ -146,3 +146,50 @@ def _gpu_bytes(rule: str) -> int:
     if rule in FISHER:
         return GPU_BYTES_PER_PARAM["fisher"]
     return GPU_BYTES_PER_PARAM["train_pair" if rule in TWO_MODELS else "train"]
+
+
+# What a job's work is sized by, where the config does not say it.
+PROMPT_TOKENS = 512  # a competition problem in its chat template; the tiny world's are far shorter
+NOMINAL_PROBLEMS = 10_000  # a real data set that sets no `limit` (MATH's training split has 7,500)
+
+
+def problems(source: dict | None) -> int:
+    """Problems a real data set holds at most: its `limit`, else `NOMINAL_PROBLEMS`."""
+    return (source or {}).get("limit") or NOMINAL_PROBLEMS
+
+
+def job_work(rule: str, *, world: dict, experiment: dict | None = None, donor: str = "post"):
+    """(model, sequences, tokens per sequence) of one job of `rule`, from its resolved world section and,
+    for an experiment's rule, the experiment's section: the model is `post`, a donor or teacher name, or
+    None for the tiny world's own training; tokens include `PROMPT_TOKENS`."""
+    if rule == "world_pretrain":
+        return None, world["pretrain"]["steps"] * world["pretrain"]["batch_size"], world["model"]["max_positions"]
+    if rule == "world_posttrain":
+        post = world["posttrain"]
+        return (
+            None,
+            post["examples_per_task"] * len(world["old_tasks"]) * post["epochs"],
+            world["model"]["max_positions"],
+        )
+    if experiment is None:
+        return None, 0, 0
+    x = experiment
+    cands = problems(x["problems"]) if x["problems"] else world["candidates"]
+    new = {"teacher": x["teacher"], "star": x["star"], "pedagogical": x["pedagogical"]}.get(x["data"], x["mining"])
+    new = new["max_new_tokens"]
+    bench = sum(problems(s) for s in (x["benchmarks"] or {}).values())
+    ped = x["pedagogical"]
+    work = {
+        "mine": ("post", cands * x["mining"]["samples"], x["mining"]["max_new_tokens"]),
+        "teacher_traces": (x["teacher"]["model"], cands * x["teacher"]["attempts"], new),
+        "star": ("post", cands * x["star"]["attempts"], new),
+        "pedagogical_traces": ("post", cands * ped["attempts"], new),
+        "pedagogical_teacher": ("post", ped["steps"] * ped["prompts_per_step"] * ped["group_size"], new),
+        "sft": (donor, cands * x["sft"]["epochs"], new),
+        "opsd": ("post", x["opsd"]["steps"] * x["opsd"]["batch_size"], x["opsd"]["max_new_tokens"]),
+        "rollouts": ("post", x["fisher"]["rollouts"], x["fisher"]["max_new_tokens"]),
+        "fisher": ("post", x["fisher"]["rollouts"], x["fisher"]["max_new_tokens"]),
+        "evaluate": ("post", (bench + x["mining"]["heldout"]) * x["eval"]["samples"], x["eval"]["max_new_tokens"]),
+    }
+    model, sequences, tokens = work.get(rule, ("post", 0, 0))
+    return model, sequences, tokens + PROMPT_TOKENS
