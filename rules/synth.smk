@@ -90,8 +90,9 @@ rule pedagogical_teacher:
         "benchmarks/jobs/{exp}/pedagogical/teacher.tsv"
     wildcard_constraints:
         exp=experiments_with("pedagogical"),
+    # GRPO samples its groups with TRL's colocated vLLM, inside the training process.
     conda:
-        "../envs/train.yaml"
+        "../envs/sample-vllm.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("pedagogical_teacher"),

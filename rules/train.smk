@@ -45,8 +45,9 @@ rule opsd:
         "logs/{exp}/opsd/post/alpha~{alpha}/lr~{lr}.log",
     benchmark:
         "benchmarks/jobs/{exp}/opsd/post/alpha~{alpha}/lr~{lr}.tsv"
+    # On-policy: it samples with vLLM inside the training process, so it needs vLLM's environment.
     conda:
-        "../envs/train.yaml"
+        "../envs/sample-vllm.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("opsd"),

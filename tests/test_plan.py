@@ -115,3 +115,19 @@ def test_jobs_match_snakemake_dag(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["plan", "--configfile", "configs/smoke.yaml", "--dag"]) == 0
     assert "Snakemake's DAG has the same jobs per rule." in capsys.readouterr().out
+
+
+def test_a_greedy_task_is_charged_one_answer_per_question():
+    """Knowledge questions are answered once, greedily (graftlab.tasks): evaluation is charged so."""
+    import yaml
+
+    from graftlab.config import resolve
+    from graftlab.layout import Experiment
+    from graftlab.plan import Assumptions, eval_sequences
+
+    config = resolve(yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml").read_text()))
+    name = next(e for e, x in config["experiments"].items() if x["data"] == "knowledge")
+    layout, x = Experiment.of(config, name), config["experiments"][name]
+    old = layout.world["benchmark_size"] * len(layout.world["old_tasks"]) * x["eval"]["samples"]
+    new = x["knowledge"]["facts"] * x["knowledge"]["heldout_phrasings"]
+    assert x["eval"]["samples"] > 1 and eval_sequences(layout, Assumptions()) == old + new

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from graftlab.layout import POST, Experiment, on_tiny_world, opsd_steps, shows_takeover, study_experiments, world_key
+from graftlab.tasks import get_task
 
 # The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
 WORLD_VOCAB = 84
@@ -163,16 +164,17 @@ def sft_examples(layout: Experiment, a: Assumptions) -> int:
     return max(0, round(candidates(layout, a) * a.kept) - x["mining"]["heldout"])
 
 
-def eval_problems(layout: Experiment, a: Assumptions) -> int:
-    """Problems of one evaluation: every old benchmark and the held-out new-task problems."""
-    x = layout.x
-    if x["benchmarks"]:
-        old = sum(_limit(s, a.benchmark_problems) for s in x["benchmarks"].values())
-    else:
-        old = layout.world["benchmark_size"] * len(layout.world["old_tasks"])
+def eval_sequences(layout: Experiment, a: Assumptions) -> int:
+    """Answers one evaluation draws: each benchmark's problems times the samples its task draws (a
+    greedy task, such as knowledge, answers once: `graftlab.tasks`)."""
+    x, samples = layout.x, layout.x["eval"]["samples"]
+    old = {n: _limit(s, a.benchmark_problems) for n, s in (x["benchmarks"] or {}).items()}
+    old = old or dict.fromkeys(layout.world["old_tasks"], layout.world["benchmark_size"])
     k = x["knowledge"]
     new = k["facts"] * k["heldout_phrasings"] if x["data"] == "knowledge" else x["mining"]["heldout"]
-    return old + new
+    sizes = old | {layout.new_benchmark()[0]: new}
+    tasks = {name: task for name, _, _, task in layout.eval_benchmarks()}
+    return sum(n * (1 if get_task(tasks[name]).greedy else samples) for name, n in sizes.items())
 
 
 def trace_tokens(x: dict) -> int:
@@ -264,7 +266,7 @@ def _fisher_and_grafts(costs: dict, config: dict, layout: Experiment, a: Assumpt
 def _evaluation(costs: dict, config: dict, layout: Experiment, a: Assumptions, root: Path) -> None:
     x = layout.x
     e = x["eval"]
-    tokens = eval_problems(layout, a) * e["samples"] * (a.prompt_tokens + e["max_new_tokens"])
+    tokens = eval_sequences(layout, a) * (a.prompt_tokens + e["max_new_tokens"])
     for r in layout.run_list():
         base = r.donor if r.kind in ("donor", "sft") and r.donor else POST
         costs["evaluate"].add(flops=2 * model_of(config, layout, base, root).params * tokens)

@@ -151,11 +151,13 @@ def _gpu_bytes(rule: str) -> int:
 # What a job's work is sized by, where the config does not say it.
 PROMPT_TOKENS = 512  # a competition problem in its chat template; the tiny world's are far shorter
 NOMINAL_PROBLEMS = 10_000  # a real data set that sets no `limit` (MATH's training split has 7,500)
+# A benchmark that sets no `limit`: MATH-500's size; AIME and HMMT hold 30 each.
+NOMINAL_BENCHMARK_PROBLEMS = 500
 
 
-def problems(source: dict | None) -> int:
-    """Problems a real data set holds at most: its `limit`, else `NOMINAL_PROBLEMS`."""
-    return (source or {}).get("limit") or NOMINAL_PROBLEMS
+def problems(source: dict | None, nominal: int = NOMINAL_PROBLEMS) -> int:
+    """Problems a real data set holds at most: its `limit`, else `nominal`."""
+    return (source or {}).get("limit") or nominal
 
 
 def job_work(rule: str, *, world: dict, experiment: dict | None = None, donor: str = "post"):
@@ -177,7 +179,7 @@ def job_work(rule: str, *, world: dict, experiment: dict | None = None, donor: s
     cands = problems(x["problems"]) if x["problems"] else world["candidates"]
     new = {"teacher": x["teacher"], "star": x["star"], "pedagogical": x["pedagogical"]}.get(x["data"], x["mining"])
     new = new["max_new_tokens"]
-    bench = sum(problems(s) for s in (x["benchmarks"] or {}).values())
+    bench = sum(problems(s, NOMINAL_BENCHMARK_PROBLEMS) for s in (x["benchmarks"] or {}).values())
     ped = x["pedagogical"]
     work = {
         "mine": ("post", cands * x["mining"]["samples"], x["mining"]["max_new_tokens"]),
