@@ -84,3 +84,19 @@ def smoke(tmp_path_factory) -> Path:
     proc = snakemake(workdir, "--cores", "2", "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return workdir
+
+
+def graft_args(post: Path, donor: Path, tuned: Path, scale: str, out: Path) -> list[str]:
+    """The arguments of `graftlab graft` for one graft, after the subcommand."""
+    return [
+        "--post",
+        str(post),
+        "--donor",
+        str(donor),
+        "--donor-tuned",
+        str(tuned),
+        "--scale",
+        scale,
+        "--out",
+        str(out),
+    ]

@@ -67,6 +67,7 @@ def test_rollouts_without_required_columns_are_refused(pico_model, tmp_path):
 
 import json  # noqa: E402
 
+from conftest import graft_args  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 from graftlab.cli import main  # noqa: E402
@@ -137,16 +138,7 @@ def _cli(post, donor, tuned, out, fisher_dir, rho="0.5"):
     return main(
         [
             "graft",
-            "--post",
-            str(post),
-            "--donor",
-            str(donor),
-            "--donor-tuned",
-            str(tuned),
-            "--scale",
-            "1",
-            "--out",
-            str(out),
+            *graft_args(post, donor, tuned, "1", out),
             "--fisher",
             str(fisher_dir),
             "--mask",
@@ -219,25 +211,9 @@ def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_p
 
 def test_cli_exact_limit_switches_to_the_subsampled_threshold_and_reports_the_count(trio, tmp_path):
     post, donor, tuned, fisher_dir, fisher = trio
-    args = [
-        "graft",
-        "--post",
-        str(post),
-        "--donor",
-        str(donor),
-        "--donor-tuned",
-        str(tuned),
-        "--scale",
-        "1",
-        "--fisher",
-        str(fisher_dir),
-        "--mask",
-        "diag",
-        "--rho",
-        "0.3",
-    ]
-    assert main(args + ["--out", str(tmp_path / "exact")]) == 0
-    assert main(args + ["--out", str(tmp_path / "sampled"), "--exact-limit", "0"]) == 0
+    mask = ["--fisher", str(fisher_dir), "--mask", "diag", "--rho", "0.3"]
+    assert main(["graft", *graft_args(post, donor, tuned, "1", tmp_path / "exact"), *mask]) == 0
+    assert main(["graft", *graft_args(post, donor, tuned, "1", tmp_path / "sampled"), *mask, "--exact-limit", "0"]) == 0
     exact, sampled = (json.loads((tmp_path / d / "graftlab.json").read_text())["mask"] for d in ("exact", "sampled"))
     assert exact["masked"] == round(0.3 * exact["total"])
     out, p = _weights(tmp_path / "sampled"), _weights(post)

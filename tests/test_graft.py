@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_pico_model
+from conftest import build_pico_model, graft_args
 from safetensors.torch import load_file, save_file
 
 from graftlab.atomic import atomic_dir
@@ -189,21 +189,6 @@ def run_cli(capsys, *args: str) -> tuple[int, str]:
     capsys.readouterr()  # drop what building the fixtures printed (progress bars)
     code = main(["graft", *args])
     return code, capsys.readouterr().err
-
-
-def graft_args(post: Path, donor: Path, tuned: Path, scale: str, out: Path) -> list[str]:
-    return [
-        "--post",
-        str(post),
-        "--donor",
-        str(donor),
-        "--donor-tuned",
-        str(tuned),
-        "--scale",
-        scale,
-        "--out",
-        str(out),
-    ]
 
 
 def assert_one_line_error(code: int, err: str, *words: str) -> None:

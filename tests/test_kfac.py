@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from conftest import graft_args
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_fisher import _rollouts
@@ -167,25 +168,7 @@ def test_kfac_mask_zeroes_the_top_scored_eigen_directions(kfac_trio, tmp_path, s
 
 def _kfac_cli(post, donor, tuned, out, fisher, rho="0.5"):
     return main(
-        [
-            "graft",
-            "--post",
-            str(post),
-            "--donor",
-            str(donor),
-            "--donor-tuned",
-            str(tuned),
-            "--scale",
-            "1",
-            "--out",
-            str(out),
-            "--fisher",
-            str(fisher),
-            "--mask",
-            "kfac",
-            "--rho",
-            rho,
-        ]
+        ["graft", *graft_args(post, donor, tuned, "1", out), "--fisher", str(fisher), "--mask", "kfac", "--rho", rho]
     )
 
 
