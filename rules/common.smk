@@ -1,10 +1,12 @@
+import functools
 from pathlib import Path
 
 from graftlab.config import ConfigError, load_schema, resolve
 from graftlab.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.layout import Experiment, opsd_steps, study_experiments, worlds
-from graftlab.resources import classify, job_resources, job_work, model_params
+from graftlab.resources import classify, job_resources
+from graftlab.work import job_work, world_work
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
 # leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).
@@ -112,23 +114,16 @@ def profile_partitions():
 PARTITIONS = profile_partitions()
 
 
-def job_work_of(rule_name, w):
-    """(model, sequences, tokens per sequence) of one job (graftlab.resources.job_work)."""
+@functools.cache
+def work_of(rule_name, exp, wildcards):
+    """The work of one job (graftlab.work): its model and FLOPs; None for a job of no model. Cached:
+    each of a job's resources asks for it."""
+    w = dict(wildcards)
     if rule_name in ("world_pretrain", "world_posttrain"):
-        return job_work(rule_name, world=WORLDS[w.world])
-    if not hasattr(w, "exp"):
-        return None, 0, 0
-    x = config["experiments"][w.exp]
-    donor = getattr(w, "donor", "post")
-    return job_work(rule_name, world=layout(w).world, experiment=x, donor=donor)
-
-
-def job_params(w, model):
-    """Parameters of `model` as a job of experiment w.exp loads it (graftlab.resources.model_params)."""
-    if model is None or not hasattr(w, "exp"):
-        return model_params(None)
-    name = config["experiments"][w.exp]["post"] if model == "post" else model
-    return model_params(layout(w).model_dir(model), MODELS.get(name, {}).get("params"))
+        return world_work(rule_name, WORLDS[w["world"]])
+    if exp is None:
+        return None
+    return job_work(rule_name, config, LAYOUTS[exp], w)
 
 
 def sized(rule_name):
@@ -136,15 +131,22 @@ def sized(rule_name):
 
     def get(key):
         def resource(wildcards, attempt):
-            model, sequences, tokens = job_work_of(rule_name, wildcards)
-            params = job_params(wildcards, model)
-            return job_resources(
+            work = work_of(
                 rule_name,
-                params,
-                sequences=sequences,
-                tokens=tokens,
-                attempt=attempt,
-                partitions=PARTITIONS,
+                getattr(wildcards, "exp", None),
+                tuple(sorted(wildcards.items())),
+            )
+            sizes = (
+                {}
+                if work is None
+                else {
+                    "params": work.model.params,
+                    "generate": work.generate,
+                    "compute": work.compute,
+                }
+            )
+            return job_resources(
+                rule_name, **sizes, attempt=attempt, partitions=PARTITIONS
             )[key]
 
         return resource

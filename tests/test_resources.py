@@ -5,57 +5,35 @@ import re
 
 import pytest
 
-from graftlab.resources import CPU_KINDS, GPU_KINDS, classify, job_resources, model_params, params_from_config
+from graftlab.resources import CPU_KINDS, GPU_KINDS, classify, job_resources
 from tests.conftest import REPO, snakemake
 
-QWEN3_1_7B = {
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-}
 PARTITIONS = {"cpu": "cpu-part", "gpu": "gpu-part"}
-
-
-def test_params_of_qwen3_1_7b_by_hand():
-    # attention 2*2048*16*128 + 2*2048*8*128 = 12,582,912; MLP 3*2048*6144 = 37,748,736;
-    # 28 layers = 1,409,286,144; tied embeddings 151,936*2048 = 311,164,928.
-    assert params_from_config(QWEN3_1_7B) == 1_720_451_072
-
-
-def test_model_params_prefers_the_fetched_config(tmp_path):
-    import json
-
-    assert model_params(tmp_path, hint=8e9) == 8e9  # not fetched yet: the hint
-    (tmp_path / "config.json").write_text(json.dumps(QWEN3_1_7B))
-    assert model_params(tmp_path, hint=8e9) == 1_720_451_072
-    assert model_params(None) == 2e6  # the tiny world
 
 
 def test_sft_of_an_8b_model_by_hand():
     # GPU: 16 bytes/param x 8e9 x 1.25 headroom = 160 GB = 2 GPUs of 80 GB. Host: 4 GB + 4 bytes x 8e9.
     # Runtime: 6 x 8e9 x 1000 sequences x 1000 tokens = 4.8e16 FLOPs at 2 x 120e12/s = 200 s, + 10 min.
-    r = job_resources("sft", 8e9, sequences=1000, tokens=1000, partitions=PARTITIONS)
+    r = job_resources("sft", 8e9, compute=4.8e16, partitions=PARTITIONS)
     assert r == {"gpu": 2, "mem_mb": 36000, "runtime": 14, "cpus_per_task": 8, "slurm_partition": "gpu-part"}
     # A retry: x1.5 memory and runtime (13.33 min x 1.5 = 20).
-    retry = job_resources("sft", 8e9, sequences=1000, tokens=1000, attempt=2, partitions=PARTITIONS)
+    retry = job_resources("sft", 8e9, compute=4.8e16, attempt=2, partitions=PARTITIONS)
     assert (retry["mem_mb"], retry["runtime"], retry["gpu"]) == (54000, 20, 2)
 
 
 def test_sampling_and_cpu_jobs_by_hand():
     # 2 bytes/param x 8e9 x 1.25 = 20 GB: one GPU. 2 x 8e9 x 1e4 x 1e4 = 1.6e18 FLOPs at 40e12/s =
     # 40,000 s = 666.7 min, + 10.
-    r = job_resources("mine", 8e9, sequences=10_000, tokens=10_000, partitions=PARTITIONS)
+    r = job_resources("mine", 8e9, generate=1.6e18, partitions=PARTITIONS)
     assert (r["gpu"], r["runtime"], r["slurm_partition"]) == (1, 677, "gpu-part")
+    # OPSD decodes and passes whole sequences: 1.2e17 FLOPs at 40e12/s + 7.2e17 at 120e12/s = 3,000 + 6,000 s.
+    o = job_resources("opsd", 1e9, generate=1.2e17, compute=7.2e17)
+    assert (o["gpu"], o["runtime"]) == (1, 160)
     # A graft holds 16 bytes/param in host memory: 4 GB + 128 GB.
     g = job_resources("graft", 8e9, partitions=PARTITIONS)
     assert (g["gpu"], g["mem_mb"], g["cpus_per_task"], g["slurm_partition"]) == (0, 132000, 1, "cpu-part")
     assert "slurm_partition" not in job_resources("graft", 8e9)  # no cluster: no partition
-    assert job_resources("mine", 1e12, sequences=10**6, tokens=10**5)["runtime"] == 48 * 60  # capped
+    assert job_resources("mine", 1e12, generate=2e23)["runtime"] == 48 * 60  # capped
 
 
 def test_an_unsized_rule_is_an_error():
@@ -106,11 +84,13 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
     }
     # Qwen3-1.7B (the preset's 1.72e9 hint): one GPU each, 4 GB + 4 bytes/param of host memory.
     assert all(seen[r][:2] == (1, 10880) for r in ("mine", "star", "sft", "fisher", "evaluate"))
-    # SFT: 3 epochs x 10,000 problems (MATH sets no limit) x (8192 + 512) tokens x 6 x 1.72e9 FLOPs at
-    # 120e12/s = 374.2 min, + 10.
-    assert seen["sft"][2] == 385
-    # Mining and STaR sample 16 and 32 x 10,000 x 8,704 tokens: 2,007 min, and STaR past the 48 h cap.
-    assert seen["mine"][2] == 2007 and seen["star"][2] == 48 * 60
+    # MATH sets no limit: 10,000 candidates, half kept as hard, 200 held out: 4,800 to train on; every
+    # sequence 512 prompt + 8,192 generated = 8,704 tokens (graftlab.work).
+    # SFT: 6 x 1.72e9 x 3 epochs x 4,800 x 8,704 = 1.2935e18 FLOPs at 120e12/s = 179.6 min, + 10.
+    assert seen["sft"][2] == 190
+    # Mining samples 16 x 10,000: 2 x 1.72e9 x 160,000 x 8,704 = 4.7907e18 at 40e12/s = 1,996.1 min, + 10;
+    # STaR 32 attempts x 4,800: 2 x 1.72e9 x 153,600 x 8,704 = 4.5991e18 = 1,916.3 min, + 10.
+    assert (seen["mine"][2], seen["star"][2]) == (2007, 1927)
     assert seen["graft"] == (0, 4000 + 16 * 1720, 20)  # 16 bytes/param, streamed at 50 MB/s
     assert seen["fetch_model"][0] == 0
 
@@ -118,31 +98,3 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
 def test_local_runs_name_no_partition(tmp_path):
     jobs = dry_run_jobs(tmp_path)
     assert all("slurm_partition" not in res for _, res in jobs)
-
-
-def test_job_work_by_hand():
-    """The work each job is sized by, read from the resolved config of the Qwen3 preset by hand."""
-    import yaml
-
-    from graftlab.config import resolve
-    from graftlab.resources import PROMPT_TOKENS, job_work
-
-    config = resolve(yaml.safe_load((REPO / "configs" / "qwen3-1.7b-star.yaml").read_text()))
-    (name, x), world = next(iter(config["experiments"].items())), config["world"]
-    limit = x["problems"]["limit"] or 10_000
-    assert job_work("mine", world=world, experiment=x) == (
-        "post",
-        limit * x["mining"]["samples"],
-        x["mining"]["max_new_tokens"] + PROMPT_TOKENS,
-    )
-    assert job_work("sft", world=world, experiment=x, donor="qwen3-1.7b-base") == (
-        "qwen3-1.7b-base",
-        limit * x["sft"]["epochs"],
-        x["star"]["max_new_tokens"] + PROMPT_TOKENS,
-    )
-    assert job_work("world_pretrain", world=world) == (
-        None,
-        world["pretrain"]["steps"] * world["pretrain"]["batch_size"],
-        world["model"]["max_positions"],
-    )
-    assert job_work("summary", world=world) == (None, 0, 0), name

@@ -7,6 +7,7 @@ Every user-facing failure is one line on stderr and exit status 2, never a trace
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -133,7 +134,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     from graftlab.errors import GraftlabError
     from graftlab.plan import Assumptions, dag_jobs, estimate, load_config, render
 
-    fields = ("mfu", "gpu_flops", "prompt_tokens", "problems", "benchmark_problems", "kept", "checkpoint_bytes", "jobs")
+    fields = [f.name for f in dataclasses.fields(Assumptions)]
     try:
         plan = estimate(load_config(args.configfile, args.config), Assumptions(**{f: getattr(args, f) for f in fields}))
         if args.dag:
@@ -162,7 +163,8 @@ def _add_plan(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--configfile", nargs="+", default=[], help="config files, as given to snakemake")
     p.add_argument("--config", nargs="+", default=[], help="KEY=VALUE overrides, as given to snakemake")
-    p.add_argument("--mfu", type=float, default=a.mfu, help="share of the GPU's peak FLOP/s reached")
+    p.add_argument("--mfu", type=float, default=a.mfu, help="share of the GPU's peak FLOP/s a training pass reaches")
+    p.add_argument("--decode-mfu", type=float, default=a.decode_mfu, help="share that decoding reaches")
     p.add_argument("--gpu-flops", type=float, default=a.gpu_flops, help="peak FLOP/s (default: H100 bf16 dense)")
     p.add_argument("--prompt-tokens", type=int, default=a.prompt_tokens, help="tokens per prompt")
     p.add_argument("--problems", type=int, default=a.problems, help="candidates of a data set with no limit")

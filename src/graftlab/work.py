@@ -1,0 +1,267 @@
+"""The work of one job, from the resolved config: the model it loads, its FLOPs and the bytes it writes.
+
+One model serves both the scheduler's limits (`graftlab.resources`) and the cost plan before a launch
+(`graftlab.plan`), so a job's SLURM runtime and its share of the plan's GPU-hours follow from the same
+count. FLOPs come in two kinds, since they run at different speeds: `generate`, decoding token by token
+(memory-bound), and `compute`, forward or backward passes over whole sequences (compute-bound).
+
+A generated or scored token costs 2 x params FLOPs (one forward pass); a trained token 6 x params
+(forward and backward); a Fisher token also 6 x params, since per-example gradients are one backward
+pass each. Attention's own FLOPs are left out, which undercounts long sequences. Sampling is charged at
+its whole budget (`max_new_tokens`) and at every attempt, an upper bound: STaR and teacher traces stop
+at the first verified attempt.
+
+Data set sizes are not known before the data is fetched and mined, so they are `Assumptions`. Standard
+library only: the workflow imports this while it parses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from graftlab.layout import POST, Experiment, opsd_steps, parse_run
+from graftlab.tasks import get_task
+
+# The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
+WORLD_VOCAB = 84
+FP32 = 4
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+MINED = ("expert", "teacher", "star", "pedagogical")
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """What the config does not say: the sizes of data that exist only after fetching and mining."""
+
+    prompt_tokens: int = 512  # a competition problem in its chat template; the tiny world's are far shorter
+    problems: int = 10_000  # candidate problems of a data set with no `limit` (MATH's training split has 7,500)
+    benchmark_problems: int = 500  # an old-task benchmark with no `limit`: MATH-500's size
+    kept: float = 0.5  # share of candidates that mining keeps as hard
+    checkpoint_bytes: int = FP32  # the trainers keep and save fp32 weights
+
+
+@dataclass
+class Model:
+    """A model's parameter count, the bytes a parameter takes as stored, and where the count came from."""
+
+    params: float
+    bytes_per_param: int
+    source: str
+    linears: list[tuple[int, int]] = field(default_factory=list)  # (in, out) of each linear layer, if known
+
+    @property
+    def bytes(self) -> float:
+        return self.params * self.bytes_per_param
+
+
+@dataclass(frozen=True)
+class Work:
+    """One job: its model, its FLOPs of each kind, and the bytes it writes (`kept`: of those, the bytes
+    kept to the end of the run; temp() outputs are written but not kept)."""
+
+    model: Model
+    generate: float = 0.0
+    compute: float = 0.0
+    written: float = 0.0
+    kept: float | None = None
+
+
+def decoder_model(c: dict, bytes_per_param: int, source: str) -> Model:
+    """A decoder-only transformer from its HF config.json fields (dense or mixture-of-experts): every
+    linear layer's shape, its norms (two per layer, q/k norms, the final one) and its embeddings."""
+    c = c.get("text_config", c)
+    hidden, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    head_dim = c.get("head_dim") or hidden // heads
+    kv = c.get("num_key_value_heads") or heads
+    attention = [
+        (hidden, heads * head_dim),
+        (hidden, kv * head_dim),
+        (hidden, kv * head_dim),
+        (heads * head_dim, hidden),
+    ]
+    experts = c.get("num_experts") or c.get("num_local_experts") or 0
+    inter = c.get("moe_intermediate_size", c["intermediate_size"]) if experts else c["intermediate_size"]
+    mlp = [(hidden, inter), (hidden, inter), (inter, hidden)] * max(1, experts)
+    router = [(hidden, experts)] if experts else []
+    linears = (attention + mlp + router) * layers
+    norms = layers * (2 * hidden + 2 * head_dim) + hidden
+    embeddings = c["vocab_size"] * hidden * (1 if c.get("tie_word_embeddings") else 2)
+    return Model(sum(i * o for i, o in linears) + norms + embeddings, bytes_per_param, source, linears)
+
+
+def world_model(world: dict) -> Model:
+    """The tiny world's models: its architecture with the character vocabulary, tied, in fp32."""
+    arch = world["model"]
+    c = {
+        "hidden_size": arch["hidden_size"],
+        "intermediate_size": arch["intermediate_size"],
+        "num_hidden_layers": arch["layers"],
+        "num_attention_heads": arch["heads"],
+        "num_key_value_heads": arch["kv_heads"],
+        "head_dim": arch.get("head_dim"),
+        "vocab_size": WORLD_VOCAB,
+        "tie_word_embeddings": True,
+    }
+    return decoder_model(c, FP32, "the tiny world's architecture")
+
+
+def from_config_json(path: Path) -> Model:
+    c = json.loads(path.read_text())
+    dtype = DTYPE_BYTES.get(c.get("torch_dtype") or c.get("dtype") or "bfloat16", 2)
+    return decoder_model(c, dtype, str(path))
+
+
+def size_in_name(name: str) -> float | None:
+    """The parameter count a hub id states, e.g. `Qwen/Qwen3-8B` -> 8e9, `Qwen3-1.7B-Base` -> 1.7e9."""
+    found = re.findall(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)([BM])(?![A-Za-z])", name.replace("/", " "))
+    if not found:
+        return None
+    number, unit = found[-1]
+    return float(number) * (1e9 if unit == "B" else 1e6)
+
+
+def model_of(config: dict, layout: Experiment, name: str, root: Path = Path(".")) -> Model:
+    """The model `name` (`post`, `step~N` or a name from `models`) of an experiment: from its fetched
+    config.json when present, else its configured `params`, else the size in its hub id; the tiny
+    world's from the world's architecture."""
+    if name == POST:
+        name = layout.x["post"]
+    if name == POST or name.startswith("step~"):
+        return world_model(layout.world)
+    local = root / layout.model_dir(name) / "config.json"
+    if local.is_file():
+        return from_config_json(local)
+    source = config["models"][name]["source"]
+    if (Path(source) / "config.json").is_file():
+        return from_config_json(Path(source) / "config.json")
+    if stated := config["models"][name].get("params"):
+        return Model(stated, 2, f"models.{name}.params, bf16 assumed (not fetched yet)")
+    params = size_in_name(source)
+    if params is None:
+        raise ValueError(f"model {name!r} ({source}): no config.json fetched and no size such as 8B in its name")
+    return Model(params, 2, f"the size in its hub id {source!r}, bf16 assumed (not fetched yet)")
+
+
+def _limit(source: dict | None, default: int) -> int:
+    return (source or {}).get("limit") or default
+
+
+def candidates(layout: Experiment, a: Assumptions) -> int:
+    """Problems mining samples: the data set's `limit` (else an assumption), or the world's candidates."""
+    x = layout.x
+    return _limit(x["problems"], a.problems) if x["problems"] else layout.world["candidates"]
+
+
+def sft_examples(layout: Experiment, a: Assumptions) -> int:
+    """Examples SFT trains on: every mined training problem (an upper bound where verification drops
+    some), or the knowledge setting's training phrasings plus its replay."""
+    x = layout.x
+    if x["data"] == "knowledge":
+        k = x["knowledge"]
+        return k["facts"] * k["train_phrasings"] + k["replay"]
+    return max(0, round(candidates(layout, a) * a.kept) - x["mining"]["heldout"])
+
+
+def eval_sequences(layout: Experiment, a: Assumptions) -> int:
+    """Answers one evaluation draws: each benchmark's problems times the samples its task draws (a
+    greedy task, such as knowledge, answers once: `graftlab.tasks`)."""
+    x, samples = layout.x, layout.x["eval"]["samples"]
+    old = {n: _limit(s, a.benchmark_problems) for n, s in (x["benchmarks"] or {}).items()}
+    old = old or dict.fromkeys(layout.world["old_tasks"], layout.world["benchmark_size"])
+    k = x["knowledge"]
+    new = k["facts"] * k["heldout_phrasings"] if x["data"] == "knowledge" else x["mining"]["heldout"]
+    sizes = old | {layout.new_benchmark()[0]: new}
+    tasks = {name: task for name, _, _, task in layout.eval_benchmarks()}
+    return sum(n * (1 if get_task(tasks[name]).greedy else samples) for name, n in sizes.items())
+
+
+def trace_tokens(x: dict) -> int:
+    """Tokens of one SFT example's answer: the budget of the stage that wrote it (evaluation's otherwise)."""
+    return x.get(x["data"], {}).get("max_new_tokens") or x["eval"]["max_new_tokens"]
+
+
+def fisher_bytes(model: Model, kind: str, max_dim: int = 8192) -> float:
+    """A Fisher file: fp32 diagonal; for kfac, per narrow enough linear layer both Kronecker factors and
+    their eigenvectors (the rest diagonal). Without known layer shapes, the diagonal's size."""
+    if kind == "diag" or not model.linears:
+        return model.params * FP32
+    factored = [(i, o) for i, o in model.linears if max(i, o) <= max_dim]
+    rest = model.params - sum(i * o for i, o in factored)
+    return FP32 * (rest + sum(2 * (i * i + o * o) + i + o for i, o in factored))
+
+
+def world_work(rule: str, world: dict) -> Work:
+    """The tiny world's training: pretraining writes its initialisation and each ladder checkpoint."""
+    model = world_model(world)
+    block = world["corpus"]["block"]
+    if rule == "world_pretrain":
+        pre = world["pretrain"]
+        flops = 6 * model.params * pre["steps"] * pre["batch_size"] * block
+        return Work(model, compute=flops, written=(1 + len(pre["ladder"])) * model.bytes)
+    if rule == "world_posttrain":
+        post = world["posttrain"]
+        examples = post["examples_per_task"] * len(world["old_tasks"]) * post["epochs"]
+        return Work(model, compute=6 * model.params * examples * block, written=model.bytes)
+    return Work(model)
+
+
+def job_work(
+    rule: str, config: dict, layout: Experiment, wildcards: dict, a: Assumptions = Assumptions(), root: Path = Path(".")
+) -> Work:
+    """One job of an experiment's `rule`, its wildcards (`donor` of sft, `mask` of fisher, `run` of
+    evaluate) as the workflow names them."""
+    x, p = layout.x, a.prompt_tokens
+    post = model_of(config, layout, POST, root)
+    P = post.params
+    train = sft_examples(layout, a)
+    if rule == "mine":
+        m = x["mining"]
+        return Work(post, generate=2 * P * candidates(layout, a) * m["samples"] * (p + m["max_new_tokens"]))
+    if rule in ("teacher_traces", "star"):
+        s = x["teacher" if rule == "teacher_traces" else "star"]
+        sampler = model_of(config, layout, s["model"], root) if rule == "teacher_traces" else post
+        attempts = s["attempts"] + (s["rationalize_attempts"] if s.get("rationalize") else 0)
+        return Work(sampler, generate=2 * sampler.params * train * attempts * (p + s["max_new_tokens"]))
+    if rule in ("pedagogical_teacher", "pedagogical_traces"):
+        g = x["pedagogical"]
+        tokens = p + trace_tokens(x) + g["max_new_tokens"]  # the teacher's prompt holds the reference solution
+        if rule == "pedagogical_traces":
+            return Work(post, generate=2 * P * train * g["attempts"] * tokens)
+        # GRPO: each sample is generated (2P), trained on (6P) and, with a KL term, scored by the reference (2P).
+        samples = g["steps"] * g["prompts_per_step"] * g["group_size"]
+        per_token = (6 + (2 if g["kl"] else 0)) * P
+        return Work(post, 2 * P * samples * tokens, per_token * samples * tokens, written=P * a.checkpoint_bytes)
+    if rule == "sft":
+        model = model_of(config, layout, wildcards.get("donor", POST), root)
+        epochs = x["sft"]["epochs"]
+        flops = 6 * model.params * epochs * train * (p + trace_tokens(x))
+        return Work(model, compute=flops, written=epochs * model.params * a.checkpoint_bytes)
+    if rule == "opsd":
+        o = x["opsd"]
+        sampled, samples = p + o["max_new_tokens"], o["steps"] * o["batch_size"]
+        # Per sample: the student generates (2P); the teacher scores it with the demonstration in its
+        # prompt (2P) and the student trains on it (6P), both over whole sequences.
+        compute = samples * (2 * P * (sampled + trace_tokens(x)) + 6 * P * sampled)
+        return Work(post, 2 * P * samples * sampled, compute, written=len(opsd_steps(o)) * P * a.checkpoint_bytes)
+    if rule in ("rollouts", "fisher"):
+        f = x["fisher"]
+        tokens = f["rollouts"] * (p + f["max_new_tokens"])
+        if rule == "rollouts":
+            return Work(post, generate=2 * P * tokens)
+        kind = wildcards.get("mask", "diag")
+        passes = 2 if kind == "kfac" and f["ekfac"] else 1
+        return Work(post, compute=passes * 6 * P * tokens, written=fisher_bytes(post, kind))
+    if rule == "evaluate":
+        run = parse_run(wildcards.get("run", POST))
+        base = run["donor"] if run["method"] in ("donor", "donor_sft", "sft") and run["donor"] else POST
+        model = model_of(config, layout, base, root)
+        return Work(model, generate=2 * model.params * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"]))
+    if rule == "graft":
+        return Work(post, written=post.bytes, kept=0)  # temp(): deleted once evaluated
+    if rule == "fetch_model":
+        model = model_of(config, layout, wildcards["name"], root)
+        return Work(model, written=model.bytes)
+    return Work(post)
