@@ -25,7 +25,8 @@ SFT = dict(lr=1e-2, batch_size=8, epochs=2)  # 32 traces: 4 steps an epoch
 OPSD = dict(alpha=0.5, lr=1e-2, steps=4, save_steps=[2, 4], batch_size=2, max_new_tokens=8)
 
 # The job, run as its own process. It saves its state after every step (0 minutes) and SIGKILLs itself
-# right after the save of step `kill_at`: a preemption at a known point, with no cleanup of any kind.
+# right after the save of step `kill_at` (-1: right after training is marked as ended, before the output
+# is written): a preemption at a known point, with no cleanup of any kind.
 JOB = """
 import json, os, signal, sys
 from pathlib import Path
@@ -39,6 +40,13 @@ def saved(step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 resume = rs.Resume(Path(state_dir), 0)
+mark_trained = rs.mark_trained
+
+def marked(r, record):
+    mark_trained(r, record)
+    saved(-1)
+
+rs.mark_trained = marked
 if kind == "sft":
     from graftlab.train import sft
 
@@ -56,6 +64,7 @@ if kind == "sft":
         return cb
 
     sft.trainer_callback = callback
+    sft.mark_trained = marked
     sft.sft_epochs(model, data, sft.TrainConfig(**cfg), Path(out), resume)
 else:
     from graftlab.train import opsd
@@ -145,6 +154,37 @@ def test_opsd_killed_mid_run_resumes_at_the_saved_step_and_ends_with_the_same_we
         assert_same_weights(tmp_path / "reference" / step, tmp_path / "run" / step)
 
 
+def test_a_kill_after_training_ends_reruns_only_the_writing_of_the_output(model, tmp_path):
+    """Killed between the end of training and its output: the rerun trains nothing and writes the
+    output from the resume directory, whose checkpoints the first run left whole."""
+    data = tmp_path / "sft.parquet"
+    expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, "test", 0)))[0].write_parquet(data)
+    sft_epochs(model, data, TrainConfig(**SFT), tmp_path / "reference")
+    log = killed_and_rerun("sft", model, data, tmp_path / "run", tmp_path / "resume" / "run", SFT, kill_at=-1)
+    assert "resume: training had ended" in log and "resume: continuing from" not in log
+    for epoch in ("epoch~1", "epoch~2"):
+        assert_same_weights(tmp_path / "reference" / epoch, tmp_path / "run" / epoch)
+        assert not (tmp_path / "run" / epoch / "optimizer.pt").exists()
+    assert (tmp_path / "run" / "steps.jsonl").read_text().count("\n") == 8
+
+
+def test_opsd_killed_after_training_writes_its_output_without_training(model, tmp_path):
+    rows = [
+        dict(p, completion=chat_completion(p["thinking"], p["answer"]))
+        for p in arith.sample_problems("mul", 6, "test", 0)
+    ]
+    examples = opsd_examples(pl.DataFrame(rows).select("id", "task", "prompt", "completion"))
+    data = tmp_path / "examples.json"
+    data.write_text(json.dumps(examples))
+    reference = train_opsd(model, examples, OpsdConfig(**(OPSD | {"save_steps": (2, 4)})), tmp_path / "reference")
+    log = killed_and_rerun("opsd", model, data, tmp_path / "run", tmp_path / "resume" / "run", OPSD, kill_at=-1)
+    assert "resume: training had ended" in log and '"step": 1' not in log
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").open()]
+    assert [s["loss"] for s in steps] == [r["loss"] for r in reference]
+    for step in ("step~2", "step~4"):
+        assert_same_weights(tmp_path / "reference" / step, tmp_path / "run" / step)
+
+
 def test_a_state_written_for_another_configuration_is_discarded(tmp_path):
     resume = Resume(tmp_path / "r", 30)
     resume.open({"lr": 1e-3})
@@ -160,7 +200,9 @@ class Preempted(Exception):
     pass
 
 
-def test_the_pedagogical_teacher_resumes_from_its_trainer_checkpoint(model, tmp_path, monkeypatch, capsys):
+def test_the_pedagogical_teacher_resumes_from_its_trainer_checkpoint_with_the_same_weights(
+    model, tmp_path, monkeypatch, capsys
+):
     import graftlab.synth.pedagogical as ped
     import graftlab.tasks as tasks
     from graftlab.train import resume as rs
@@ -185,6 +227,7 @@ def test_the_pedagogical_teacher_resumes_from_its_trainer_checkpoint(model, tmp_
         cb.on_save = save
         return cb
 
+    ped.train_teacher(model, tmp_path / "train.parquet", cfg, tmp_path / "reference", tmp_path / "reference.jsonl")
     args = (model, tmp_path / "train.parquet", cfg, tmp_path / "teacher", tmp_path / "log.jsonl")
     state = tmp_path / "resume" / "teacher"
     monkeypatch.setattr(rs, "trainer_callback", failing)
@@ -197,3 +240,5 @@ def test_the_pedagogical_teacher_resumes_from_its_trainer_checkpoint(model, tmp_
     assert f"resume: continuing from {state / 'checkpoint-2'}" in capsys.readouterr().out
     steps = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2, 3] and not state.exists()
+    # The resumed teacher ends where the uninterrupted one did, bit for bit.
+    assert_same_weights(tmp_path / "reference", tmp_path / "teacher")

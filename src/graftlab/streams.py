@@ -25,3 +25,14 @@ def stream_seed(purpose: str, *parts) -> int:
     first 63 bits of the key's BLAKE2b digest."""
     digest = hashlib.blake2b(stream_key(purpose, *parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
+
+
+def passes(n: int, count: int, purpose: str, *parts) -> list[int]:
+    """The first `count` indices of successive seeded permutations of range(n): a fresh order each pass
+    over `n` items, fixed in advance, so a run resumed at any step reads what an uninterrupted one did."""
+    rng, order = stream(purpose, *parts), []
+    while len(order) < count:
+        epoch = list(range(n))
+        rng.shuffle(epoch)
+        order += epoch
+    return order[:count]

@@ -35,6 +35,7 @@ import torch
 
 from graftlab.errors import GraftlabError
 from graftlab.schema import schema_default
+from graftlab.streams import passes
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt, is_correct
 
 # Only characters of the tiny world's tokenizer, so the char-level models read every one of them.
@@ -283,6 +284,12 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
     student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
     student = student.eval().requires_grad_(False).to(device)
     dataset = teacher_dataset(tok, pl.read_parquet(problems))
+    # The prompts of every step, in an order fixed in advance and read in sequence (shuffle_dataset off).
+    # TRL's RepeatSampler draws each epoch's order from one generator that a resumed Trainer does not
+    # advance past the epochs already done: resumed across an epoch boundary, it repeated the first
+    # epoch's order and ended on other weights (tests/test_resume.py compares them bit for bit).
+    problems_read = len(dataset)
+    dataset = dataset.select(passes(len(dataset), cfg.steps * cfg.prompts_per_step, "pedagogical-order", cfg.seed))
     if resume is not None:
         resume.open(rs.fingerprint(cfg, post=str(post_dir), problems=str(problems), task=task))
     with atomic_dir(out_dir) as tmp:
@@ -299,7 +306,7 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
         tok.save_pretrained(tmp)
         shutil.rmtree(tmp / ".trainer", ignore_errors=True)
         inputs = {"post": str(post_dir), "problems": str(problems)}
-        write_provenance(tmp, inputs, asdict(cfg), extra={"problems": len(dataset)})
+        write_provenance(tmp, inputs, asdict(cfg), extra={"problems": problems_read})
     steps = [h for h in trainer.state.log_history if "pedagogical/reward" in h]
     Path(log_out).write_text("".join(json.dumps(h) + "\n" for h in steps))
     if resume is not None:
@@ -321,6 +328,7 @@ def _grpo_args(cfg: TeacherConfig, work: Path, precision):
         temperature=cfg.temperature,
         beta=cfg.kl,
         seed=cfg.seed,
+        shuffle_dataset=False,
         logging_steps=1,
         save_strategy="no",
         report_to=[],

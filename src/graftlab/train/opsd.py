@@ -20,15 +20,18 @@ needs. Overriding its loss would leave little of it; the loop below is about 100
 
 import functools
 import json
+import os
+import shutil
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from graftlab.errors import GraftlabError
 from graftlab.schema import schema_default
-from graftlab.streams import stream, stream_seed
+from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt
 from graftlab.train.precision import WEIGHTS_DTYPE, Precision, announce
 
@@ -201,14 +204,9 @@ class Opsd:
 
 def batches(examples: list[dict], size: int, steps: int, seed: int):
     """`steps` batches of `size`, passing over the examples in a fresh seeded order each epoch."""
-    rng, order = stream("opsd-order", seed), []
-    for _ in range(steps):
-        while len(order) < size:
-            epoch = list(range(len(examples)))
-            rng.shuffle(epoch)
-            order += epoch
-        yield [examples[i] for i in order[:size]]
-        order = order[size:]
+    order = passes(len(examples), size * steps, "opsd-order", seed)
+    for start in range(0, size * steps, size):
+        yield [examples[i] for i in order[start : start + size]]
 
 
 def train_opsd(
@@ -218,14 +216,39 @@ def train_opsd(
     for every checkpoint and `out_dir/steps.jsonl` (loss, sampling and update seconds per step), all at
     once when the run ends (a failed run leaves nothing). With `resume` (a `graftlab.train.resume.Resume`),
     the full state is saved every `resume.minutes` and a rerun continues from it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from graftlab.atomic import atomic_dir
-    from graftlab.provenance import write_provenance
     from graftlab.train import resume as rs
 
     if not examples:
         raise GraftlabError("OPSD: no training examples")
+    out_dir = Path(out_dir)
+    if resume is not None:
+        resume.open(rs.fingerprint(cfg, post=str(post_dir), examples=len(examples)))
+    # Kept checkpoints wait in the resume directory, which survives a kill, or in a scratch directory.
+    work = resume.dir if resume is not None else out_dir.parent / f".{out_dir.name}.work-{os.getpid()}"
+    try:
+        done = rs.trained(resume)
+        log = done["log"] if done is not None else _train(post_dir, examples, cfg, inputs, resume, work)
+        with atomic_dir(out_dir) as tmp:
+            for step in cfg.checkpoints():
+                rs.link_tree(work / f"step~{step}", tmp / f"step~{step}")
+            (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    finally:
+        if resume is None:
+            shutil.rmtree(work, ignore_errors=True)
+    if resume is not None:
+        resume.finish()
+    return log
+
+
+def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None, resume, work: Path) -> list[dict]:
+    """The training loop: kept checkpoints into `work`; with `resume`, its state saved when due and the
+    end of training marked. Returns the step log."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftlab.provenance import write_provenance
+    from graftlab.train import resume as rs
+
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     precision = announce(cfg.precision)
@@ -235,33 +258,21 @@ def train_opsd(
     teacher = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
     run = Opsd(student, teacher, tok, cfg, precision)
     keep = set(cfg.checkpoints())
-    if resume is not None:
-        resume.open(rs.fingerprint(cfg, post=str(post_dir), examples=len(examples)))
     log, done = _resume_opsd(run, resume)
-    with atomic_dir(out_dir) as tmp:
-        # Kept checkpoints of a resumable run wait in its resume directory, which survives a kill.
-        kept = resume.dir if resume is not None else tmp
-        for step, batch in enumerate(batches(examples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
-            if step <= done:
-                continue  # the data position: the seeded batch order replayed up to the saved step
-            log.append(run.step(batch, step))
-            print(json.dumps(log[-1]), flush=True)
-            if step in keep:
-                student.save_pretrained(kept / f"step~{step}")
-                tok.save_pretrained(kept / f"step~{step}")
-                write_provenance(
-                    kept / f"step~{step}",
-                    inputs or {"post": str(post_dir)},
-                    asdict(cfg),
-                    extra={"step": step, "examples": len(examples)},
-                )
-            if resume is not None and step < cfg.steps and resume.due():
-                _save_opsd(run, resume, step, log)
-        for step in keep if resume is not None else ():
-            (kept / f"step~{step}").rename(tmp / f"step~{step}")
-        (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    for step, batch in enumerate(batches(examples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
+        if step <= done:
+            continue  # the data position: the seeded batch order replayed up to the saved step
+        log.append(run.step(batch, step))
+        print(json.dumps(log[-1]), flush=True)
+        if step in keep:
+            student.save_pretrained(work / f"step~{step}")
+            tok.save_pretrained(work / f"step~{step}")
+            extra = {"step": step, "examples": len(examples)}
+            write_provenance(work / f"step~{step}", inputs or {"post": str(post_dir)}, asdict(cfg), extra=extra)
+        if resume is not None and step < cfg.steps and resume.due():
+            _save_opsd(run, resume, step, log)
     if resume is not None:
-        resume.finish()
+        rs.mark_trained(resume, {"log": log})
     return log
 
 

@@ -7,6 +7,10 @@ is removed when the job succeeds, and discarded on start when it was written for
 
 Transformers trainers (SFT, the Pedagogical RL teacher) use the Trainer's own checkpoints, asked for by a
 time-based callback; OPSD's own loop saves one `state.pt` with `save_state`.
+
+When training ends, a trainer records it (`mark_trained`) before it publishes its checkpoints, and
+publishes them as hard links (`link_tree`), so the resume directory stays whole until the job's output
+is: a kill while the output is written reruns only the writing, never the training.
 """
 
 import json
@@ -18,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path("resume")
 STATE = "state.pt"
+TRAINED = "trained.json"
 # A Trainer checkpoint written for resuming only, not one the job outputs.
 RESUME_ONLY = ".resume-only"
 # Files a Trainer checkpoint holds that are training state, not part of a model.
@@ -69,6 +74,39 @@ def fingerprint(cfg, **more) -> dict:
     from dataclasses import asdict
 
     return {k: v for k, v in asdict(cfg).items() if k not in ("threads", "backend")} | more
+
+
+def mark_trained(resume: Resume, record: dict) -> None:
+    """Record that training ended, with what publishing its output needs (e.g. the step log)."""
+    tmp = resume.dir / f".{TRAINED}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, resume.dir / TRAINED)
+
+
+def trained(resume: Resume | None) -> dict | None:
+    """The record of a training that ended but whose output was not written yet, else None."""
+    path = resume.dir / TRAINED if resume is not None else None
+    if path is None or not path.exists():
+        return None
+    print(f"resume: training had ended; writing the output from {resume.dir}", flush=True)
+    return json.loads(path.read_text())
+
+
+def link_tree(src: Path, dst: Path, skip: tuple[str, ...] = ()) -> None:
+    """A copy of directory `src` at `dst` whose files are hard links (a copy where the file system
+    refuses one), so publishing a checkpoint costs no disk and leaves `src` whole; names in `skip` are
+    left out."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.name in skip:
+            continue
+        if item.is_dir():
+            link_tree(item, dst / item.name, skip)
+            continue
+        try:
+            os.link(item, dst / item.name)
+        except OSError:
+            shutil.copy2(item, dst / item.name)
 
 
 def rng_state() -> dict:

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graftlab.schema import schema_default
-from graftlab.train.resume import RESUME_ONLY, TRAINER_STATE, Resume, fingerprint, last_checkpoint, trainer_callback
+from graftlab.train.resume import (
+    RESUME_ONLY,
+    TRAINER_STATE,
+    Resume,
+    fingerprint,
+    last_checkpoint,
+    link_tree,
+    mark_trained,
+    trained,
+    trainer_callback,
+)
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,8 @@ def train(
     for ckpt in [c for c in checkpoints if (c / RESUME_ONLY).exists()]:
         shutil.rmtree(ckpt)
     checkpoints = [c for c in checkpoints if c.exists()]
-    for ckpt in checkpoints:
+    # A resumable run keeps the newest state until its output is written (publish_checkpoints skips it).
+    for ckpt in checkpoints if resume is None else ():
         for name in TRAINER_STATE:
             (ckpt / name).unlink(missing_ok=True)
     if cfg.save_steps:
@@ -166,13 +177,18 @@ def _save_every(cfg: TrainConfig) -> int:
     return reduce(gcd, cfg.save_steps)
 
 
-def move_checkpoints(checkpoints: list[Path], targets: list[Path]) -> None:
+def publish_checkpoints(checkpoints: list[Path], targets: list[Path], link: bool) -> None:
+    """Each checkpoint to its target: moved, or with `link` hard-linked without its training state, so
+    the resume directory it lies in stays whole until the output is written."""
     if len(checkpoints) != len(targets):
         raise RuntimeError(f"training wrote {len(checkpoints)} checkpoints, expected {len(targets)}")
     for src, dst in zip(checkpoints, targets):
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(dst, ignore_errors=True)
-        shutil.move(str(src), str(dst))
+        if link:
+            link_tree(src, dst, skip=TRAINER_STATE)
+        else:
+            shutil.move(str(src), str(dst))
 
 
 def finetune(
@@ -201,20 +217,26 @@ def finetune(
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     inputs = {"model": "initialised from scratch" if model is not None else str(model_dir), "data": str(data)}
-    if model is None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=WEIGHTS_DTYPE)
     if resume is not None:
         resume.open(fingerprint(cfg, model=inputs["model"], data=inputs["data"], examples=len(rows)))
         work = resume.dir
     else:
         work = targets[0].parent / f".work-{targets[0].name}"
         shutil.rmtree(work, ignore_errors=True)
-    steps: list[dict] = []
     try:
-        checkpoints = train(model, tokenizer, rows, work, cfg, steps, resume)
-        for i, ckpt in enumerate(checkpoints):
-            write_provenance(ckpt, inputs, asdict(cfg), extra={"checkpoint": i + 1, "examples": len(rows)})
-        move_checkpoints(checkpoints, targets)
+        done = trained(resume)
+        if done is None:
+            if model is None:
+                model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=WEIGHTS_DTYPE)
+            steps: list[dict] = []
+            checkpoints = train(model, tokenizer, rows, work, cfg, steps, resume)
+            for i, ckpt in enumerate(checkpoints):
+                write_provenance(ckpt, inputs, asdict(cfg), extra={"checkpoint": i + 1, "examples": len(rows)})
+            if resume is not None:
+                mark_trained(resume, {"checkpoints": [c.name for c in checkpoints], "steps": steps})
+        else:
+            checkpoints, steps = [work / name for name in done["checkpoints"]], done["steps"]
+        publish_checkpoints(checkpoints, targets, link=resume is not None)
         if steps_out is not None:
             Path(steps_out).write_text("".join(json.dumps(r) + "\n" for r in steps))
     finally:
@@ -230,10 +252,12 @@ def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path, resume: Resume 
     run continues from its newest saved state."""
     from transformers import AutoTokenizer
 
+    from graftlab.atomic import atomic_dir
     from graftlab.tables import read_table
 
     traces = read_table(data, ("prompt", "completion"), "SFT data")
     tok = AutoTokenizer.from_pretrained(model_dir)
     rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
-    targets = [out_dir / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
-    finetune(model_dir, rows, cfg, targets, data=data, steps_out=out_dir / "steps.jsonl", resume=resume)
+    with atomic_dir(out_dir) as tmp:
+        targets = [tmp / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
+        finetune(model_dir, rows, cfg, targets, data=data, steps_out=tmp / "steps.jsonl", resume=resume)
