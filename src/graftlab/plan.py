@@ -15,7 +15,7 @@ from pathlib import Path
 
 from graftlab import work
 from graftlab.layout import POST, Experiment, on_tiny_world, shows_takeover, study_experiments, world_key
-from graftlab.work import MINED, Work, model_of
+from graftlab.work import MINED, Work
 
 
 @dataclass(frozen=True)
@@ -157,8 +157,9 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     notes = []
     for name in sorted(fetched):
         layout = next(Experiment.of(config, e) for e in config["experiments"])
-        model = model_of(config, layout, name, root)
-        costs["fetch_model"].add(work.Work(model, written=model.bytes))
+        fetch = work.job_work("fetch_model", config, layout, {"name": name}, a, root)
+        costs["fetch_model"].add(fetch)
+        model = fetch.model
         notes.append(f"{name}: {model.params / 1e9:.3g}B parameters, from {model.source}")
     by_world: dict[str, list[dict]] = {}
     for x in config["experiments"].values():
