@@ -32,8 +32,12 @@ def _loop_fisher(model, rollouts) -> dict[str, torch.Tensor]:
     return fisher
 
 
-def test_diag_fisher_equals_per_example_loop(pico_model):
-    model = AutoModelForCausalLM.from_pretrained(pico_model("m"), attn_implementation="eager").eval()
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_diag_fisher_equals_per_example_loop(pico_model, attn, tied):
+    """The hook path is exact under any attention, a tied embedding's two uses summed before squaring."""
+    path = pico_model("m", tie_word_embeddings=tied)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=attn).eval()
     rollouts = _rollouts(0, 11)  # uneven lengths and a last batch smaller than the batch size
     fast = diag_fisher(model, rollouts, batch_size=4)
     slow = _loop_fisher(model, rollouts)
@@ -41,6 +45,22 @@ def test_diag_fisher_equals_per_example_loop(pico_model):
     for name in slow:
         scale = slow[name].abs().max()
         assert (fast[name] - slow[name]).abs().max() <= 1e-5 * scale, name
+
+
+def test_diag_fisher_in_small_chunks_and_under_bf16_autocast(pico_model, monkeypatch):
+    """Per-rollout gradients a few rows at a time give the same Fisher; a bf16 autocast forward stays
+    within bf16's percent-level error of the fp32 one (and is not silently fp32)."""
+    import graftlab.fisher.diag as diag
+
+    model = AutoModelForCausalLM.from_pretrained(pico_model("m"), attn_implementation="sdpa").eval()
+    rollouts = _rollouts(2, 7)
+    whole = diag_fisher(model, rollouts, batch_size=7)
+    monkeypatch.setattr(diag, "CHUNK_FLOATS", 600)  # one rollout per chunk for the 16 x 32 weights
+    chunked = diag_fisher(model, rollouts, batch_size=7)
+    assert all(torch.allclose(chunked[n], whole[n], rtol=1e-5, atol=0) for n in whole)
+    bf16 = diag_fisher(model, rollouts, batch_size=7, autocast=torch.bfloat16)
+    errors = [((bf16[n] - whole[n]).abs().max() / whole[n].abs().max()).item() for n in whole]
+    assert 0 < max(errors) < 0.1
 
 
 def test_written_fisher_is_named_like_the_weights(pico_model, tmp_path):

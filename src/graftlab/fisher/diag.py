@@ -2,20 +2,35 @@
 log-likelihood of rollout n's completion tokens (docs/methods.md). Rollouts are the model's own samples, so this
 is the true Fisher by Monte Carlo, not the empirical one.
 
-Per-example gradients come from `torch.func` (vmap over grad), one batched pass rather than one backward
-per rollout. Sequences are right-padded and run without an attention mask: under causal attention a pad
-only ever follows the real tokens, so it cannot change their logits, and its own loss is masked out.
-(transformers' mask construction branches on tensor values, which vmap cannot trace.)
+Per-rollout gradients come from hooks, not from per-example autograd: forward hooks keep each module's
+input and hook its output, and one backward per batch, taken only down to the input embeddings (no weight
+gradient is ever formed), hands each module its output gradient `d`. There the per-rollout gradient is
+formed and squared at once, so no output gradient outlives its layer's backward: a linear weight's is
+`sum_t d_t x_t^T` over the rollout's tokens, an embedding's scatters `d` to the token rows, a norm's (or
+anything else's) is the module's own vector-Jacobian product, vmapped over rollouts. Per-rollout gradients
+are materialised `CHUNK_FLOATS` at a time, so memory is one forward-backward's plus one chunk, whatever the
+batch: a single 8k-token rollout runs as a batch of one. The forward may use any attention (SDPA, flash)
+and autocast: nothing is traced through it. (The former `torch.func.vmap` path needed eager attention and
+held every per-example gradient of the batch at once; this one is exact as well, tests/test_fisher.py.)
+
+Sequences are right-padded and run without an attention mask: under causal attention a pad only ever
+follows the real tokens, so it cannot change their logits, and its own loss is masked out.
 """
 
+from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch import nn
 from tqdm import tqdm
 
+from graftlab.errors import GraftlabError
 from graftlab.tables import read_table
 
 ROLLOUT_COLUMNS = ("prompt_ids", "completion_ids")
+# Per-rollout gradients of a parameter are materialised this many floats at a time.
+CHUNK_FLOATS = 2**25
 
 
 def read_rollouts(path) -> list[tuple[list[int], list[int]]]:
@@ -39,23 +54,124 @@ def right_pad(rollouts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, scored
 
 
-def diag_fisher(model, rollouts, batch_size: int = 16, pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """fp32 diagonal Fisher of `model` over `rollouts` [(prompt_ids, completion_ids)], by parameter name."""
-    from torch.func import functional_call, grad, vmap
+def parameter_owners(model: nn.Module) -> dict[str, list[tuple[str, str]]]:
+    """Each parameter's name (as `named_parameters` gives it) -> the (module, attribute) pairs that use it;
+    more than one pair means a shared (tied) weight."""
+    canonical = {id(p): name for name, p in model.named_parameters()}
+    owners: dict[str, list[tuple[str, str]]] = {name: [] for name in canonical.values()}
+    for module_name, module in model.named_modules():
+        for attr, p in module.named_parameters(recurse=False):
+            owners[canonical[id(p)]].append((module_name, attr))
+    return owners
 
-    params = {name: p.detach() for name, p in model.named_parameters()}
 
-    def loglik(p, ids, scored):
-        logits = functional_call(model, p, (ids[None],), {"use_cache": False}).logits[0, :-1].float()
-        token_lp = logits.log_softmax(-1).gather(-1, ids[1:, None])[:, 0]
-        return (token_lp * scored[1:]).sum()
+def per_example_grad(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Rollout-wise gradient of one parameter from one call of its module (input `x`, output gradient `d`,
+    rollouts on dim 0), [rows, *param.shape], fp32."""
+    if isinstance(module, nn.Linear):
+        d, x = d.float().flatten(1, -2), x.float().flatten(1, -2)
+        return torch.einsum("bto,bti->boi", d, x) if attr == "weight" else d.sum(1)
+    if isinstance(module, nn.Embedding):
+        vocab, rows = module.num_embeddings, x.shape[0]
+        d = d.float()
+        if module.padding_idx is not None:  # torch never updates the padding row
+            d = d * (x != module.padding_idx)[..., None]
+        index = (torch.arange(rows, device=x.device)[:, None] * vocab + x).flatten()
+        out = d.new_zeros(rows * vocab, module.embedding_dim).index_add_(0, index, d.flatten(0, 1))
+        return out.view(rows, vocab, module.embedding_dim)
+    # Norms and anything else: the module's own vector-Jacobian product, once per rollout.
+    from torch.func import functional_call, vjp, vmap
 
-    per_example = vmap(grad(loglik), in_dims=(None, 0, 0))
-    fisher = {name: torch.zeros_like(p, dtype=torch.float32) for name, p in params.items()}
+    param = getattr(module, attr)
+
+    def one(x_n, d_n):
+        _, pull = vjp(lambda p: functional_call(module, {attr: p}, (x_n[None],)), param)
+        return pull(d_n[None].to(param.dtype))[0]
+
+    return vmap(one)(x, d).float()
+
+
+class _DiagPass:
+    """Hooks that square per-rollout gradients into `fisher` as the backward reaches each module."""
+
+    def __init__(self, model: nn.Module, fisher: dict[str, torch.Tensor], seen: set):
+        self.model, self.fisher, self.seen = model, fisher, seen
+        self.owners = parameter_owners(model)
+        self.params: dict[str, list[tuple[str, str]]] = {}  # module -> its (parameter, attribute) pairs
+        for name, users in self.owners.items():
+            for m, attr in users:
+                self.params.setdefault(m, []).append((name, attr))
+        self.modules = {m: model.get_submodule(m) for m in self.params}
+        self.embedding = model.get_input_embeddings()
+
+    def batch(self, ids: torch.Tensor, scored: torch.Tensor, autocast: torch.dtype | None) -> None:
+        self.calls, self.arrived, self.partial, roots = Counter(), Counter(), {}, []
+        handles = [module.register_forward_hook(self._hook(m, roots)) for m, module in self.modules.items()]
+        amp = torch.autocast(ids.device.type, dtype=autocast) if autocast else nullcontext()
+        try:
+            with amp:
+                logits = self.model(ids, use_cache=False).logits[:, :-1].float()
+        finally:
+            for h in handles:
+                h.remove()
+        if not roots:
+            raise GraftlabError(f"{type(self.model).__name__}: its input embedding was not called by forward")
+        loglik = (logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0] * scored[:, 1:]).sum()
+        # Gradients down to the embedding output only: every module's output gradient passes its hook on
+        # the way, and the engine skips every weight gradient.
+        grads = torch.autograd.grad(loglik, [out for _, _, out in roots], allow_unused=True)
+        for (m, x, _), g in zip(roots, grads):
+            if g is not None:
+                self._arrive(m, x, g)
+        for name, g in self.partial.items():  # shared weights some of whose calls got no gradient
+            self.fisher[name] += g.square().sum(0)
+        self.seen.update(n for m in self.calls for n, _ in self.params[m])
+
+    def _hook(self, m: str, roots: list):
+        def hook(module, args, output):
+            x = args[0].detach()
+            self.calls[m] += 1
+            if module is self.embedding:
+                roots.append((m, x, output))
+            elif isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda g: self._arrive(m, x, g))
+
+        return hook
+
+    def _arrive(self, m: str, x: torch.Tensor, d: torch.Tensor) -> None:
+        module, rows = self.modules[m], x.shape[0]
+        for name, attr in self.params[m]:
+            uses = sum(self.calls[u] for u, _ in self.owners[name])
+            if uses == 1:  # the whole per-rollout gradient is here: square it chunk by chunk
+                step = max(1, CHUNK_FLOATS // module.get_parameter(attr).numel())
+                for start in range(0, rows, step):
+                    g = per_example_grad(module, attr, x[start : start + step], d[start : start + step])
+                    self.fisher[name] += g.square().sum(0)
+                continue
+            # A shared (tied) weight: sum its calls' per-rollout gradients before squaring.
+            g = per_example_grad(module, attr, x, d)
+            self.partial[name] = self.partial[name] + g if name in self.partial else g
+            self.arrived[name] += 1
+            if self.arrived[name] == uses:
+                self.fisher[name] += self.partial.pop(name).square().sum(0)
+
+
+def diag_fisher(
+    model, rollouts, batch_size: int = 16, pad_id: int = 0, autocast: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """fp32 diagonal Fisher of `model` over `rollouts` [(prompt_ids, completion_ids)], by parameter name;
+    `autocast`, a dtype to run the forward under (the Fisher is accumulated in fp32 either way)."""
+    device = next(model.parameters()).device
+    fisher = {n: torch.zeros(p.shape, device=device) for n, p in model.named_parameters()}
+    seen: set = set()
+    diag = _DiagPass(model, fisher, seen)
     for start in tqdm(range(0, len(rollouts), batch_size), desc="diag Fisher", unit="batch"):
-        ids, scored = (t.to(model.device) for t in right_pad(rollouts[start : start + batch_size], pad_id))
-        for name, g in per_example(params, ids, scored).items():
-            fisher[name] += g.float().pow(2).sum(0)
+        ids, scored = (t.to(device) for t in right_pad(rollouts[start : start + batch_size], pad_id))
+        diag.batch(ids, scored, autocast)
+    if unseen := sorted(fisher.keys() - seen):
+        # A weight used outside its module's forward (e.g. `hidden @ embed.weight.T`) is invisible to the
+        # hooks: a zero Fisher would make the mask rank it least sensitive, so refuse instead.
+        raise GraftlabError(f"no module call reached parameters {unseen[:3]}: their Fisher cannot be computed")
     return {name: f / len(rollouts) for name, f in fisher.items()}
 
 
@@ -68,9 +184,10 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from graftlab.provenance import write_provenance
 
     rollouts = read_rollouts(rollouts_path)
-    # Eager attention: its backward has vmap batching rules; SDPA's CPU backward falls back to a loop.
     # fp32 whatever the checkpoint's dtype: bf16 gradients carry percent-level errors, fp16 underflows.
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    # SDPA: the hooks trace nothing through attention, so the fused kernels serve (eager would hold the
+    # T x T attention matrices, 8k tokens would not fit).
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     model = model.eval().to(fisher_device())
     pad_id = model.config.pad_token_id or 0
     fisher = diag_fisher(model, rollouts, batch_size, pad_id)

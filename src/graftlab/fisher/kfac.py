@@ -26,12 +26,17 @@ from torch import nn
 from tqdm import tqdm
 
 from graftlab.errors import GraftlabError
-from graftlab.fisher.diag import fisher_device, read_rollouts, right_pad
+from graftlab.fisher.diag import (
+    CHUNK_FLOATS,
+    fisher_device,
+    parameter_owners,
+    per_example_grad,
+    read_rollouts,
+    right_pad,
+)
 
 FORMAT = "graftlab-kfac/1"
 FACTORS = ("A", "G", "A_eigvals", "A_eigvecs", "G_eigvals", "G_eigvecs")
-# Per-example gradients of diagonal parameters are materialised this many floats at a time.
-CHUNK_FLOATS = 2**25
 
 
 @dataclass
@@ -41,17 +46,6 @@ class _Calls:
     modules: dict[str, nn.Module]
     inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-
-
-def parameter_owners(model: nn.Module) -> dict[str, list[tuple[str, str]]]:
-    """Each parameter's name (as `named_parameters` gives it) -> the (module, attribute) pairs that use it;
-    more than one pair means a shared (tied) weight."""
-    canonical = {id(p): name for name, p in model.named_parameters()}
-    owners: dict[str, list[tuple[str, str]]] = {name: [] for name in canonical.values()}
-    for module_name, module in model.named_modules():
-        for attr, p in module.named_parameters(recurse=False):
-            owners[canonical[id(p)]].append((module_name, attr))
-    return owners
 
 
 def kfac_layers(model: nn.Module, max_dim: int) -> dict[str, str]:
@@ -100,30 +94,6 @@ def _batch_gradients(model, modules, ids, scored) -> tuple[_Calls, dict[str, lis
     return calls, d_out
 
 
-def _per_example(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """Rollout-wise gradient of one parameter from one call of its module, [rows, *param.shape], fp32."""
-    if isinstance(module, nn.Linear):
-        return torch.einsum("bto,bti->boi", d.float(), x.float()) if attr == "weight" else d.float().sum(1)
-    if isinstance(module, nn.Embedding):
-        vocab, rows = module.num_embeddings, x.shape[0]
-        d = d.float()
-        if module.padding_idx is not None:  # torch never updates the padding row
-            d = d * (x != module.padding_idx)[..., None]
-        index = (torch.arange(rows, device=x.device)[:, None] * vocab + x).flatten()
-        out = d.new_zeros(rows * vocab, module.embedding_dim).index_add_(0, index, d.flatten(0, 1))
-        return out.view(rows, vocab, module.embedding_dim)
-    # Norms and anything else: the module's own vector-Jacobian product, once per rollout.
-    from torch.func import functional_call, vjp, vmap
-
-    param = getattr(module, attr)
-
-    def one(x_n, d_n):
-        _, pull = vjp(lambda p: functional_call(module, {attr: p}, (x_n[None],)), param)
-        return pull(d_n[None].to(param.dtype))[0]
-
-    return vmap(one)(x, d).float()
-
-
 def _add_diagonal(fisher, owners, modules, calls, d_out, batch: int, seen: set) -> None:
     """fisher[name] += sum over the batch's rollouts of g_n^2, g_n summed over every use of the weight;
     `seen` collects the names that received a gradient."""
@@ -133,7 +103,7 @@ def _add_diagonal(fisher, owners, modules, calls, d_out, batch: int, seen: set) 
         for start in range(0, batch, step):
             rows = slice(start, min(batch, start + step))
             g = sum(
-                _per_example(modules[m], attr, x[rows], d[rows])
+                per_example_grad(modules[m], attr, x[rows], d[rows])
                 for m, attr in users
                 for x, d in zip(calls.inputs.get(m, []), d_out.get(m, []))
             )
