@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from graftlab.safetensors_io import SafetensorsWriter
+
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
 
@@ -63,3 +67,26 @@ def test_the_modules_the_workflow_imports_leave_torch_out():
     code = f"import sys; import {', '.join(imported)}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_identity_graft_from_the_command_line_leaves_torch_out(tmp_path):
+    """`graftlab graft` without a mask computes with numpy: importing torch would be most of its start-up."""
+    rng = np.random.default_rng(0)
+    dirs = []
+    for role in ("post", "donor", "tuned"):
+        (tmp_path / role).mkdir()
+        with SafetensorsWriter(
+            tmp_path / role / "model.safetensors", [("w", "BF16", (4, 3)), ("ids", "I64", (2,))]
+        ) as w:
+            w.write_bytes("w", (4, 3), rng.integers(0x3C00, 0x4000, 12, dtype=np.uint16))
+            w.write_bytes("ids", (2,), np.arange(2, dtype=np.int64))
+        dirs.append(str(tmp_path / role))
+    code = (
+        "import sys; from graftlab.cli import main; "
+        f"code = main(['graft', '--post', {dirs[0]!r}, '--donor', {dirs[1]!r}, '--donor-tuned', {dirs[2]!r}, "
+        f"'--scale', '0.5', '--out', {str(tmp_path / 'out')!r}]); "
+        "print(code, sorted({'torch', 'transformers'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout + done.stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file()

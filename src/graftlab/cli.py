@@ -24,12 +24,13 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _cmd_graft(args: argparse.Namespace) -> None:
-    _set_threads(args.threads)
     from graftlab.errors import GraftlabError
     from graftlab.graft import graft
 
     project = None
     if args.mask != "none":
+        # Only masks use torch threads (the identity graft is numpy's and does not import torch).
+        _set_threads(args.threads)
         from graftlab.fisher import make_mask
 
         if args.fisher is None:
@@ -66,7 +67,7 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--chunk-mb", type=int, default=4, help="fp32 row-block size for large tensors (MiB); cache-sized is fastest"
     )
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads of a --mask (default: torch's choice)")
     p.add_argument("--fisher", help="directory with the post model's retention Fisher ({diag,kfac}.safetensors)")
     p.add_argument(
         "--mask",

@@ -1,13 +1,15 @@
 """Safetensors I/O of model directories: tensor indexes, headers read without the safetensors library,
 a lazy per-tensor reader and a streaming writer.
 
-Kept light on imports (torch and the standard library; safetensors only inside `open_tensors`): the
-graft imports this module, and start-up is a large share of a graft's wall time (benchmarks/README.md).
+Standard library only at import time: torch dtypes are looked up when first asked for, safetensors only
+inside `open_tensors`. The graft's identity path reads and writes through this module without torch,
+and start-up is a large share of a graft's wall time (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -15,11 +17,12 @@ import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import torch
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from graftlab.errors import GraftlabError
+
+if TYPE_CHECKING:
+    import torch
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -28,31 +31,65 @@ SINGLE_NAME = "model.safetensors"
 # the same bound).
 _MAX_HEADER_BYTES = 100_000_000
 
-_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
+# Bytes per element of every safetensors dtype graftlab reads, and which of them are floating point:
+# enough to lay out, check and copy tensors without torch.
+ITEMSIZES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
 }
-_DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in _DTYPES.items()}
+FLOATING = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
+
+
+@functools.cache
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    import torch
+
+    return {
+        "F64": torch.float64,
+        "F32": torch.float32,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "I64": torch.int64,
+        "I32": torch.int32,
+        "I16": torch.int16,
+        "I8": torch.int8,
+        "U8": torch.uint8,
+        "BOOL": torch.bool,
+        "F8_E4M3": torch.float8_e4m3fn,
+        "F8_E5M2": torch.float8_e5m2,
+    }
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     """What a safetensors header says about one tensor."""
 
-    dtype: torch.dtype
+    dtype_name: str  # as the header spells it ("BF16"); `dtype` is torch's, looked up on demand
     shape: tuple[int, ...]
     offset: int = 0  # start of its bytes in the file's data section; orders reads front to back
     file_offset: int = 0  # start of its bytes in the file itself: where an explicit read seeks to
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch_dtype(self.dtype_name)
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZES[self.dtype_name]
+
+    @property
+    def is_floating_point(self) -> bool:
+        return self.dtype_name in FLOATING
 
     @property
     def numel(self) -> int:
@@ -60,21 +97,27 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
+        return self.numel * self.itemsize
+
+
+def _check_dtype_name(name: str) -> str:
+    if name not in ITEMSIZES:
+        raise GraftlabError(f"unsupported safetensors dtype {name!r}")
+    return name
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a safetensors dtype string (``"BF16"`` -> ``torch.bfloat16``)."""
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise GraftlabError(f"unsupported safetensors dtype {name!r}") from None
+    """The torch dtype of a safetensors dtype string (``"BF16"`` -> ``torch.bfloat16``); imports torch."""
+    return _torch_dtypes()[_check_dtype_name(name)]
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """The safetensors dtype string of a torch dtype."""
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """The safetensors dtype string of a torch dtype (a string is checked and returned as it is)."""
+    if isinstance(dtype, str):
+        return _check_dtype_name(dtype)
+    names = {v: k for k, v in _torch_dtypes().items()}
     try:
-        return _DTYPE_NAMES[dtype]
+        return names[dtype]
     except KeyError:
         raise GraftlabError(f"dtype {dtype} cannot be stored in safetensors") from None
 
@@ -175,10 +218,10 @@ def spec_differences(
 
 def _spec(file: Path, name: str, entry: Any, data_start: int, data_length: int) -> TensorSpec:
     try:
-        dtype, shape, (start, end) = torch_dtype(entry["dtype"]), tuple(entry["shape"]), entry["data_offsets"]
+        dtype, shape, (start, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
     except (KeyError, TypeError, ValueError):
         raise GraftlabError(f"{file}: header entry of tensor {name} lacks a dtype, shape or data_offsets") from None
-    spec = TensorSpec(dtype, shape, start, data_start + start)
+    spec = TensorSpec(_check_dtype_name(dtype), shape, start, data_start + start)
     if end - start != spec.nbytes or start < 0:
         raise GraftlabError(
             f"{file}: tensor {name} spans bytes {start}-{end}, but {entry['dtype']} {list(shape)} needs {spec.nbytes}"
@@ -200,9 +243,10 @@ class SafetensorsWriter:
     appended as they are computed; a tensor may arrive whole or as consecutive row blocks.
     """
 
-    def __init__(self, path: str | Path, specs: Sequence[tuple[str, torch.dtype, Sequence[int]]]) -> None:
+    def __init__(self, path: str | Path, specs: Sequence[tuple[str, torch.dtype | str, Sequence[int]]]) -> None:
+        """``specs``: each tensor's name, dtype (torch's, or the safetensors string) and shape, in file order."""
         self.path = Path(path)
-        self._specs = [(name, dtype, tuple(shape)) for name, dtype, shape in specs]
+        self._specs = [(name, dtype_name(dtype), tuple(shape)) for name, dtype, shape in specs]
         if len({name for name, _, _ in self._specs}) != len(self._specs):
             raise GraftlabError(f"{self.path}: duplicate tensor names declared")
         self._pos = 0  # index of the tensor being written
@@ -215,8 +259,8 @@ class SafetensorsWriter:
         header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
         offset = 0
         for name, dtype, shape in self._specs:
-            end = offset + math.prod(shape) * dtype.itemsize
-            header[name] = {"dtype": dtype_name(dtype), "shape": list(shape), "data_offsets": [offset, end]}
+            end = offset + math.prod(shape) * ITEMSIZES[dtype]
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, end]}
             offset = end
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)  # tensor data must start 8-byte aligned
@@ -224,21 +268,39 @@ class SafetensorsWriter:
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         """Append ``tensor``: the next declared tensor whole, or its next block of rows."""
+        import torch
+
+        self._next(name, dtype_name(tensor.dtype))
+        data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        self.write_bytes(name, tuple(tensor.shape), data.numpy())
+
+    def write_bytes(self, name: str, shape: Sequence[int], data: Any) -> None:
+        """Append the raw little-endian bytes ``data`` (any contiguous buffer, e.g. a numpy array) of
+        the next declared tensor whole, or of its next block of rows, of ``shape``. The torch-free
+        way in: the bytes are checked against the declared dtype's size, not a dtype of their own."""
+        _, want_dtype, want_shape = self._next(name)
+        shape = tuple(shape)
+        rows = self._check_shape(name, shape, want_shape)
+        view = memoryview(data).cast("B")
+        if len(view) != math.prod(shape) * ITEMSIZES[want_dtype]:
+            raise GraftlabError(f"{self.path}: tensor {name} block of shape {list(shape)} came as {len(view)} bytes")
+        self._file.write(view)
+        self._rows += rows
+        if not want_shape or self._rows == want_shape[0]:
+            self._pos, self._rows = self._pos + 1, 0
+
+    def _next(self, name: str, dtype: str | None = None) -> tuple[str, str, tuple[int, ...]]:
+        """The declaration of the tensor to write next, checked against ``name`` (and ``dtype``)."""
         if self._file is None:
             raise GraftlabError(f"{self.path}: writer is closed")
         if self._pos >= len(self._specs):
             raise GraftlabError(f"{self.path}: tensor {name} was not declared (all declared tensors written)")
-        want_name, want_dtype, want_shape = self._specs[self._pos]
-        if name != want_name:
-            raise GraftlabError(f"{self.path}: expected tensor {want_name} next, got {name}")
-        if tensor.dtype != want_dtype:
-            raise GraftlabError(f"{self.path}: tensor {name} has dtype {tensor.dtype}, declared {want_dtype}")
-        rows = self._check_shape(name, tuple(tensor.shape), want_shape)
-        data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        self._file.write(memoryview(data.numpy()))
-        self._rows += rows
-        if not want_shape or self._rows == want_shape[0]:
-            self._pos, self._rows = self._pos + 1, 0
+        want = self._specs[self._pos]
+        if name != want[0]:
+            raise GraftlabError(f"{self.path}: expected tensor {want[0]} next, got {name}")
+        if dtype is not None and dtype != want[1]:
+            raise GraftlabError(f"{self.path}: tensor {name} has dtype {dtype}, declared {want[1]}")
+        return want
 
     def _check_shape(self, name: str, shape: tuple[int, ...], want: tuple[int, ...]) -> int:
         """Rows contributed by a block of ``shape`` towards a tensor of shape ``want``."""
