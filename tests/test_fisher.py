@@ -190,19 +190,6 @@ def test_bad_masks_are_one_line_errors_without_output(trio, tmp_path, pico_model
     assert not any((tmp_path / f"o{i}").exists() for i in (1, 2, 3))
 
 
-def test_subsampled_threshold_masks_about_rho_and_reports_the_exact_count():
-    from graftlab.fisher.masks import DiagMask
-
-    gen = torch.Generator().manual_seed(0)
-    fisher = {f"t{i}": torch.rand(200, 50, generator=gen) for i in range(4)}
-    deltas = {n: torch.randn(200, 50, generator=gen) for n in fisher}
-    mask = DiagMask(fisher, 0.3, deltas=deltas, exact_limit=0, sample=4000)  # force the quantile path
-    zeroed = sum(int((mask(name, delta.clone()) == 0).sum()) for name, delta in deltas.items())
-    report = mask.report()
-    assert report["masked"] == zeroed  # the count reported is the count zeroed
-    assert abs(zeroed - 0.3 * report["total"]) <= 0.02 * report["total"]
-
-
 def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_path, capsys):
     path = pico_model("m")
     rollouts = _rollouts(4, 6)
@@ -229,16 +216,16 @@ def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_p
     assert not (tmp_path / "g").exists()
 
 
-def test_cli_exact_limit_switches_to_the_subsampled_threshold_and_reports_the_count(trio, tmp_path):
+def test_cli_exact_limit_is_ignored_the_threshold_is_exact_at_any_size(trio, tmp_path):
+    """--exact-limit used to switch to a sampled quantile; the streamed radix select is exact at any size."""
     post, donor, tuned, fisher_dir, fisher = trio
     mask = ["--fisher", str(fisher_dir), "--mask", "diag", "--rho", "0.3"]
     assert main(["graft", *graft_args(post, donor, tuned, "1", tmp_path / "exact"), *mask]) == 0
-    assert main(["graft", *graft_args(post, donor, tuned, "1", tmp_path / "sampled"), *mask, "--exact-limit", "0"]) == 0
-    exact, sampled = (json.loads((tmp_path / d / "graftlab.json").read_text())["mask"] for d in ("exact", "sampled"))
-    assert exact["masked"] == round(0.3 * exact["total"])
-    out, p = _weights(tmp_path / "sampled"), _weights(post)
-    assert sampled["masked"] == sum(int((out[n] == p[n]).sum()) for n in fisher)  # the count is the count zeroed
-    assert abs(sampled["masked"] - exact["masked"]) <= 0.05 * exact["total"]
+    assert main(["graft", *graft_args(post, donor, tuned, "1", tmp_path / "limit0"), *mask, "--exact-limit", "0"]) == 0
+    exact, limit0 = _weights(tmp_path / "exact"), _weights(tmp_path / "limit0")
+    assert all(torch.equal(exact[n], limit0[n]) for n in exact)
+    record = json.loads((tmp_path / "limit0" / "graftlab.json").read_text())["mask"]
+    assert record["masked"] == round(0.3 * record["total"])
 
 
 def test_the_fisher_registry_is_what_the_command_line_offers_and_refuses_foreign_options(tmp_path):

@@ -15,6 +15,7 @@ from graftlab.cli import main
 from graftlab.fisher import make_mask
 from graftlab.fisher.diag import diag_fisher
 from graftlab.fisher.kfac import kfac_fisher
+from graftlab.fisher.kfac_mask import load_kfac_fisher
 from graftlab.graft import graft
 
 
@@ -142,16 +143,16 @@ def test_kfac_mask_zeroes_the_top_scored_eigen_directions(kfac_trio, tmp_path, s
     graft(post, donor, tuned, 1.0, tmp_path / "out", project=mask)
     report = json.loads((tmp_path / "out" / "graftlab.json").read_text())["mask"]
     out, p, d, t = (_weights(x) for x in (tmp_path / "out", post, donor, tuned))
-    f = load_file(fisher / "kfac.safetensors")
+    f = load_kfac_fisher(fisher, post)  # a shared A factor resolved to every layer reading it
     kept, dropped, total = [], [], 0
     for name in p:
-        delta, applied = t[name] - d[name], out[name] - p[name]
-        if f"{name}.diag" in f:  # entry-wise, as the diagonal mask
-            score, zeroed = f[f"{name}.diag"] * delta.square(), applied == 0
+        delta, applied, e = t[name] - d[name], out[name] - p[name], f[name]
+        if "diag" in e:  # entry-wise, as the diagonal mask
+            score, zeroed = e["diag"] * delta.square(), applied == 0
         else:  # in the eigenbasis: the applied update has exactly the masked directions removed
-            uG, uA = f[f"{name}.G_eigvecs"], f[f"{name}.A_eigvecs"]
+            uG, uA = e["G_eigvecs"], e["A_eigvecs"]
             rotated, rotated_out = uG.T @ delta @ uA, uG.T @ applied @ uA
-            score = torch.outer(f[f"{name}.G_eigvals"], f[f"{name}.A_eigvals"]) * rotated.square()
+            score = torch.outer(e["G_eigvals"], e["A_eigvals"]) * rotated.square()
             zeroed = rotated_out.abs() <= 1e-5 * rotated.abs().max()
             assert torch.allclose(rotated_out[~zeroed], rotated[~zeroed], atol=1e-5 * rotated.abs().max())
         assert int(zeroed.sum()) == report["masked_per_tensor"][name], name

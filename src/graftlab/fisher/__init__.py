@@ -85,12 +85,14 @@ def make_mask(
     exact_limit: int | None = None,
 ):
     """The `project` callable of `graftlab.graft.graft` for one masked graft, its Fisher checked against
-    the post model; its `report()` goes to graftlab.json. A global ranking by F * delta^2 reads every
-    delta first, to find the threshold before the streamed graft applies it."""
-    from graftlab.fisher.masks import EXACT_LIMIT, read_deltas
+    the post model; its `report()` goes to graftlab.json. The Fisher and, for a global F * delta^2 ranking,
+    the deltas are read tensor by tensor when needed: the global threshold takes two passes over them
+    before the streamed graft applies it (graftlab.fisher.masks). `exact_limit` is accepted and ignored:
+    the threshold is exact at any size now, but `graftlab graft --exact-limit` still passes it."""
+    from graftlab.fisher.masks import read_deltas
 
+    del exact_limit
     spec = fisher_kind(kind)
-    entries = _resolve(spec.loader)(fisher_dir, post)
+    entries = _resolve(spec.loader)(fisher_dir, post, lazy=True)
     deltas = read_deltas(donor, donor_tuned, entries) if scope == "global" and score == "fisher_delta" else None
-    limit = EXACT_LIMIT if exact_limit is None else exact_limit
-    return _resolve(spec.mask)(entries, rho, scope=scope, score=score, deltas=deltas, exact_limit=limit)
+    return _resolve(spec.mask)(entries, rho, scope=scope, score=score, deltas=deltas)

@@ -13,11 +13,15 @@ With `ekfac`, a second pass re-fits the diagonal in the Kronecker eigenbasis (Ge
 
 One batched forward and one `torch.autograd.grad` per batch of rollouts: forward hooks keep each
 module's input, the gradients are taken with respect to each module's output, never the weights, so no
-weight gradient is ever formed for a KFAC layer. File format: docs/formats.md.
+weight gradient is ever formed for a KFAC layer. Layers reading the same input tensor (q/k/v; gate/up)
+have the same A: it is summed, eigendecomposed and stored once, under the first of them, the others named
+in the file's `shared_A` metadata (format graftlab-kfac/2; /1 files, an A per layer, are still read).
+File format: docs/formats.md.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +39,10 @@ from graftlab.fisher.diag import (
     right_pad,
 )
 
-FORMAT = "graftlab-kfac/1"
+FORMAT = "graftlab-kfac/2"
+# Formats the loader reads: /1 stored every layer's A factor, /2 stores a shared one once (metadata `shared_A`).
+FORMATS = (FORMAT, "graftlab-kfac/1")
+A_PARTS = ("A", "A_eigvals", "A_eigvecs")
 FACTORS = ("A", "G", "A_eigvals", "A_eigvecs", "G_eigvals", "G_eigvecs")
 
 
@@ -112,17 +119,21 @@ def _add_diagonal(fisher, owners, modules, calls, d_out, batch: int, seen: set) 
                 seen.add(name)
 
 
-def _add_factors(sums, layers, calls, d_out, predicts) -> None:
-    """Kronecker sums over completion positions; q/k/v (and gate/up) share an input, so A once per input."""
-    seen: dict[tuple, torch.Tensor] = {}
+def _add_factors(sums, layers, calls, d_out, predicts, share: dict[str, str]) -> None:
+    """Kronecker sums over completion positions. Layers whose calls read the same input tensors (q/k/v;
+    gate/up) share one A: `share` maps each layer to the first of them, fixed by the first batch, and only
+    that one's `A` is summed (and stored, and eigendecomposed)."""
+    first: dict[tuple, str] = {}
     for name, m in layers.items():
+        inputs = tuple((a.data_ptr(), tuple(a.shape)) for a in calls.inputs[m])
+        owner = share.setdefault(name, first.setdefault(inputs, name))
+        if first.get(inputs) != owner:
+            raise GraftlabError(f"KFAC layer {name} read the input of {owner} in one batch but not in another")
         for a, d in zip(calls.inputs[m], d_out[m]):
-            key = (a.data_ptr(), tuple(a.shape))
-            if key not in seen:
+            if owner == name:
                 a_m = a[predicts].float()
-                seen[key] = a_m.T @ a_m
+                sums[f"{name}.A"] = sums.get(f"{name}.A", 0) + a_m.T @ a_m
             d_m = d[predicts].float()
-            sums[f"{name}.A"] += seen[key]
             sums[f"{name}.G"] += d_m.T @ d_m
 
 
@@ -166,13 +177,12 @@ def kfac_statistics(
     device = model.device
     sums = {}
     for name, m in layers.items():
-        sums[f"{name}.A"] = torch.zeros(modules[m].in_features, modules[m].in_features, device=device)
         sums[f"{name}.G"] = torch.zeros(modules[m].out_features, modules[m].out_features, device=device)
     diag = {n: torch.zeros(model.get_parameter(n).shape, device=device) for n in diag_owners}
-    tokens, seen = 0, set()
+    tokens, seen, share = 0, set(), {}
     for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics", device, positions):
         calls, d_out = _batch_gradients(model, {m: modules[m] for m in users}, ids, scored)
-        _add_factors(sums, layers, calls, d_out, predicts)
+        _add_factors(sums, layers, calls, d_out, predicts, share)
         _add_diagonal(diag, diag_owners, modules, calls, d_out, len(ids), seen)
         tokens += int(predicts.sum())
     if unseen := sorted(diag_owners.keys() - seen):
@@ -180,6 +190,8 @@ def kfac_statistics(
         # hooks: a zero Fisher would make the mask rank it least sensitive, so refuse instead.
         raise GraftlabError(f"no module call reached parameters {unseen[:3]}: their Fisher cannot be computed")
     out = {k: v / (max(tokens, 1) if k.endswith(".A") else len(rollouts)) for k, v in sums.items()}
+    for name, owner in share.items():  # one tensor object for a shared factor: the file stores it once
+        out[f"{name}.A"] = out[f"{owner}.A"]
     return out | {f"{n}.diag": f / len(rollouts) for n, f in diag.items()}
 
 
@@ -192,9 +204,13 @@ def kfac_fisher(
         raise GraftlabError(f"KFAC positions must be one of {list(POSITIONS)}, got {positions!r}")
     out = kfac_statistics(model, rollouts, batch_size, pad_id, max_dim, positions)
     layers = kfac_layers(model, max_dim)
+    done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by factor object: a shared A once
     for name in layers:
         for f in ("A", "G"):
-            out[f"{name}.{f}_eigvals"], out[f"{name}.{f}_eigvecs"] = _eigh(out[f"{name}.{f}"])
+            factor = out[f"{name}.{f}"]
+            if id(factor) not in done:
+                done[id(factor)] = _eigh(factor)
+            out[f"{name}.{f}_eigvals"], out[f"{name}.{f}_eigvecs"] = done[id(factor)]
     if ekfac:
         out |= _ekfac(model, rollouts, batch_size, pad_id, layers, out)
     return out
@@ -222,6 +238,21 @@ def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, to
     return {f"{name}.ekfac": f / len(rollouts) for name, f in fit.items()}
 
 
+def shared_factors(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors to store, each shared A factor (and its eigen-pair) once under its first layer, and the
+    `shared_A` map of every other layer reading it to that first one; sharing is by tensor object."""
+    first: dict[int, str] = {}
+    shared = {}
+    for key, tensor in tensors.items():
+        name, part = key.rsplit(".", 1)
+        if part == "A" and first.setdefault(id(tensor), name) != name:
+            shared[name] = first[id(tensor)]
+    stored = {
+        k: t for k, t in tensors.items() if not (k.rsplit(".", 1)[1] in A_PARTS and k.rsplit(".", 1)[0] in shared)
+    }
+    return stored, shared
+
+
 def write_kfac_fisher(
     model_dir,
     rollouts_path,
@@ -246,8 +277,10 @@ def write_kfac_fisher(
         raise GraftlabError(f"KFAC positions must be one of {list(POSITIONS)}, got {positions!r}")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(fisher_device())
     tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac, positions)
+    stored, shared = shared_factors(tensors)
     meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower(), "positions": positions}
+    meta["shared_A"] = json.dumps(shared, sort_keys=True)
     with atomic_dir(out_dir) as tmp:
-        save_file({k: v.cpu().contiguous() for k, v in tensors.items()}, tmp / "kfac.safetensors", metadata=meta)
+        save_file({k: v.cpu().contiguous() for k, v in stored.items()}, tmp / "kfac.safetensors", metadata=meta)
         params = {"kind": "kfac", "rollouts": len(rollouts), "max_dim": max_dim, "ekfac": ekfac, "positions": positions}
         write_provenance(tmp, {"model": model_dir, "rollouts": rollouts_path}, params)

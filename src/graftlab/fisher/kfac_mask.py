@@ -6,55 +6,90 @@ Parameters the KFAC file holds a diagonal for (norms, embeddings, tied or very w
 entry-wise as with the diagonal Fisher, in the same global ranking.
 """
 
+import json
+import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from graftlab.errors import GraftlabError
-from graftlab.fisher.kfac import FACTORS, FORMAT
-from graftlab.fisher.masks import FisherMask, check_fisher, diag_score, zero_entries
+from graftlab.fisher.kfac import A_PARTS, FACTORS, FORMAT, FORMATS
+from graftlab.fisher.masks import FisherMask, TensorFile, check_fisher, diag_score, zero_entries
 
 
-def load_kfac_fisher(fisher_dir, post_dir) -> dict[str, dict[str, torch.Tensor]]:
-    """Per parameter of the post model, its KFAC tensors (`A_eigvals`, ..., maybe `ekfac`) or `{"diag": F}`."""
+def load_kfac_fisher(fisher_dir, post_dir, lazy: bool = False) -> Mapping[str, dict[str, torch.Tensor]]:
+    """Per parameter of the post model, its KFAC tensors (`A_eigvals`, ..., maybe `ekfac`) or `{"diag": F}`;
+    a shared A factor is one tensor for all its layers. `lazy`: `KfacEntries`, read on access."""
     path = Path(fisher_dir) / "kfac.safetensors"
     if not path.is_file():
         raise GraftlabError(f"no KFAC Fisher at {path}")
-    with safe_open(str(path), framework="pt") as f:
-        if (f.metadata() or {}).get("format") != FORMAT:
-            raise GraftlabError(
-                f"{path} is not a {FORMAT} file (metadata format: {(f.metadata() or {}).get('format')})"
-            )
-        entries: dict[str, dict[str, torch.Tensor]] = {}
-        for key in f.keys():
+    file = TensorFile(path)
+    if file.metadata.get("format") not in FORMATS:
+        raise GraftlabError(f"{path} is not a {FORMAT} file (metadata format: {file.metadata.get('format')})")
+    entries = KfacEntries(file)
+    check_fisher(path, post_dir, entries.shapes, ())
+    if lazy:
+        return entries
+    tensors = {key: file[key] for key in file}  # each stored tensor read once: a shared A stays one object
+    return {name: {part: tensors[key] for part, key in parts.items()} for name, parts in entries.index.items()}
+
+
+class KfacEntries(Mapping):
+    """A KFAC file's entries by parameter, each read when asked for, without the factors `A` and `G`
+    themselves (the mask needs only their eigen-pairs); the last one read is kept, as a graft asks for
+    one tensor's entry several times in a row."""
+
+    def __init__(self, file: TensorFile):
+        self.file = file
+        self.index: dict[str, dict[str, str]] = {}  # parameter -> part -> the key holding it
+        for key in file:
             name, part = key.rsplit(".", 1)  # "<parameter>.<part>", e.g. "...q_proj.weight.A_eigvecs"
-            entries.setdefault(name, {})[part] = f.get_tensor(key).float()
-    shapes = {n: _shape(parts) for n, parts in entries.items()}
-    check_fisher(path, post_dir, shapes, ((f"{n}.{p}", t) for n, parts in entries.items() for p, t in parts.items()))
-    return entries
+            self.index.setdefault(name, {})[part] = key
+        for name, owner in json.loads(file.metadata.get("shared_A", "{}")).items():
+            for part in A_PARTS:
+                if f"{owner}.{part}" not in file.shapes:
+                    raise GraftlabError(f"{file.path}: {name} shares the A factor of {owner}, which it lacks")
+                self.index.setdefault(name, {})[part] = f"{owner}.{part}"
+        self.shapes = {n: _shape({p: file.shapes[k] for p, k in parts.items()}) for n, parts in self.index.items()}
+        self.ekfac = any("ekfac" in parts for parts in self.index.values())
+        self._last: tuple[str, dict] = ("", {})
+
+    def __getitem__(self, name: str) -> dict[str, torch.Tensor]:
+        if self._last[0] != name:
+            parts = self.index[name]
+            self._last = (name, {p: self.file[k] for p, k in parts.items() if p not in ("A", "G")})
+        return self._last[1]
+
+    def __iter__(self):
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
 
 
-def _shape(parts: dict[str, torch.Tensor]) -> tuple[int, ...]:
-    """The weight shape an entry describes; a KFAC entry missing a factor describes none."""
-    if "diag" in parts:
-        return tuple(parts["diag"].shape)
-    if not all(p in parts for p in FACTORS):
+def _shape(shapes: dict[str, tuple]) -> tuple[int, ...]:
+    """The weight shape an entry describes (from its parts' shapes); a KFAC entry missing a factor describes
+    none."""
+    if "diag" in shapes:
+        return tuple(shapes["diag"])
+    if not all(p in shapes for p in FACTORS):
         return ()
-    shape = parts["G"].shape[0], parts["A"].shape[0]
-    return shape if "ekfac" not in parts or tuple(parts["ekfac"].shape) == shape else ()
+    shape = shapes["G"][0], shapes["A"][0]
+    return shape if "ekfac" not in shapes or tuple(shapes["ekfac"]) == shape else ()
 
 
 class KfacMask(FisherMask):
     kind = "kfac"
 
-    def __init__(self, entries: dict[str, dict[str, torch.Tensor]], rho: float, **options):
+    def __init__(self, entries: Mapping[str, dict[str, torch.Tensor]], rho: float, **options):
         self.entries = entries
-        self.ekfac = any("ekfac" in e for e in entries.values())
-        sizes = {
-            n: (e["diag"].numel() if "diag" in e else e["G"].shape[0] * e["A"].shape[0]) for n, e in entries.items()
-        }
-        super().__init__(sizes, rho, **options)
+        if isinstance(entries, KfacEntries):  # sizes from the header: counting must not read the file
+            self.ekfac, shapes = entries.ekfac, entries.shapes
+        else:
+            self.ekfac = any("ekfac" in e for e in entries.values())
+            shapes = {n: _shape({p: tuple(t.shape) for p, t in e.items()}) for n, e in entries.items()}
+        super().__init__({n: math.prod(s) for n, s in shapes.items()}, rho, **options)
 
     def _curvature(self, e: dict[str, torch.Tensor]) -> torch.Tensor:
         return e["ekfac"] if "ekfac" in e else torch.outer(e["G_eigvals"], e["A_eigvals"])

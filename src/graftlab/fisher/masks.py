@@ -4,12 +4,15 @@ the KFAC one (graftlab.fisher.kfac_mask) shares the ranking.
 
 A mask is the `project` callable of `graftlab.graft.graft`: it receives each fp32 delta whole and
 returns it masked. Ranking is global over all parameters by default, per tensor as an option. The global
-threshold is exact (every score held at once, ties broken in the order tensors are grafted, so exactly
-round(rho * total) entries are masked) up to `exact_limit` entries; beyond it, the threshold is the
-quantile of a seeded random subsample and the count masked is whatever it gives, reported either way.
+threshold is exact at any model size, with memory bounded by the largest tensor: a radix select over the
+scores' fp32 bit patterns, recomputed tensor by tensor from the Fisher and the delta, both read from disk
+on demand. Pass 1 histograms the high 16 bits of every score, pass 2 the low 16 bits inside the bucket
+holding the k-th largest, which fixes it exactly; the graft then masks every score above it and the
+first ties in the order tensors are grafted, so exactly round(rho * total) entries are masked.
 """
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -18,19 +21,44 @@ from safetensors import safe_open
 from graftlab.errors import GraftlabError
 from graftlab.safetensors_io import tensor_index, tensor_specs
 
-# Up to this many entries the global threshold is exact (scores and deltas held in fp32: 8 bytes each).
-EXACT_LIMIT = 2**28
+RADIX = 1 << 16  # buckets of each radix-select pass: the high, then the low, 16 bits of a score
 
 
-def load_diag_fisher(fisher_dir, post_dir) -> dict[str, torch.Tensor]:
-    """The Fisher of `fisher_dir/diag.safetensors`, checked against the post model's float tensors."""
+def load_diag_fisher(fisher_dir, post_dir, lazy: bool = False) -> Mapping[str, torch.Tensor]:
+    """The Fisher of `fisher_dir/diag.safetensors`, checked against the post model's float tensors; `lazy`,
+    each tensor read (and checked finite) when it is asked for, as a mask does, instead of all at once."""
     path = Path(fisher_dir) / "diag.safetensors"
     if not path.is_file():
         raise GraftlabError(f"no diagonal Fisher at {path}")
-    with safe_open(str(path), framework="pt") as f:
-        fisher = {name: f.get_tensor(name).float() for name in f.keys()}
-    check_fisher(path, post_dir, {n: tuple(f.shape) for n, f in fisher.items()}, fisher.items())
-    return fisher
+    fisher = TensorFile(path)
+    check_fisher(path, post_dir, fisher.shapes, ())
+    return fisher if lazy else dict(fisher.items())
+
+
+class TensorFile(Mapping):
+    """The fp32 tensors of one safetensors file, each read when asked for and refused if not finite:
+    a mask holds one tensor of a Fisher at a time, never the whole file."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with safe_open(str(path), framework="pt") as f:
+            self.metadata = f.metadata() or {}
+            self.shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        if key not in self.shapes:
+            raise KeyError(key)
+        with safe_open(str(self.path), framework="pt") as f:
+            tensor = f.get_tensor(key).float()
+        if not torch.isfinite(tensor).all():
+            raise GraftlabError(f"Fisher {self.path} holds NaN or Inf in {[key]}")
+        return tensor
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
 
 
 def check_fisher(path, post_dir, shapes: dict[str, tuple], tensors) -> None:
@@ -68,18 +96,8 @@ class FisherMask:
 
     kind = ""
 
-    def __init__(
-        self,
-        sizes: dict[str, int],
-        rho: float,
-        *,
-        scope="global",
-        score="fisher_delta",
-        deltas=None,
-        exact_limit: int = EXACT_LIMIT,
-        sample: int = 2**22,
-        seed: int = 0,
-    ):
+    def __init__(self, sizes: dict[str, int], rho: float, *, scope="global", score="fisher_delta", deltas=None):
+        """`deltas`: name -> fp32 delta (a dict, or `read_deltas`'s reader), for a global F * delta^2 ranking."""
         if not 0 <= rho <= 1:
             raise GraftlabError(f"rho must be in [0, 1], got {rho}")
         if scope not in ("global", "tensor") or score not in ("fisher_delta", "fisher"):
@@ -91,8 +109,7 @@ class FisherMask:
         if scope == "global":
             if score == "fisher_delta" and deltas is None:
                 raise GraftlabError("a global F * delta^2 ranking needs every delta up front (read_deltas)")
-            scores = {n: self._score(n, None if deltas is None else deltas[n])[0] for n in sizes}
-            self._global_threshold(scores, exact_limit, sample, seed)
+            self._global_threshold(lambda n: self._score(n, None if deltas is None else deltas[n])[0])
 
     def _score(self, name: str, delta: torch.Tensor | None) -> tuple[torch.Tensor, object]:
         raise NotImplementedError
@@ -100,22 +117,25 @@ class FisherMask:
     def _apply(self, name: str, delta: torch.Tensor, state, drop: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _global_threshold(self, scores, exact_limit, sample, seed) -> None:
+    def _global_threshold(self, score_of) -> None:
+        """The k-th largest score by radix select over its sortable bit pattern (`_keys`), two passes of
+        `score_of(name)` tensor by tensor, and how many of the scores equal to it are to be masked."""
         k = round(self.rho * self.total)
         if k == 0:
             self.threshold = math.inf
             return
-        if self.total <= exact_limit:
-            flat = torch.cat([s.flatten() for s in scores.values()])
-            self.threshold = flat.kthvalue(self.total - k + 1).values.item()  # the k-th largest score
-            self.ties_left = k - int((flat > self.threshold).sum())
-            return
-        gen = torch.Generator().manual_seed(seed)
-        picks = [
-            s.flatten()[torch.randint(s.numel(), (max(1, sample * s.numel() // self.total),), generator=gen)]
-            for s in scores.values()
-        ]
-        self.threshold = torch.quantile(torch.cat(picks), 1 - self.rho).item()
+        high = torch.zeros(RADIX, dtype=torch.long)
+        for name in self.sizes:
+            high += torch.bincount((_keys(score_of(name)) >> 16).long() + RADIX // 2, minlength=RADIX)
+        bucket, above = _bucket_of(high, k)
+        low = torch.zeros(RADIX, dtype=torch.long)
+        for name in self.sizes:
+            keys = _keys(score_of(name))
+            low += torch.bincount(keys[(keys >> 16) == bucket - RADIX // 2].long() & (RADIX - 1), minlength=RADIX)
+        position, above_low = _bucket_of(low, k - above)
+        key = torch.tensor([(bucket - RADIX // 2) * RADIX + position], dtype=torch.int32)
+        self.threshold = _flip(key).view(torch.float32).item()
+        self.ties_left = k - above - above_low
 
     def __call__(self, name: str, delta: torch.Tensor) -> torch.Tensor:
         if name not in self.sizes:
@@ -153,9 +173,11 @@ class DiagMask(FisherMask):
 
     kind = "diag"
 
-    def __init__(self, fisher: dict[str, torch.Tensor], rho: float, **options):
+    def __init__(self, fisher: Mapping[str, torch.Tensor], rho: float, **options):
         self.fisher = fisher
-        super().__init__({n: f.numel() for n, f in fisher.items()}, rho, **options)
+        # A lazy file knows its shapes from the header: counting entries must not read the tensors.
+        shapes = fisher.shapes if isinstance(fisher, TensorFile) else {n: f.shape for n, f in fisher.items()}
+        super().__init__({n: math.prod(s) for n, s in shapes.items()}, rho, **options)
 
     def _score(self, name, delta):
         return diag_score(self.fisher[name], delta, self.score_kind), None
@@ -164,14 +186,45 @@ class DiagMask(FisherMask):
         return zero_entries(delta, drop)
 
 
-def read_deltas(donor, donor_tuned, names) -> dict[str, torch.Tensor]:
-    """fp32 `donor_tuned - donor` for the named tensors: the first pass of an exact global ranking."""
-    donor_index, tuned_index = tensor_index(donor), tensor_index(donor_tuned)
-    deltas = {}
-    for name in names:
+def _keys(values: torch.Tensor) -> torch.Tensor:
+    """int32 keys ordered as the fp32 `values` (flattened) are: a non-negative float orders like its bit
+    pattern, a negative one like its pattern with the magnitude bits flipped. Adding 0.0 first makes -0.0
+    the key of 0.0, which it equals."""
+    return _flip((values.flatten().float() + 0.0).view(torch.int32))
+
+
+def _flip(bits: torch.Tensor) -> torch.Tensor:
+    """Flip the magnitude bits of negative int32 patterns: fp32 bits <-> sortable key, both ways."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def _bucket_of(histogram: torch.Tensor, k: int) -> tuple[int, int]:
+    """The bucket holding the k-th largest of the values counted, and how many lie in buckets above it."""
+    from_top = histogram.flip(0).cumsum(0)
+    i = int(torch.searchsorted(from_top, k))
+    bucket = len(histogram) - 1 - i
+    return bucket, int(from_top[i] - histogram[bucket])
+
+
+def read_deltas(donor, donor_tuned, names) -> Mapping[str, torch.Tensor]:
+    """fp32 `donor_tuned - donor` for the named tensors, each read from disk when asked for: the passes
+    of an exact global ranking hold one delta at a time."""
+    return _Deltas(tensor_index(donor), tensor_index(donor_tuned), list(names))
+
+
+class _Deltas(Mapping):
+    def __init__(self, donor_index: dict[str, Path], tuned_index: dict[str, Path], names: list[str]):
+        self.donor_index, self.tuned_index, self.names = donor_index, tuned_index, names
+
+    def __getitem__(self, name: str) -> torch.Tensor:
         with (
-            safe_open(str(tuned_index[name]), framework="pt") as t,
-            safe_open(str(donor_index[name]), framework="pt") as d,
+            safe_open(str(self.tuned_index[name]), framework="pt") as t,
+            safe_open(str(self.donor_index[name]), framework="pt") as d,
         ):
-            deltas[name] = t.get_tensor(name).float() - d.get_tensor(name).float()
-    return deltas
+            return t.get_tensor(name).float() - d.get_tensor(name).float()
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
