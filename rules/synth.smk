@@ -106,6 +106,8 @@ rule pedagogical_teacher:
         task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
+        gradient_checkpointing=config["gradient_checkpointing"],
+        save_dtype=config["save_dtype"],
         resume_minutes=config["resume_minutes"],
         backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:

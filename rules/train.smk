@@ -22,8 +22,11 @@ rule sft:
         lr=lambda w: float(w.lr),
         epochs=lambda w: xcfg(w, "sft", "epochs"),
         batch_size=lambda w: xcfg(w, "sft", "batch_size"),
+        micro_batch_size=lambda w: xcfg(w, "sft", "micro_batch_size"),
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
+        gradient_checkpointing=config["gradient_checkpointing"],
+        save_dtype=config["save_dtype"],
         resume_minutes=config["resume_minutes"],
     script:
         "../workflow_scripts/sft.py"
@@ -60,6 +63,8 @@ rule opsd:
         save_steps=lambda w: opsd_steps(xcfg(w, "opsd")),
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
+        gradient_checkpointing=config["gradient_checkpointing"],
+        save_dtype=config["save_dtype"],
         resume_minutes=config["resume_minutes"],
         backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:

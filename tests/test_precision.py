@@ -158,14 +158,24 @@ def test_opsd_computes_its_logits_in_the_chosen_precision_over_fp32_weights(mode
     assert all(p.dtype == torch.float32 for p in student.parameters())
 
 
-def test_sft_trains_fp32_weights_from_a_bf16_checkpoint(avx2_cpu, model, tmp_path):
+@pytest.mark.parametrize("setting, saved", [("auto", torch.bfloat16), ("float32", torch.float32)])
+def test_sft_trains_fp32_weights_from_a_bf16_checkpoint(avx2_cpu, model, tmp_path, setting, saved):
+    """The master weights are fp32 whatever the checkpoint stores: written as fp32, the trained weights hold
+    values no bf16 number has (an update far below bf16's spacing survives); `auto` writes them back in the
+    checkpoint's bf16, and graftlab.json records that."""
+    import json
+
     from transformers import AutoModelForCausalLM
 
     from graftlab.train.sft import TrainConfig, finetune
 
     AutoModelForCausalLM.from_pretrained(model).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     build_tokenizer().save_pretrained(tmp_path / "bf16")
-    cfg = TrainConfig(lr=1e-3, batch_size=2, steps=1, save_steps=(1,))
+    # Three steps: the first, in warm-up, is at learning rate 0.
+    cfg = TrainConfig(lr=1e-3, batch_size=2, steps=3, save_steps=(3,), save_dtype=setting)
     finetune(tmp_path / "bf16", sft_rows(), cfg, [tmp_path / "out"])
     tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype="auto")
-    assert all(p.dtype == torch.float32 for p in tuned.parameters())
+    assert all(p.dtype == saved for p in tuned.parameters())
+    assert json.loads((tmp_path / "out" / "graftlab.json").read_text())["save_dtype"] == str(saved).split(".")[1]
+    if saved == torch.float32:
+        assert any(not torch.equal(p, p.bfloat16().float()) for p in tuned.parameters())

@@ -16,6 +16,8 @@ with job_log(snakemake.log[0], snakemake.threads):
         seed=p.seed,
         threads=snakemake.threads,
         precision=p.precision,
+        gradient_checkpointing=p.gradient_checkpointing,
+        save_dtype=p.save_dtype,
         backend=p.backend,
         **o,
     )

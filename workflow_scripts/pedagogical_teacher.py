@@ -11,7 +11,14 @@ reward = RewardConfig(**{k: t.pop(k) for k in ("beta", "strength", "min_tokens")
 with job_log(snakemake.log[0], snakemake.threads):
     backend = Engine.of(p.backend, seed=p.seed)
     cfg = TeacherConfig(
-        **t, reward=reward, seed=p.seed, threads=snakemake.threads, precision=p.precision, backend=backend
+        **t,
+        reward=reward,
+        seed=p.seed,
+        threads=snakemake.threads,
+        precision=p.precision,
+        gradient_checkpointing=p.gradient_checkpointing,
+        save_dtype=p.save_dtype,
+        backend=backend,
     )
     resume = Resume(resume_dir(out.teacher), p.resume_minutes)
     train_teacher(inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task, resume=resume)

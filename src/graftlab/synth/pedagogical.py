@@ -215,6 +215,10 @@ class TeacherConfig:
     seed: int = 0
     threads: int = 1
     precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
+    # Completions per forward and backward pass; accumulation makes up prompts_per_step x group_size.
+    micro_batch_size: int | str = schema_default("pedagogical", "micro_batch_size")
+    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
+    save_dtype: str = schema_default("", "save_dtype")  # of the teacher written; auto: the post model's
     # GRPO's sampling (graftlab.sampling.Engine.of reads it): with vLLM, TRL's colocated engine, which
     # TRL itself moves the current weights into each step.
     backend: Any = schema_default("", "sampling_backend")
@@ -275,10 +279,11 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
     from graftlab.provenance import write_provenance
     from graftlab.tasks import get_task
     from graftlab.train import resume as rs
-    from graftlab.train.precision import WEIGHTS_DTYPE, announce
+    from graftlab.train.precision import WEIGHTS_DTYPE, announce, cast_saved, save_dtype
 
     torch.set_num_threads(cfg.threads)
     precision = announce(cfg.precision)
+    dtype = save_dtype(cfg.save_dtype, post_dir)
     tok = AutoTokenizer.from_pretrained(post_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
@@ -293,10 +298,12 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
     if resume is not None:
         resume.open(rs.fingerprint(cfg, post=str(post_dir), problems=str(problems), task=task))
     with atomic_dir(out_dir) as tmp:
+        model = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
+        micro = _micro(cfg, dataset["prompt"], tok, model)
         trainer = GRPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE),
+            model=model,
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
-            args=_grpo_args(cfg, resume.dir if resume is not None else tmp / ".trainer", precision),
+            args=_grpo_args(cfg, resume.dir if resume is not None else tmp / ".trainer", precision, micro),
             train_dataset=dataset,
             processing_class=tok,
             callbacks=[rs.trainer_callback(resume)] if resume is not None else None,
@@ -304,23 +311,44 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
         trainer.train(resume_from_checkpoint=rs.last_checkpoint(resume) if resume is not None else None)
         trainer.model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        cast_saved(tmp, dtype)
         shutil.rmtree(tmp / ".trainer", ignore_errors=True)
         inputs = {"post": str(post_dir), "problems": str(problems)}
-        write_provenance(tmp, inputs, asdict(cfg), extra={"problems": problems_read})
+        write_provenance(tmp, inputs, asdict(cfg), extra={"problems": problems_read, "save_dtype": dtype})
     steps = [h for h in trainer.state.log_history if "pedagogical/reward" in h]
     Path(log_out).write_text("".join(json.dumps(h) + "\n" for h in steps))
     if resume is not None:
         resume.finish()
 
 
-def _grpo_args(cfg: TeacherConfig, work: Path, precision):
+def _micro(cfg: TeacherConfig, prompts: list[str], tok, model) -> int:
+    """Completions per forward and backward pass: `cfg.micro_batch_size`, or with `auto` sized on CUDA for
+    the longest prompt plus a full completion, beside the frozen student's weights (and the reference
+    model's, with a KL term)."""
+    from graftlab.train.precision import micro_batch
+
+    batch = cfg.prompts_per_step * cfg.group_size
+    if cfg.micro_batch_size != "auto" or not torch.cuda.is_available():
+        return micro_batch(cfg.micro_batch_size, batch, 0, model)
+    longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in set(prompts))
+    frozen = sum(p.numel() for p in model.parameters()) * (2 if cfg.kl > 0 else 1)
+    return micro_batch("auto", batch, longest + cfg.max_new_tokens, model, frozen_params=frozen)
+
+
+def _grpo_args(cfg: TeacherConfig, work: Path, precision, micro: int | None = None):
     from trl import GRPOConfig
 
     from graftlab.sampling import grpo_vllm_kwargs
+    from graftlab.train.precision import accumulation, checkpointing
 
+    batch = cfg.prompts_per_step * cfg.group_size
+    micro = micro or batch
+    recompute = checkpointing(cfg.gradient_checkpointing)
+    print(f"batch: {batch} = {micro} x {accumulation(batch, micro)} accumulated", flush=True)
     return GRPOConfig(
         output_dir=str(work),
-        per_device_train_batch_size=cfg.prompts_per_step * cfg.group_size,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation(batch, micro),
         num_generations=cfg.group_size,
         max_completion_length=cfg.max_new_tokens,
         max_steps=cfg.steps,
@@ -337,6 +365,10 @@ def _grpo_args(cfg: TeacherConfig, work: Path, precision):
         disable_tqdm=True,
         **precision.trainer_kwargs(),
         **grpo_vllm_kwargs(cfg.backend),
+        # Set always: TRL defaults it to on, which recomputed every layer even on a CPU. Under its new name,
+        # which transformers reads (the old one it mirrors, with a warning when given).
+        activation_checkpointing=recompute,
+        activation_checkpointing_kwargs={"use_reentrant": False} if recompute else None,
     )
 
 

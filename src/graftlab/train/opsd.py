@@ -33,7 +33,16 @@ from graftlab.errors import GraftlabError
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt
-from graftlab.train.precision import WEIGHTS_DTYPE, Precision, announce
+from graftlab.train.precision import (
+    WEIGHTS_DTYPE,
+    Precision,
+    accumulation,
+    announce,
+    cast_saved,
+    checkpointing,
+    micro_batch,
+    save_dtype,
+)
 
 PLACEHOLDERS = ("{problem}", "{demonstration}")
 
@@ -58,6 +67,9 @@ class OpsdConfig:
     seed: int = 0
     threads: int = 1
     precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
+    micro_batch_size: int | str = schema_default("opsd", "micro_batch_size")  # of the update; batch sampled whole
+    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
+    save_dtype: str = schema_default("", "save_dtype")  # of the checkpoints written; auto: the post model's
     backend: Any = schema_default("", "sampling_backend")  # anything graftlab.sampling.Engine.of reads
 
     def __post_init__(self) -> None:
@@ -71,6 +83,8 @@ class OpsdConfig:
         if late:
             raise GraftlabError(f"OPSD save_steps {late} outside 1..steps = {self.steps}")
         check_template(self.template)
+        if self.micro_batch_size != "auto":
+            micro_batch(self.micro_batch_size, self.batch_size, 0, None)  # divides batch_size, or an error
 
     def checkpoints(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.save_steps))) or (self.steps,)
@@ -137,9 +151,13 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]])
 class Opsd:
     """The student being trained, the frozen teacher and the optimizer of one OPSD run."""
 
-    def __init__(self, student, teacher, tokenizer, cfg: OpsdConfig, precision: Precision | None = None) -> None:
+    def __init__(
+        self, student, teacher, tokenizer, cfg: OpsdConfig, precision: Precision | None = None, micro: int | None = None
+    ) -> None:
         self.student, self.teacher, self.tok, self.cfg = student, teacher.eval().requires_grad_(False), tokenizer, cfg
         self.precision = precision or Precision("fp32", "none chosen")
+        # Problems per forward and backward pass of the update; `_train` sizes it (micro_batch_size: auto).
+        self.micro = micro or (cfg.micro_batch_size if cfg.micro_batch_size != "auto" else cfg.batch_size)
         self.optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
         self.k = min(cfg.top_k, student.config.vocab_size)
 
@@ -169,18 +187,26 @@ class Opsd:
 
         enc = lambda t: self.tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
         t_prompts = [enc(chat_prompt(self.tok, t)) for t in teacher_prompts]
-        responses = [list(r) for _, r in samples]
-        with torch.no_grad(), self.autocast():
-            t_logits, _ = response_logits(self.teacher, t_prompts, responses)
+        s_prompts, responses = [list(p) for p, _ in samples], [list(r) for _, r in samples]
+        total = sum(map(len, responses))
         self.student.train()
-        # Backward outside autocast, as torch advises: it runs each op in its forward's dtype anyway.
-        with self.autocast():
-            s_logits, mask = response_logits(self.student, [list(p) for p, _ in samples], responses)
-            loss = generalized_divergence(s_logits, t_logits, mask, self.cfg.alpha, "teacher_topk", self.k)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        batch_loss = 0.0
+        for lo in range(0, len(samples), self.micro):
+            part = slice(lo, lo + self.micro)
+            with torch.no_grad(), self.autocast():
+                t_logits, _ = response_logits(self.teacher, t_prompts[part], responses[part])
+            with self.autocast():
+                s_logits, mask = response_logits(self.student, s_prompts[part], responses[part])
+                loss = generalized_divergence(s_logits, t_logits, mask, self.cfg.alpha, "teacher_topk", self.k)
+            # The batch's loss is the mean over all its response tokens: a micro-batch's mean counts by its
+            # share of them, so the accumulated gradient is the whole batch's. Backward outside autocast, as
+            # torch advises: it runs each op in its forward's dtype anyway.
+            share = mask.sum().item() / total if total else 1.0
+            (loss * share).backward()
+            batch_loss += loss.item() * share
         self.optimizer.step()
-        return loss.item()
+        return batch_loss
 
     def autocast(self):
         return self.precision.autocast(self.student.device.type)
@@ -252,11 +278,15 @@ def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None,
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     precision = announce(cfg.precision)
+    dtype = save_dtype(cfg.save_dtype, post_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(post_dir)
     student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
     teacher = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
-    run = Opsd(student, teacher, tok, cfg, precision)
+    if checkpointing(cfg.gradient_checkpointing):
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    run = Opsd(student, teacher, tok, cfg, precision, _micro(cfg, examples, tok, student))
+    print(f"batch: {cfg.batch_size} = {run.micro} x {accumulation(cfg.batch_size, run.micro)} accumulated", flush=True)
     keep = set(cfg.checkpoints())
     log, done = _resume_opsd(run, resume)
     for step, batch in enumerate(batches(examples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
@@ -267,13 +297,25 @@ def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None,
         if step in keep:
             student.save_pretrained(work / f"step~{step}")
             tok.save_pretrained(work / f"step~{step}")
-            extra = {"step": step, "examples": len(examples)}
+            cast_saved(work / f"step~{step}", dtype)
+            extra = {"step": step, "examples": len(examples), "save_dtype": dtype}
             write_provenance(work / f"step~{step}", inputs or {"post": str(post_dir)}, asdict(cfg), extra=extra)
         if resume is not None and step < cfg.steps and resume.due():
             _save_opsd(run, resume, step, log)
     if resume is not None:
         rs.mark_trained(resume, {"log": log})
     return log
+
+
+def _micro(cfg: OpsdConfig, examples: list[dict], tok, student) -> int:
+    """The update's micro-batch under `cfg.micro_batch_size`; `auto` sizes it for the longest sequence the
+    teacher reads (the student's are shorter) beside the frozen teacher's weights."""
+    if cfg.micro_batch_size != "auto" or not torch.cuda.is_available():
+        return micro_batch(cfg.micro_batch_size, cfg.batch_size, 0, student)
+    enc = lambda t: len(tok(chat_prompt(tok, t), add_special_tokens=False)["input_ids"])  # noqa: E731
+    longest = max(enc(teacher_text(cfg.template, e["prompt"], e["demonstration"])) for e in examples)
+    frozen = sum(p.numel() for p in student.parameters())
+    return micro_batch("auto", cfg.batch_size, longest + cfg.max_new_tokens, student, frozen_params=frozen)
 
 
 def _save_opsd(run: Opsd, resume, step: int, log: list[dict]) -> None:

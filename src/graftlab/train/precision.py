@@ -10,11 +10,19 @@ post-training took 1.24 s against 0.24 s in fp32. So the choice is explicit:
   even native bf16 is slower (1.7x per step on an AVX512-BF16 Xeon: benchmarks/README.md).
 
 Every trainer prints its choice as one line of its job log (`announce`).
+
+The other choices a trainer makes from the hardware live here too, each `auto` by default and each
+leaving a CPU run exactly as it was: the micro-batch and its gradient accumulation (`micro_batch`), gradient
+checkpointing (`checkpointing`) and the dtype its checkpoints are written in (`save_dtype`, `cast_saved`).
 """
 
+import json
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+
+from graftlab.errors import GraftlabError
 
 SETTINGS = ("auto", "fp32", "bf16")
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -101,3 +109,128 @@ def announce(setting: str = "auto") -> Precision:
     precision = choose(setting)
     print(precision.log_line(), flush=True)
     return precision
+
+
+SAVE_DTYPES = ("auto", "float32", "bfloat16")
+# Bytes a micro-batch holds per token and per layer and hidden unit (Korthikanti et al. 2022's 34 s h for a
+# bf16 transformer layer, attention by a fused kernel), per token and vocabulary entry (bf16 logits, their
+# fp32 copy in the loss, its log-softmax and gradient: 2 + 4 + 4 + 4 + 2), and per parameter outside the
+# micro-batch (fp32 weights and gradients, AdamW's two moments).
+ACT_BYTES, LOGIT_BYTES, PARAM_BYTES = 34, 16, 16
+# The share of free GPU memory the estimate may fill: allocator fragmentation and CUDA's own workspace.
+MEMORY_SHARE = 0.7
+
+
+def checkpointing(setting, cuda: bool | None = None) -> bool:
+    """Gradient checkpointing under config `setting` (auto, true, false): `auto` on CUDA only, where memory
+    is the limit; on a CPU recomputing every layer only costs time."""
+    if setting not in ("auto", True, False):
+        raise GraftlabError(f"gradient_checkpointing must be auto, true or false, got {setting!r}")
+    if setting == "auto":
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        return cuda
+    return setting
+
+
+def accumulation(batch: int, micro: int) -> int:
+    """Gradient accumulation steps of an effective `batch` in micro-batches of `micro`."""
+    if micro < 1 or batch % micro:
+        raise GraftlabError(f"micro_batch_size {micro} does not divide batch_size {batch}")
+    return batch // micro
+
+
+def micro_batch(setting, batch: int, seq_len: int, model, *, frozen_params: int = 0, free: int | None = None) -> int:
+    """The micro-batch of an effective `batch` under config `setting` (an integer dividing `batch`, or
+    `auto`). `auto` is the whole batch on a CPU; on CUDA, the largest divisor of `batch` whose activations
+    (`seq_len` tokens a sequence, `model`'s layers, width and vocabulary) fit beside the trained model's
+    weights, gradients and AdamW state and `frozen_params` fp32 weights of models that only score, in
+    `MEMORY_SHARE` of the GPU's `free` bytes (default: what CUDA reports free now)."""
+    if setting != "auto":
+        if not isinstance(setting, int) or isinstance(setting, bool):
+            raise GraftlabError(f"micro_batch_size must be auto or an integer, got {setting!r}")
+        accumulation(batch, setting)
+        return setting
+    if free is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return batch
+        free = torch.cuda.mem_get_info()[0]
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    per_seq = seq_len * (cfg.num_hidden_layers * cfg.hidden_size * ACT_BYTES + cfg.vocab_size * LOGIT_BYTES)
+    params = sum(p.numel() for p in model.parameters())
+    budget = MEMORY_SHARE * free - params * PARAM_BYTES - frozen_params * 4
+    fits = max(1, int(budget // per_seq))
+    return max(d for d in range(1, batch + 1) if batch % d == 0 and d <= fits)
+
+
+def stored_dtype(model_dir) -> str | None:
+    """The dtype of the first floating-point tensor of the safetensors in `model_dir` (its header only is
+    read), else the `dtype` / `torch_dtype` of its config.json; None when neither says."""
+    model_dir = Path(model_dir)
+    for path in sorted(model_dir.glob("*.safetensors")):
+        for found in _float_dtypes(path):
+            return found
+    config = model_dir / "config.json"
+    if config.exists():
+        record = json.loads(config.read_text())
+        found = record.get("dtype") or record.get("torch_dtype")
+        return str(found) if found else None
+    return None
+
+
+def _float_dtypes(path: Path) -> list[str]:
+    """The dtypes of the floating-point tensors of one safetensors file, in its header's order."""
+    names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64"}
+    with path.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return [names[v["dtype"]] for k, v in header.items() if k != "__metadata__" and v["dtype"] in names]
+
+
+def save_dtype(setting: str, model_dir=None, model=None) -> str:
+    """The dtype checkpoints are written in under config `setting`: `auto` is the dtype the starting model
+    is stored in (`model_dir`'s weights) or, for a model built in memory, its parameters' dtype."""
+    if setting not in SAVE_DTYPES:
+        raise GraftlabError(f"save_dtype must be one of {SAVE_DTYPES}, got {setting!r}")
+    if setting != "auto":
+        return setting
+    found = stored_dtype(model_dir) if model_dir is not None and model is None else None
+    if found is None and model is not None:
+        found = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if found not in ("float32", "bfloat16"):
+        # float16 checkpoints and unreadable ones are kept in fp32, which loses nothing of the training.
+        return "float32"
+    return found
+
+
+def cast_saved(model_dir, dtype: str) -> None:
+    """Rewrite the floating-point tensors of the safetensors in the Hugging Face directory `model_dir` as
+    `dtype` (fp32 training weights rounded once, to nearest) and its config.json's dtype with them. Each file
+    is replaced by a rename, so a hard link to the old one (a resume directory's checkpoint) stays intact."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    model_dir, target = Path(model_dir), getattr(torch, dtype)
+    for path in sorted(model_dir.glob("*.safetensors")):
+        # The header alone tells whether a file needs casting: a checkpoint saved as it trained is not read.
+        if all(found == dtype for found in _float_dtypes(path)):
+            continue
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        cast = {k: t.to(target) if t.is_floating_point() else t for k, t in tensors.items()}
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        save_file(cast, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    config = model_dir / "config.json"
+    record = json.loads(config.read_text()) if config.exists() else None
+    if record is not None and (record.get("dtype") or record.get("torch_dtype")) != dtype:
+        record["dtype"] = dtype
+        record.pop("torch_dtype", None)
+        tmp = config.with_name(f".config.json.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, config)

@@ -37,6 +37,10 @@ class TrainConfig:
     seed: int = 0
     threads: int = 1
     precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
+    # batch_size is the effective batch: micro-batches of this size, their gradients accumulated.
+    micro_batch_size: int | str = schema_default("sft", "micro_batch_size")
+    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
+    save_dtype: str = schema_default("", "save_dtype")  # of the checkpoints written; auto: the starting model's
 
 
 def encode_chat(tokenizer, prompt_text: str, completion_text: str) -> dict:
@@ -106,7 +110,7 @@ def train(
     torch.set_num_threads(cfg.threads)
     if cfg.epochs is None and cfg.steps is None:
         raise ValueError("TrainConfig needs epochs or steps")
-    args = _sft_args(cfg, work_dir, "completion_mask" in rows[0], resume is not None)
+    args = _sft_args(cfg, work_dir, "completion_mask" in rows[0], resume is not None, _micro(cfg, rows, model))
     start = last_checkpoint(resume) if resume is not None else None
     keep = work_dir / "steps.json" if resume is not None else None
     if start is not None and steps is not None and keep.exists():
@@ -133,17 +137,43 @@ def train(
     return checkpoints
 
 
-def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool):
+def _micro(cfg: TrainConfig, rows: list[dict], model) -> int:
+    """The micro-batch of one process: its share of the effective batch (data-parallel processes each
+    take batch / processes) in micro-batches sized for the longest example."""
+    import os
+
+    from graftlab.errors import GraftlabError
+    from graftlab.train.precision import micro_batch
+
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.batch_size % processes:
+        raise GraftlabError(f"batch_size {cfg.batch_size} does not split over {processes} processes")
+    seq_len = max(len(r["input_ids"]) for r in rows)
+    return micro_batch(cfg.micro_batch_size, cfg.batch_size // processes, seq_len, model)
+
+
+def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool, micro: int | None = None):
+    import os
+
     import torch
     from trl import SFTConfig
 
-    from graftlab.train.precision import announce
+    from graftlab.train.precision import accumulation, announce, checkpointing
 
     precision = announce(cfg.precision)
+    per_process = cfg.batch_size // int(os.environ.get("WORLD_SIZE", "1"))
+    micro = micro or per_process
+    recompute = checkpointing(cfg.gradient_checkpointing)
+    print(
+        f"batch: {cfg.batch_size} = {micro} x {accumulation(per_process, micro)} accumulated"
+        f" x {cfg.batch_size // per_process} processes; gradient checkpointing {'on' if recompute else 'off'}",
+        flush=True,
+    )
     return SFTConfig(
         output_dir=str(work_dir),
         learning_rate=cfg.lr,
-        per_device_train_batch_size=cfg.batch_size,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation(per_process, micro),
         num_train_epochs=cfg.epochs or 1,
         max_steps=cfg.steps or -1,
         lr_scheduler_type="cosine",
@@ -164,6 +194,10 @@ def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool):
         max_length=None,
         disable_tqdm=False,
         **precision.trainer_kwargs(),
+        # Set always: TRL defaults it to on, which recomputed every layer even on a CPU. Under its new name,
+        # which transformers reads (the old one it mirrors, with a warning when given).
+        activation_checkpointing=recompute,
+        activation_checkpointing_kwargs={"use_reentrant": False} if recompute else None,
     )
 
 
@@ -177,9 +211,13 @@ def _save_every(cfg: TrainConfig) -> int:
     return reduce(gcd, cfg.save_steps)
 
 
-def publish_checkpoints(checkpoints: list[Path], targets: list[Path], link: bool) -> None:
+def publish_checkpoints(checkpoints: list[Path], targets: list[Path], link: bool, dtype: str = "float32") -> None:
     """Each checkpoint to its target: moved, or with `link` hard-linked without its training state, so
-    the resume directory it lies in stays whole until the output is written."""
+    the resume directory it lies in stays whole until the output is written; then its weights are
+    written as `dtype` (the trainer saves its fp32 master weights; the cast replaces the target's files,
+    never the linked originals)."""
+    from graftlab.train.precision import cast_saved
+
     if len(checkpoints) != len(targets):
         raise RuntimeError(f"training wrote {len(checkpoints)} checkpoints, expected {len(targets)}")
     for src, dst in zip(checkpoints, targets):
@@ -189,6 +227,14 @@ def publish_checkpoints(checkpoints: list[Path], targets: list[Path], link: bool
             link_tree(src, dst, skip=TRAINER_STATE)
         else:
             shutil.move(str(src), str(dst))
+        cast_saved(dst, dtype)
+
+
+def main_process() -> bool:
+    """Whether this is the process that writes outputs: the only one, or rank 0 of `accelerate launch`."""
+    import os
+
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def finetune(
@@ -213,9 +259,10 @@ def finetune(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graftlab.provenance import write_provenance
-    from graftlab.train.precision import WEIGHTS_DTYPE
+    from graftlab.train.precision import WEIGHTS_DTYPE, save_dtype
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    dtype = save_dtype(cfg.save_dtype, model_dir, model)
     inputs = {"model": "initialised from scratch" if model is not None else str(model_dir), "data": str(data)}
     if resume is not None:
         resume.open(fingerprint(cfg, model=inputs["model"], data=inputs["data"], examples=len(rows)))
@@ -230,13 +277,16 @@ def finetune(
                 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=WEIGHTS_DTYPE)
             steps: list[dict] = []
             checkpoints = train(model, tokenizer, rows, work, cfg, steps, resume)
+            if not main_process():
+                return  # under data parallelism the first process alone saves, and writes the output
             for i, ckpt in enumerate(checkpoints):
-                write_provenance(ckpt, inputs, asdict(cfg), extra={"checkpoint": i + 1, "examples": len(rows)})
+                extra = {"checkpoint": i + 1, "examples": len(rows), "save_dtype": dtype}
+                write_provenance(ckpt, inputs, asdict(cfg), extra=extra)
             if resume is not None:
                 mark_trained(resume, {"checkpoints": [c.name for c in checkpoints], "steps": steps})
         else:
             checkpoints, steps = [work / name for name in done["checkpoints"]], done["steps"]
-        publish_checkpoints(checkpoints, targets, link=resume is not None)
+        publish_checkpoints(checkpoints, targets, link=resume is not None, dtype=dtype)
         if steps_out is not None:
             Path(steps_out).write_text("".join(json.dumps(r) + "\n" for r in steps))
     finally:

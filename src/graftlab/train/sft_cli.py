@@ -1,0 +1,185 @@
+"""`graftlab sft`: the workflow's SFT (`graftlab.train.sft`) on one model and one data set, outside
+Snakemake, as `trl sft` would run it: for making a donor by hand.
+
+DIR is the trained model, a Hugging Face directory with its `graftlab.json`. With `--epochs E` it holds
+the last epoch's model, and every earlier epoch e lies inside it as `DIR/epoch~e` (the workflow grafts
+every epoch, and a model directory loads the same with subdirectories beside its files). `DIR/steps.jsonl`
+holds the seconds of every step. A failed run leaves no DIR.
+
+`accelerate launch -m graftlab.train.sft_cli sft ...` runs the same over several processes
+(`launch_command` builds that line; docs/real-models.md#more-than-one-gpu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+FSDP_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "accelerate" / "fsdp.yaml"
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the `sft` subcommand on the `graftlab` command's subparsers."""
+    from graftlab.schema import schema_default
+
+    p = subparsers.add_parser(
+        "sft",
+        help="fine-tune a model on a prompt/completion parquet, as the workflow's SFT",
+        description="Supervised fine-tuning of MODEL on a parquet with `prompt` and `completion` columns (loss on "
+        "completion tokens only; AdamW, cosine schedule, 5%% warm-up), written to DIR as a Hugging Face model "
+        "with graftlab.json. With --epochs E, DIR is the last epoch and DIR/epoch~e each earlier one.",
+    )
+    p.add_argument("--model", required=True, help="Hugging Face model directory to start from")
+    p.add_argument("--data", required=True, help="parquet with `prompt` and `completion` columns")
+    p.add_argument("--lr", required=True, type=float, help="peak learning rate")
+    p.add_argument("--epochs", type=int, help="passes over the data (give this or --steps)")
+    p.add_argument("--steps", type=int, help="optimizer steps (give this or --epochs)")
+    p.add_argument("--out", required=True, help="output model directory (written atomically)")
+    p.add_argument(
+        "--batch-size", type=int, default=schema_default("sft", "batch_size"), help="examples per optimizer step"
+    )
+    p.add_argument(
+        "--micro-batch-size",
+        default="auto",
+        help="examples per forward/backward pass, dividing --batch-size; auto: whole batch on CPU, memory-sized on GPU",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the data order and initialisation of the trainer")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto", help="training precision")
+    p.add_argument(
+        "--save-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="dtype of the written weights; auto: the dtype MODEL is stored in",
+    )
+    p.add_argument(
+        "--gradient-checkpointing",
+        choices=["auto", "true", "false"],
+        default="auto",
+        help="recompute activations in the backward pass; auto: on for CUDA, off on CPU",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.set_defaults(run=run)
+
+
+def _config(args: argparse.Namespace):
+    from graftlab.errors import GraftlabError
+    from graftlab.train.precision import accumulation
+    from graftlab.train.sft import TrainConfig
+
+    if (args.epochs is None) == (args.steps is None):
+        raise GraftlabError("graftlab sft needs exactly one of --epochs and --steps")
+    if (args.epochs or args.steps) < 1 or args.batch_size < 1:
+        raise GraftlabError("--epochs, --steps and --batch-size must be at least 1")
+    micro = args.micro_batch_size
+    if micro != "auto":
+        if not micro.isdigit() or int(micro) < 1:
+            raise GraftlabError(f"--micro-batch-size must be auto or a positive integer, got {micro!r}")
+        micro = int(micro)
+        accumulation(args.batch_size, micro)
+    if not (Path(args.model) / "config.json").is_file():
+        raise GraftlabError(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
+    return TrainConfig(
+        lr=args.lr,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        steps=args.steps,
+        save_steps=(args.steps,) if args.steps else (),
+        seed=args.seed,
+        threads=args.threads or 1,
+        precision=args.precision,
+        micro_batch_size=micro,
+        gradient_checkpointing={"auto": "auto", "true": True, "false": False}[args.gradient_checkpointing],
+        save_dtype=args.save_dtype,
+    )
+
+
+def run(args: argparse.Namespace) -> None:
+    """Train and write DIR (`args.out`); every refusal is a GraftlabError raised before DIR exists."""
+    cfg = _config(args)
+    if args.threads is None:
+        import torch
+
+        # TrainConfig pins torch to its threads; a hand run keeps torch's own choice unless told.
+        cfg = type(cfg)(**{**cfg.__dict__, "threads": torch.get_num_threads()})
+    from graftlab.atomic import atomic_dir
+    from graftlab.tables import read_table
+    from graftlab.train.sft import encode_traces, finetune, main_process, sft_epochs
+
+    out = Path(args.out)
+    traces = read_table(args.data, ("prompt", "completion"), "SFT data")
+    if not main_process():
+        _train_replica(args, cfg, traces)
+        return
+    with atomic_dir(out) as tmp:
+        stage = tmp / ".stage"
+        if cfg.epochs:
+            sft_epochs(args.model, args.data, cfg, stage)
+            final = stage / f"epoch~{cfg.epochs}"
+        else:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(args.model)
+            rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
+            final = stage / "model"
+            finetune(args.model, rows, cfg, [final], data=args.data, steps_out=stage / "steps.jsonl")
+        for item in [*final.iterdir(), *(p for p in stage.iterdir() if p != final)]:
+            shutil.move(str(item), str(tmp / item.name))
+        shutil.rmtree(stage)
+    print(f"graftlab: wrote {out}")
+
+
+def _train_replica(args: argparse.Namespace, cfg, traces) -> None:
+    """A data-parallel process other than the first: it trains in step with the first, which alone saves
+    and writes DIR, in a scratch directory of its own that it removes."""
+    import os
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from graftlab.train.sft import encode_traces, finetune
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
+    if cfg.epochs:
+        names = [f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
+    else:
+        names = ["model"]
+    with tempfile.TemporaryDirectory(prefix=f"graftlab-sft-rank{os.environ.get('RANK')}-") as scratch:
+        finetune(args.model, rows, cfg, [Path(scratch) / n for n in names], data=args.data)
+
+
+def launch_command(processes: int, argv: Sequence[str], fsdp: bool, config: Path = FSDP_CONFIG) -> list[str]:
+    """The command that runs `graftlab sft` with the arguments `argv` over `processes` GPUs of one node:
+    `accelerate launch` with FSDP (full shard, one wrap per decoder layer, fp32 master weights, bf16
+    compute: configs/accelerate/fsdp.yaml) when the model does not fit one GPU, else plain DDP; one
+    process, no launcher."""
+    if processes < 1:
+        raise ValueError(f"processes must be at least 1, got {processes}")
+    entry = ["-m", "graftlab.train.sft_cli", "sft", *argv]
+    if processes == 1:
+        return [sys.executable, *entry]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
+    launch += ["--config_file", str(config)] if fsdp else ["--multi_gpu"]
+    return [*launch, *entry]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m graftlab.train.sft_cli sft ...`: the subcommand alone, for `accelerate launch -m`."""
+    from graftlab.errors import GraftlabError
+
+    parser = argparse.ArgumentParser(prog="graftlab")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        args.run(args)
+    except GraftlabError as e:
+        print(f"graftlab: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
