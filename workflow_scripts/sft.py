@@ -1,10 +1,11 @@
-"""SFT of one model at one learning rate; a checkpoint per epoch."""
+"""SFT of one model at one learning rate; a checkpoint per epoch. Over several GPUs through accelerate."""
 
 from pathlib import Path
 
 from graftlab.joblog import job_log
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.sft import TrainConfig, sft_epochs
+from graftlab.train.sft_cli import launch_epochs
 
 p = snakemake.params
 cfg = TrainConfig(
@@ -19,5 +20,12 @@ cfg = TrainConfig(
     save_dtype=p.save_dtype,
 )
 with job_log(snakemake.log[0], snakemake.threads):
-    resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
-    sft_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), resume)
+    import torch
+
+    # More than one GPU is asked for only when the model does not fit one (graftlab.resources): FSDP.
+    gpus = min(int(getattr(snakemake.resources, "gpu", 0) or 0), torch.cuda.device_count())
+    if gpus > 1:
+        launch_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), gpus)
+    else:
+        resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
+        sft_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), resume)

@@ -191,6 +191,8 @@ def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool, m
         report_to=[],
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
+        # Every parameter gets a gradient; DDP's search for unused ones is an extra pass over the graph.
+        ddp_find_unused_parameters=False,
         max_length=None,
         disable_tqdm=False,
         **precision.trainer_kwargs(),

@@ -61,6 +61,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="recompute activations in the backward pass; auto: on for CUDA, off on CPU",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    # The workflow's layout (DIR/epoch~e for every epoch, DIR/steps.jsonl), for its runs over several GPUs.
+    p.add_argument("--epoch-dirs", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
 
@@ -71,6 +73,8 @@ def _config(args: argparse.Namespace):
 
     if (args.epochs is None) == (args.steps is None):
         raise GraftlabError("graftlab sft needs exactly one of --epochs and --steps")
+    if args.epoch_dirs and args.epochs is None:
+        raise GraftlabError("--epoch-dirs needs --epochs")
     if (args.epochs or args.steps) < 1 or args.batch_size < 1:
         raise GraftlabError("--epochs, --steps and --batch-size must be at least 1")
     micro = args.micro_batch_size
@@ -112,6 +116,9 @@ def run(args: argparse.Namespace) -> None:
     traces = read_table(args.data, ("prompt", "completion"), "SFT data")
     if not main_process():
         _train_replica(args, cfg, traces)
+        return
+    if args.epoch_dirs:
+        sft_epochs(args.model, args.data, cfg, out)
         return
     with atomic_dir(out) as tmp:
         stage = tmp / ".stage"
@@ -164,6 +171,35 @@ def launch_command(processes: int, argv: Sequence[str], fsdp: bool, config: Path
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
     launch += ["--config_file", str(config)] if fsdp else ["--multi_gpu"]
     return [*launch, *entry]
+
+
+def cli_args(cfg, model, data, out) -> list[str]:
+    """The arguments of `graftlab sft` that train as TrainConfig `cfg` does, into the workflow's layout."""
+    if not cfg.epochs:
+        raise ValueError("the workflow's layout is one directory per epoch: cfg needs epochs")
+    flag = {"auto": "auto", True: "true", False: "false"}[cfg.gradient_checkpointing]
+    return [
+        *("--model", str(model), "--data", str(data), "--out", str(out), "--lr", repr(cfg.lr)),
+        *("--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size)),
+        *("--micro-batch-size", str(cfg.micro_batch_size), "--seed", str(cfg.seed), "--threads", str(cfg.threads)),
+        *("--precision", cfg.precision, "--save-dtype", cfg.save_dtype, "--gradient-checkpointing", flag),
+        "--epoch-dirs",
+    ]
+
+
+def launch_epochs(model, data, cfg, out, gpus: int) -> None:
+    """The workflow's SFT (`sft_epochs`'s output) over `gpus` GPUs with FSDP: a job is given more than one
+    GPU only when the model does not fit one (graftlab.resources). Time-based resume is not offered here:
+    every process would have to agree on when to save."""
+    import subprocess
+
+    from graftlab.errors import GraftlabError
+
+    command = launch_command(gpus, cli_args(cfg, model, data, out), fsdp=True)
+    print("launch: " + " ".join(command), flush=True)
+    done = subprocess.run(command, check=False)
+    if done.returncode:
+        raise GraftlabError(f"SFT over {gpus} GPUs failed (exit status {done.returncode}); see the log above")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
