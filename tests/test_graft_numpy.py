@@ -47,10 +47,11 @@ def trio_tensors(dtype: torch.dtype, seed: int) -> list[dict[str, torch.Tensor]]
     g = torch.Generator().manual_seed(seed)
     models = []
     for role in range(3):
-        big = torch.randn(3, PASS_ELEMENTS + 1001, generator=g) * 0.02
+        big = torch.randn(3, PASS_ELEMENTS + 1000, generator=g) * 0.02  # passes read as uint32 pairs
+        odd = torch.randn(5, 7, generator=g)  # an odd count: bf16 cannot be read as pairs
         small = torch.randn(40, 17, generator=g)
         specials = special_values(dtype).float()
-        for tensor in (big, small):  # specials at random places, different in each model
+        for tensor in (big, small, odd):  # specials at random places, different in each model
             flat = tensor.view(-1)
             flat[torch.randint(0, flat.numel(), (200,), generator=g)] = specials[
                 torch.randint(0, len(specials), (200,), generator=g)
@@ -63,6 +64,8 @@ def trio_tensors(dtype: torch.dtype, seed: int) -> list[dict[str, torch.Tensor]]
             {
                 "big": big.to(dtype),
                 "small": small.to(dtype),
+                "odd": odd.to(dtype),
+                "clean": torch.randn(2, 4000, generator=g).to(dtype),  # no NaN: every pass takes the fast way
                 "ties": ties.to(dtype),
                 "scalar": torch.randn((), generator=g).to(dtype),
                 "empty": torch.empty(0, 5, dtype=dtype),
@@ -99,12 +102,14 @@ def identity(name: str, delta: torch.Tensor) -> torch.Tensor:
 def test_numpy_graft_matches_torch_graft_bit_for_bit(tmp_path, dtype_name, scale):
     dtype = DTYPES[dtype_name]
     post, donor, tuned = write_trio(tmp_path, dtype, seed=len(dtype_name) * 7 + int(scale * 100))
-    graft(post, donor, tuned, scale, tmp_path / "numpy", chunk_bytes=4096)  # many row blocks
-    graft(post, donor, tuned, scale, tmp_path / "torch", project=identity)  # whole tensors
-    ours, theirs = (load_file(tmp_path / d / "model.safetensors") for d in ("numpy", "torch"))
+    # Small row blocks on one thread; blocks of several passes on two threads; torch on whole tensors.
+    graft(post, donor, tuned, scale, tmp_path / "blocks", chunk_bytes=4096, threads=1)
+    graft(post, donor, tuned, scale, tmp_path / "threads", threads=2)
+    graft(post, donor, tuned, scale, tmp_path / "torch", project=identity)
+    blocks, threads, theirs = (load_file(tmp_path / d / "model.safetensors") for d in ("blocks", "threads", "torch"))
     inputs = [load_file(d / "model.safetensors") for d in (post, donor, tuned)]
-    assert ours.keys() == theirs.keys() == inputs[0].keys()
-    for name, got in ours.items():
+    assert blocks.keys() == threads.keys() == theirs.keys() == inputs[0].keys()
+    for name, got in [*blocks.items(), *threads.items()]:
         assert got.dtype == inputs[0][name].dtype and got.shape == inputs[0][name].shape, name
         assert torch.equal(bits(got), bits(theirs[name])), name
         if scale == 0 or name == "ids":
@@ -112,7 +117,7 @@ def test_numpy_graft_matches_torch_graft_bit_for_bit(tmp_path, dtype_name, scale
         else:
             want = torch_formula(*(m[name] for m in inputs), scale)
         assert torch.equal(bits(got), bits(want)), name
-    assert torch.isnan(ours["big"].float()).any() and torch.isinf(ours["big"].float()).any()
+    assert torch.isnan(blocks["big"].float()).any() and torch.isinf(blocks["big"].float()).any()
 
 
 def test_bf16_ties_round_to_even():

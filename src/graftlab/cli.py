@@ -29,7 +29,7 @@ def _cmd_graft(args: argparse.Namespace) -> None:
 
     project = None
     if args.mask != "none":
-        # Only masks use torch threads (the identity graft is numpy's and does not import torch).
+        # Only masks use torch (the identity graft is numpy's, and importing torch costs seconds).
         _set_threads(args.threads)
         from graftlab.fisher import make_mask
 
@@ -47,7 +47,14 @@ def _cmd_graft(args: argparse.Namespace) -> None:
             args.exact_limit,
         )
     counts = graft(
-        args.post, args.donor, args.donor_tuned, args.scale, args.out, chunk_bytes=args.chunk_mb << 20, project=project
+        args.post,
+        args.donor,
+        args.donor_tuned,
+        args.scale,
+        args.out,
+        chunk_bytes=args.chunk_mb << 20,
+        project=project,
+        threads=args.threads,
     )
     print(f"graftlab: wrote {args.out} ({counts['tensors']} tensors, {counts['parameters']:,} parameters)")
 
@@ -67,7 +74,13 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--chunk-mb", type=int, default=4, help="fp32 row-block size for large tensors (MiB); cache-sized is fastest"
     )
-    p.add_argument("--threads", type=int, default=None, help="torch threads of a --mask (default: torch's choice)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads computing an unmasked graft (default: the CPUs available, at most 4), "
+        "or torch threads of a --mask (default: torch's choice)",
+    )
     p.add_argument("--fisher", help="directory with the post model's retention Fisher ({diag,kfac}.safetensors)")
     p.add_argument(
         "--mask",

@@ -13,12 +13,15 @@ it took 2 s of an identity graft's 3.5 s, against 0.2 s for numpy. Nothing else 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
 import os
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from io import FileIO
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,6 +75,7 @@ class _Model:
         self.specs = tensor_specs(self.path, self.index)
         self.config = read_config(self.path)
         self._files: dict[Path, FileIO] = {}
+        self._opening = threading.Lock()  # blocks are read by several threads
         self._unread = Counter(self.index.values())
 
     def read(self, name: str, rows: slice | None, out: np.ndarray) -> np.ndarray:
@@ -81,9 +85,10 @@ class _Model:
         start = spec.file_offset
         if rows is not None:
             start += rows.start * (spec.nbytes // spec.shape[0])
-        if file not in self._files:
-            self._files[file] = FileIO(file, "r")
-        fd = self._files[file].fileno()
+        with self._opening:
+            if file not in self._files:
+                self._files[file] = FileIO(file, "r")
+            fd = self._files[file].fileno()
         view = memoryview(out).cast("B")
         done = 0
         while done < len(view):  # a read may return fewer bytes than asked
@@ -205,60 +210,108 @@ def _row_blocks(spec: TensorSpec, chunk_bytes: int) -> list[slice | None]:
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-class _Grafter:
-    """Grafts tensors one block of rows at a time in scratch buffers reused from block to block.
+class _Slot:
+    """One block's worth of reused scratch: a numpy kernel's buffers and a buffer to copy through.
 
     Reuse matters: a large fresh allocation is handed back to the OS when freed and page-faulted in
     again on its next use, which measured 4x slower than copying into a warm buffer and cost more
-    than the arithmetic itself. Small blocks matter too: each block passes through its buffers about
-    eight times (read, convert, subtract, scale, add, cast, write), and blocks of 4 MiB of fp32 keep
-    those passes in the CPU cache (10 MiB of scratch for bf16): at Qwen3-0.6B on one thread 1.0 s,
-    against 1.9 s with 8 MiB blocks, 3.8 s with 64 MiB and 1.6 s with 1 MiB (per-block overheads).
+    than the arithmetic itself."""
+
+    def __init__(self, scale: float) -> None:
+        self.kernel = NumpyKernel(scale)
+        self._copy = np.empty(0, dtype=np.uint8)
+
+    def copy_buffer(self, nbytes: int) -> np.ndarray:
+        if self._copy.size < nbytes:
+            self._copy = np.empty(nbytes, dtype=np.uint8)
+        return self._copy[:nbytes]
+
+
+class _Grafter:
+    """Grafts tensors one block of rows at a time, in order, for the writer.
+
+    Small blocks matter: each block passes through its buffers about ten times (read, widen, subtract,
+    scale, add, round, write), and blocks of 4 MiB of fp32 keep those passes in the CPU cache: with
+    torch's kernel at Qwen3-0.6B on one thread 1.0 s, against 1.9 s with 8 MiB blocks, 3.8 s with
+    64 MiB and 1.6 s with 1 MiB (per-block overheads).
+
+    numpy's blocks are computed by ``workers`` threads (reads and numpy's operations release the GIL)
+    while this thread writes finished blocks in order: the elementwise work alone is as long as
+    reading and writing all the bytes, so one thread would take twice the time of moving them. Each
+    block has its own slot of scratch, and a slot is reused only once its block has been written.
     """
 
     def __init__(
-        self, models: list[_Model], scale: float, project: Projection | None, chunk_bytes: int, stack: Any
+        self, models: list[_Model], scale: float, project: Projection | None, chunk_bytes: int, workers: int
     ) -> None:
         self.models, self.scale, self.project, self.chunk_bytes = models, scale, project, chunk_bytes
-        self._stack = stack  # holds torch's thread count at 1 once the torch kernel exists
-        self._numpy = NumpyKernel(scale)
+        self.grafted = 0  # tensors computed rather than copied
         self._torch: _TorchKernel | None = None
-        self._copy = np.empty(0, dtype=np.uint8)
+        torch_needed = any(self._needs_torch(spec) for spec in models[0].specs.values())
+        # torch's kernel has one scratch and a projection may keep state: those grafts stay serial.
+        self.workers = 0 if torch_needed or workers < 2 else workers
+        self._slots = [_Slot(scale) for _ in range(self.workers + 1)]
 
-    def _kernel(self, spec: TensorSpec) -> NumpyKernel | _TorchKernel:
-        if self.project is None and spec.dtype_name in STORAGE:
-            return self._numpy
-        if self._torch is None:
-            self._torch = _TorchKernel(self.scale, self.project)
-            self._stack.enter_context(_torch_threads(1))  # after the kernel has noted the caller's count
-        return self._torch
-
-    def __call__(self, name: str, writer: SafetensorsWriter) -> bool:
-        """Write one tensor; returns False when post's tensor was copied unchanged."""
-        spec = self.models[0].specs[name]
+    def _copies(self, spec: TensorSpec) -> bool:
         # scale 0 is post itself: copying skips arithmetic that would turn -0.0 into +0.0 or 0 * inf
         # into nan. Integer and bool tensors are buffers (ids, masks), never trained weights.
-        copy = self.scale == 0 or not spec.is_floating_point
-        kernel = None if copy else self._kernel(spec)
-        whole = self.project is not None and not copy  # a projection sees whole tensors
-        for rows in [None] if whole else _row_blocks(spec, self.chunk_bytes):
-            shape = spec.shape if rows is None else (rows.stop - rows.start, *spec.shape[1:])
-            n = math.prod(shape)
+        return self.scale == 0 or not spec.is_floating_point
 
-            def read(role: int, out: np.ndarray, rows: slice | None = rows) -> np.ndarray:
-                return self.models[role].read(name, rows, out)
+    def _needs_torch(self, spec: TensorSpec) -> bool:
+        return not self._copies(spec) and (self.project is not None or spec.dtype_name not in STORAGE)
 
-            if kernel is None:
-                if self._copy.size < n * spec.itemsize:
-                    self._copy = np.empty(n * spec.itemsize, dtype=np.uint8)
-                writer.write_bytes(name, shape, read(0, self._copy[: n * spec.itemsize]))
-            elif kernel is self._numpy:
-                writer.write_bytes(name, shape, kernel.graft(n, spec.dtype_name, read))
-            else:
-                writer.write_bytes(name, shape, kernel.graft(name, shape, spec.dtype_name, read))
-        for model in self.models:
-            model.finished(name)
-        return not copy
+    def blocks(self, names: list[str], stack: contextlib.ExitStack) -> Iterator[tuple[str, tuple, np.ndarray]]:
+        """(name, shape, bytes) of each block of the tensors ``names``, in order; each block's bytes
+        stay valid until the next is asked for. ``stack`` holds torch's thread count at 1 once the
+        torch kernel exists."""
+        items = []
+        for name in names:
+            spec = self.models[0].specs[name]
+            whole = self.project is not None and not self._copies(spec)  # a projection sees whole tensors
+            items += [(name, rows) for rows in ([None] if whole else _row_blocks(spec, self.chunk_bytes))]
+            self.grafted += not self._copies(spec)
+        if any(self._needs_torch(self.models[0].specs[name]) for name in names) and self._torch is None:
+            self._torch = _TorchKernel(self.scale, self.project)
+            stack.enter_context(_torch_threads(1))  # after the kernel has noted the caller's count
+        if not self.workers:
+            for name, rows in items:
+                yield self._block(self._slots[0], name, rows)
+                self._finished(name, rows)
+            return
+        pending: collections.deque = collections.deque()
+        with ThreadPoolExecutor(self.workers) as pool:
+            for i, (name, rows) in enumerate(items):
+                if len(pending) == len(self._slots):  # the slot about to be reused has been written
+                    yield from self._retire(pending.popleft())
+                pending.append((pool.submit(self._block, self._slots[i % len(self._slots)], name, rows), rows))
+            while pending:
+                yield from self._retire(pending.popleft())
+
+    def _retire(self, item: tuple[Future, slice | None]) -> Iterator[tuple[str, tuple, np.ndarray]]:
+        future, rows = item
+        block = future.result()
+        yield block
+        self._finished(block[0], rows)
+
+    def _finished(self, name: str, rows: slice | None) -> None:
+        spec = self.models[0].specs[name]
+        if rows is None or rows.stop == spec.shape[0]:  # the tensor's last block
+            for model in self.models:
+                model.finished(name)
+
+    def _block(self, slot: _Slot, name: str, rows: slice | None) -> tuple[str, tuple, np.ndarray]:
+        spec = self.models[0].specs[name]
+        shape = spec.shape if rows is None else (rows.stop - rows.start, *spec.shape[1:])
+        n = math.prod(shape)
+
+        def read(role: int, out: np.ndarray) -> np.ndarray:
+            return self.models[role].read(name, rows, out)
+
+        if self._copies(spec):
+            return name, shape, read(0, slot.copy_buffer(n * spec.itemsize))
+        if self._needs_torch(spec):
+            return name, shape, self._torch.graft(name, shape, spec.dtype_name, read)
+        return name, shape, slot.kernel.graft(n, spec.dtype_name, read)
 
 
 class _TorchKernel:
@@ -318,24 +371,23 @@ def _torch_threads(count: int) -> Iterator[None]:
 
 
 def _write_weights(
-    out_dir: Path, shards: list[list[str]], models: list[_Model], graft_one: Callable[..., bool]
-) -> tuple[list[str], int]:
-    """Write the shard files (and an index when there is more than one); returns their names and
-    the number of tensors actually grafted."""
+    out_dir: Path, shards: list[list[str]], models: list[_Model], grafter: _Grafter, stack: contextlib.ExitStack
+) -> list[str]:
+    """Write the shard files (and an index when there is more than one); returns their names."""
     specs = models[0].specs
     count = len(shards)
     files = [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
     files = [SINGLE_NAME] if count == 1 else files
-    grafted = 0
     for file, shard in zip(files, shards):
         with SafetensorsWriter(out_dir / file, [(n, specs[n].dtype_name, specs[n].shape) for n in shard]) as writer:
-            grafted += sum(graft_one(name, writer) for name in shard)
+            for name, shape, data in grafter.blocks(shard, stack):
+                writer.write_bytes(name, shape, data)
     if count > 1:
         weight_map = {name: file for file, shard in zip(files, shards) for name in shard}
         total = sum(s.nbytes for s in specs.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
-    return files, grafted
+    return files
 
 
 def graft(
@@ -348,6 +400,7 @@ def graft(
     chunk_bytes: int = 4 << 20,
     project: Projection | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Write ``post + scale * project(donor_tuned - donor)`` to the model directory ``out``.
 
@@ -355,7 +408,9 @@ def graft(
     ``post``; ``out/graftlab.json`` records the inputs, parameters and counts. All three models must
     have identical tensor names and shapes (and config vocab_size), else GraftlabError lists the
     mismatches before anything is written. Returns the counts written to the provenance file.
-    The elementwise work runs on one thread; ``project`` runs with the caller's torch thread count.
+    ``threads`` compute the identity graft's blocks (default: OMP_NUM_THREADS, which job_log sets,
+    else the CPUs this process may use; at most 4, as memory bandwidth runs out); a projection's graft
+    runs its elementwise work on one thread and ``project`` with the caller's torch thread count.
     """
     scale = _check_scale(scale)
     out = Path(out)
@@ -371,12 +426,12 @@ def graft(
         # machine with other jobs running, 2 threads took 6-31 s where 1 thread took 1.0-1.1 s. (numpy's
         # elementwise operations run on one thread anyway.) The stack restores torch's count.
         with atomic_dir(out) as tmp, contextlib.ExitStack() as stack:
-            grafter = _Grafter(models, scale, project, chunk_bytes, stack)
-            files, grafted = _write_weights(tmp, shards, models, grafter)
+            grafter = _Grafter(models, scale, project, chunk_bytes, _workers(threads))
+            files = _write_weights(tmp, shards, models, grafter, stack)
             copy_model_files(models[0].path, tmp)
             counts = {
                 "tensors": len(specs),
-                "tensors_grafted": grafted,
+                "tensors_grafted": grafter.grafted,
                 "parameters": sum(s.numel for s in specs.values()),
                 "bytes": sum(s.nbytes for s in specs.values()),
                 "shards": len(files),
@@ -391,6 +446,12 @@ def graft(
         for model in models:
             model.close()
     return counts
+
+
+def _workers(threads: int | None) -> int:
+    if threads is None:
+        threads = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+    return max(1, min(threads, 4))
 
 
 def read_config(model_dir: str | Path) -> dict[str, Any] | None:
