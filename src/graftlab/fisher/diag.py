@@ -124,7 +124,7 @@ class _DiagPass:
             if g is not None:
                 self._arrive(m, x, g)
         for name, g in self.partial.items():  # shared weights some of whose calls got no gradient
-            self.fisher[name] += g.square().sum(0)
+            self.fisher[name] += g.square_().sum(0)
         self.seen.update(n for m in self.calls for n, _ in self.params[m])
 
     def _hook(self, m: str, roots: list):
@@ -146,14 +146,17 @@ class _DiagPass:
                 step = max(1, CHUNK_FLOATS // module.get_parameter(attr).numel())
                 for start in range(0, rows, step):
                     g = per_example_grad(module, attr, x[start : start + step], d[start : start + step])
-                    self.fisher[name] += g.square().sum(0)
+                    self.fisher[name] += g.square_().sum(0)  # in place: g is this chunk's own
                 continue
             # A shared (tied) weight: sum its calls' per-rollout gradients before squaring.
             g = per_example_grad(module, attr, x, d)
-            self.partial[name] = self.partial[name] + g if name in self.partial else g
+            if name in self.partial:
+                self.partial[name] += g
+            else:
+                self.partial[name] = g
             self.arrived[name] += 1
             if self.arrived[name] == uses:
-                self.fisher[name] += self.partial.pop(name).square().sum(0)
+                self.fisher[name] += self.partial.pop(name).square_().sum(0)
 
 
 def diag_fisher(
