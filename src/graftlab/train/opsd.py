@@ -284,9 +284,14 @@ def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None,
     student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
     teacher = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
     if checkpointing(cfg.gradient_checkpointing):
-        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        student.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     run = Opsd(student, teacher, tok, cfg, precision, _micro(cfg, examples, tok, student))
-    print(f"batch: {cfg.batch_size} = {run.micro} x {accumulation(cfg.batch_size, run.micro)} accumulated", flush=True)
+    recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
+    accumulated = accumulation(cfg.batch_size, run.micro)
+    print(
+        f"batch: {cfg.batch_size} = {run.micro} x {accumulated} accumulated; gradient checkpointing {recompute}",
+        flush=True,
+    )
     keep = set(cfg.checkpoints())
     log, done = _resume_opsd(run, resume)
     for step, batch in enumerate(batches(examples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
