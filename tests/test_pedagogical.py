@@ -210,7 +210,16 @@ def test_reward_func_for_trl_reads_exact_ids_and_logs_every_component(student):
     assert logged["pedagogical/correct"] == 0.5 and logged["pedagogical/well_formed"] == 0.5
 
 
-def test_train_teacher_with_trl_grpo_logs_components_per_step(student, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "scale, line",
+    [
+        ({}, "batch: 4 = 4 x 1 accumulated"),
+        # A step's 4 completions as 2 micro-batches of 2, each layer recomputed in the backward pass.
+        ({"micro_batch_size": 2, "gradient_checkpointing": True}, "batch: 4 = 2 x 2 accumulated"),
+    ],
+    ids=["one-pass", "micro-batches"],
+)
+def test_train_teacher_with_trl_grpo_logs_components_per_step(student, tmp_path, monkeypatch, capfd, scale, line):
     # A random pico model is never correct nor well formed, so every reward would be 0 and GRPO would not
     # move: pass both checks, leaving learnability to vary within groups and drive the update.
     import graftlab.tasks as tasks
@@ -221,8 +230,9 @@ def test_train_teacher_with_trl_grpo_logs_components_per_step(student, tmp_path,
     student.save_pretrained(tmp_path / "post")
     TOK.save_pretrained(tmp_path / "post")
     pl.DataFrame(PROBLEMS).write_parquet(tmp_path / "train.parquet")
-    cfg = ped.TeacherConfig(group_size=2, prompts_per_step=2, steps=2, lr=1e-3, max_new_tokens=8)
+    cfg = ped.TeacherConfig(group_size=2, prompts_per_step=2, steps=2, lr=1e-3, max_new_tokens=8, **scale)
     ped.train_teacher(tmp_path / "post", tmp_path / "train.parquet", cfg, tmp_path / "teacher", tmp_path / "log.jsonl")
+    assert line in capfd.readouterr().out
     steps = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2]
     assert all(f"pedagogical/{k}" in s for s in steps for k in ped.COMPONENTS)
@@ -230,6 +240,7 @@ def test_train_teacher_with_trl_grpo_logs_components_per_step(student, tmp_path,
     files = {f.name for f in (tmp_path / "teacher").iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "graftlab.json"} <= files
     assert not any(name.startswith(".") for name in files)
+    assert json.loads((tmp_path / "teacher/graftlab.json").read_text())["save_dtype"] == "float32"
     before = student.state_dict()["model.layers.0.mlp.down_proj.weight"]
     from transformers import AutoModelForCausalLM
 
