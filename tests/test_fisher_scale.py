@@ -29,7 +29,11 @@ def _kthvalue_threshold(mask: FisherMask, deltas) -> None:
     mask.ties_left = k - int((flat > mask.threshold).sum()) if k else 0
 
 
-def test_radix_select_finds_the_kth_largest_with_ties_zeros_and_negatives():
+@pytest.mark.parametrize("keep", [0, 2000, 2**24])  # pass 2 rescoring every tensor, some, none
+def test_radix_select_finds_the_kth_largest_with_ties_zeros_and_negatives(monkeypatch, keep):
+    import graftlab.fisher.masks as masks
+
+    monkeypatch.setattr(masks, "KEEP_KEYS", keep)
     gen = torch.Generator().manual_seed(0)
     base = torch.rand(3000, generator=gen)
     values = torch.cat(
@@ -45,10 +49,14 @@ def test_radix_select_finds_the_kth_largest_with_ties_zeros_and_negatives():
     )
     values = values[torch.randperm(len(values), generator=gen)]
     parts = {f"t{i}": chunk for i, chunk in enumerate(values.split(777))}
+    scored = []
     for k in (1, 2, 64, 500, 1234, 3700, 4300, 4600, len(values) - 1, len(values)):
         mask = DiagMask({n: torch.ones_like(v) for n, v in parts.items()}, 0.0, scope="tensor")
         mask.rho, mask.scope = k / len(values), "global"
-        mask._global_threshold(lambda n: parts[n])
+        scored.clear()
+        mask._global_threshold(lambda n: scored.append(n) or parts[n])
+        # 2000 keeps the first two 777-entry tensors and the last of 202; the other four are scored again.
+        assert len(scored) == len(parts) + {0: len(parts), 2000: 4, 2**24: 0}[keep]
         expected = values.kthvalue(len(values) - k + 1).values.item()
         assert mask.threshold == expected, k
         assert mask.ties_left == k - int((values > expected).sum()), k

@@ -22,6 +22,9 @@ from graftlab.errors import GraftlabError
 from graftlab.safetensors_io import tensor_index, tensor_specs
 
 RADIX = 1 << 16  # buckets of each radix-select pass: the high, then the low, 16 bits of a score
+# Pass 1 keeps up to this many scores' keys (int32, 64 MiB) for pass 2, which then need not read and score
+# those tensors again: a small model's ranking reads everything once, a large one's memory stays bounded.
+KEEP_KEYS = 2**24
 
 
 def load_diag_fisher(fisher_dir, post_dir, lazy: bool = False) -> Mapping[str, torch.Tensor]:
@@ -124,14 +127,20 @@ class FisherMask:
         if k == 0:
             self.threshold = math.inf
             return
-        high = torch.zeros(RADIX, dtype=torch.long)
-        for name in self.sizes:
-            high += torch.bincount((_keys(score_of(name)) >> 16).long() + RADIX // 2, minlength=RADIX)
-        bucket, above = _bucket_of(high, k)
-        low = torch.zeros(RADIX, dtype=torch.long)
+        high, kept, room, again = torch.zeros(RADIX, dtype=torch.long), [], KEEP_KEYS, []
         for name in self.sizes:
             keys = _keys(score_of(name))
-            low += torch.bincount(keys[(keys >> 16) == bucket - RADIX // 2].long() & (RADIX - 1), minlength=RADIX)
+            if keys.numel() <= room:  # kept for pass 2, which need not read and score this tensor again
+                kept.append(keys)
+                room -= keys.numel()
+            else:
+                high += _high(keys)
+                again.append(name)
+        kept = torch.cat(kept) if kept else torch.empty(0, dtype=torch.int32)  # one bincount for small tensors
+        bucket, above = _bucket_of(high + _high(kept), k)
+        low = _low(kept, bucket)
+        for name in again:
+            low += _low(_keys(score_of(name)), bucket)
         position, above_low = _bucket_of(low, k - above)
         key = torch.tensor([(bucket - RADIX // 2) * RADIX + position], dtype=torch.int32)
         self.threshold = _flip(key).view(torch.float32).item()
@@ -196,6 +205,16 @@ def _keys(values: torch.Tensor) -> torch.Tensor:
 def _flip(bits: torch.Tensor) -> torch.Tensor:
     """Flip the magnitude bits of negative int32 patterns: fp32 bits <-> sortable key, both ways."""
     return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+def _high(keys: torch.Tensor) -> torch.Tensor:
+    """Histogram of the keys' high 16 bits, shifted to 0..RADIX-1."""
+    return torch.bincount((keys >> 16).long() + RADIX // 2, minlength=RADIX)
+
+
+def _low(keys: torch.Tensor, bucket: int) -> torch.Tensor:
+    """Histogram of the low 16 bits of the keys whose high bits are `bucket` (as `_high` numbers it)."""
+    return torch.bincount(keys[(keys >> 16) == bucket - RADIX // 2].long() & (RADIX - 1), minlength=RADIX)
 
 
 def _bucket_of(histogram: torch.Tensor, k: int) -> tuple[int, int]:
