@@ -179,3 +179,19 @@ def test_save_dtype_auto_is_the_stored_dtype_and_cast_saved_rounds_once(tmp_path
     cast = load_file(out / "model.safetensors")
     assert cast["w"].dtype == torch.bfloat16 and cast["w"].tolist() == [1.0, 0.5]  # 1 + 2^-10 rounds to 1
     assert cast["ids"].dtype == torch.int64 and json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "section, micro, message",
+    [
+        ("sft", 3, "experiments.e.sft.micro_batch_size: 3 does not divide the batch of 16"),
+        ("opsd", 3, "experiments.e.opsd.micro_batch_size: 3 does not divide the batch of 8"),
+        ("pedagogical", 5, "experiments.e.pedagogical.micro_batch_size: 5 does not divide the batch of 32"),
+    ],
+)
+def test_a_micro_batch_that_does_not_divide_its_batch_is_a_config_error(section, micro, message):
+    from graftlab.config import ConfigError, resolve
+
+    assert resolve({"experiments": {"e": {section: {"micro_batch_size": 4}}}})["experiments"]["e"][section]
+    with pytest.raises(ConfigError, match=message):
+        resolve({"experiments": {"e": {section: {"micro_batch_size": micro}}}})

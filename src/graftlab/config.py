@@ -243,6 +243,27 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
             )
         )
         checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
+    return checks + _micro_batch_checks(exp, key)
+
+
+def _micro_batch_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
+    """A micro-batch must divide its section's batch, which accumulation makes up of whole micro-batches."""
+    ped = exp["pedagogical"]
+    batches = {
+        "sft": exp["sft"]["batch_size"],
+        "opsd": exp["opsd"]["batch_size"],
+        "pedagogical": ped["prompts_per_step"] * ped["group_size"],
+    }
+    checks = []
+    for section, batch in batches.items():
+        micro = exp[section]["micro_batch_size"]
+        checks.append(
+            (
+                micro == "auto" or batch % micro == 0,
+                f"{key}.{section}.micro_batch_size",
+                f"{micro} does not divide the batch of {batch}",
+            )
+        )
     return checks
 
 
