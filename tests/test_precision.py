@@ -179,3 +179,20 @@ def test_sft_trains_fp32_weights_from_a_bf16_checkpoint(avx2_cpu, model, tmp_pat
     assert json.loads((tmp_path / "out" / "graftlab.json").read_text())["save_dtype"] == str(saved).split(".")[1]
     if saved == torch.float32:
         assert any(not torch.equal(p, p.bfloat16().float()) for p in tuned.parameters())
+
+
+def test_sft_under_bf16_autocast_keeps_fp32_master_weights(model, tmp_path, monkeypatch, capfd):
+    """bf16 forced whatever the CPU (emulated bf16 is slow, not wrong): the Trainer autocasts but never
+    casts the model, so the trained weights written as fp32 hold values that bf16 cannot."""
+    from safetensors.torch import load_file
+
+    from graftlab.train.sft import TrainConfig, finetune
+
+    monkeypatch.setattr(prec, "choose", lambda setting: Precision("bf16", "forced by the test"))
+    cfg = TrainConfig(lr=1e-3, batch_size=2, steps=3, save_steps=(3,), precision="bf16", save_dtype="float32")
+    finetune(model, sft_rows(), cfg, [tmp_path / "out"])
+    assert "precision: bf16 (forced by the test)" in capfd.readouterr().out
+    weights = load_file(tmp_path / "out" / "model.safetensors")
+    assert {w.dtype for w in weights.values()} == {torch.float32}
+    off_grid = sum((w != w.bfloat16().float()).sum().item() for w in weights.values())
+    assert off_grid > 0.9 * sum(w.numel() for w in weights.values())

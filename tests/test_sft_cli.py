@@ -166,3 +166,18 @@ def test_two_data_parallel_processes_train_as_one_and_write_once(model, data, tm
     a, b = load_file(single / "model.safetensors"), load_file(parallel / "model.safetensors")
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["parallel", "single"]
+
+
+def test_the_workflow_launches_over_several_gpus_and_a_failure_is_one_line(monkeypatch, tmp_path):
+    from graftlab.errors import GraftlabError
+    from graftlab.train import sft_cli
+
+    seen = []
+    monkeypatch.setattr(
+        subprocess, "run", lambda command, check: seen.append(command) or argparse.Namespace(returncode=1)
+    )
+    cfg = TrainConfig(lr=1e-3, batch_size=8, epochs=2)
+    with pytest.raises(GraftlabError, match=r"SFT over 2 GPUs failed \(exit status 1\)"):
+        sft_cli.launch_epochs("m", "d.parquet", cfg, tmp_path / "o", 2)
+    assert seen == [launch_command(2, cli_args(cfg, "m", "d.parquet", tmp_path / "o"), fsdp=True)]
+    assert "--epoch-dirs" in seen[0] and "--config_file" in seen[0]
