@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from graftlab.graft import graft
-from graftlab.graft_numpy import PASS_ELEMENTS, NumpyKernel
+from graftlab.graft_numpy import PASS_ELEMENTS, STORAGE, NumpyKernel
 
 DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 INT_VIEW = {
@@ -127,8 +127,7 @@ def test_bf16_ties_round_to_even():
     post = ((1 + k * 2.0**-7).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     tuned = np.full(64, np.float32(2**-8).view(np.uint32) >> 16, dtype=np.uint16)
     donor = np.zeros(64, dtype=np.uint16)
-    inputs = [post, donor, tuned]
-    got = NumpyKernel(1.0).graft(64, "BF16", lambda role, out: np.copyto(out, inputs[role]))
+    got = NumpyKernel(1.0).graft("BF16", post, donor, tuned)
     want = 1 + (k + k % 2) * 2.0**-7
     assert np.array_equal(got, (want.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
 
@@ -139,9 +138,7 @@ def test_kernel_with_negative_scale_matches_torch(dtype_name, scale):
     # graft() refuses scale < 0; the kernel itself must still be the same arithmetic as torch's.
     dtype = DTYPES[dtype_name]
     post, donor, tuned = (m["big"].reshape(-1) for m in trio_tensors(dtype, seed=11))
-    arrays = [t.view(INT_VIEW[dtype]).numpy() for t in (post, donor, tuned)]
-    got = NumpyKernel(scale).graft(
-        post.numel(), dtype_name, lambda role, out: np.copyto(out.view(arrays[role].dtype), arrays[role])
-    )
+    arrays = [t.view(INT_VIEW[dtype]).numpy().view(STORAGE[dtype_name]) for t in (post, donor, tuned)]
+    got = NumpyKernel(scale).graft(dtype_name, *arrays)
     want = torch_formula(post, donor, tuned, scale)
-    assert np.array_equal(got.view(arrays[0].dtype), bits(want).numpy())
+    assert np.array_equal(got.view(bits(want).numpy().dtype), bits(want).numpy())

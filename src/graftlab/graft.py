@@ -17,6 +17,7 @@ import collections
 import contextlib
 import json
 import math
+import mmap
 import os
 import threading
 from collections import Counter
@@ -53,6 +54,9 @@ if TYPE_CHECKING:
 # whole rather than in row blocks.
 Projection = Callable[[str, "torch.Tensor"], "torch.Tensor"]
 
+# Blocks are mapped populated: the pages are mapped in one call, not faulted in one by one.
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
 # Hugging Face's default shard size: below it one file is simplest for every consumer.
 MAX_SHARD_BYTES = 5 * 10**9
 
@@ -78,23 +82,45 @@ class _Model:
         self._opening = threading.Lock()  # blocks are read by several threads
         self._unread = Counter(self.index.values())
 
-    def read(self, name: str, rows: slice | None, out: np.ndarray) -> np.ndarray:
-        """Read tensor ``name`` (or its block of ``rows``) as stored into ``out``, a contiguous array
-        of exactly the block's bytes (any numpy dtype); returns ``out``."""
+    def _where(self, name: str, rows: slice | None) -> tuple[int, int, int]:
+        """The open file descriptor holding tensor ``name`` (or its block of ``rows``), and the
+        block's first byte and length in it."""
         spec, file = self.specs[name], self.index[name]
-        start = spec.file_offset
+        start, nbytes = spec.file_offset, spec.nbytes
         if rows is not None:
-            start += rows.start * (spec.nbytes // spec.shape[0])
+            row_bytes = spec.nbytes // spec.shape[0]
+            start, nbytes = start + rows.start * row_bytes, (rows.stop - rows.start) * row_bytes
         with self._opening:
             if file not in self._files:
                 self._files[file] = FileIO(file, "r")
-            fd = self._files[file].fileno()
+            return self._files[file].fileno(), start, nbytes
+
+    def map(self, name: str, rows: slice | None) -> np.ndarray:
+        """Tensor ``name`` (or its block of ``rows``) as stored, a read-only uint8 array mapped from
+        the page cache; unmapped when the array is dropped.
+
+        Mapping a block with MAP_POPULATE took a third of the time of reading it (0.07-0.11 s for
+        1.2 GB against 0.26 s), and a block at a time keeps only the blocks in use resident, not
+        every page ever touched (see above)."""
+        fd, start, nbytes = self._where(name, rows)
+        if nbytes == 0:
+            return np.empty(0, dtype=np.uint8)
+        if start + nbytes > os.fstat(fd).st_size:  # a mapping past the end would crash the process
+            raise GraftlabError(f"{self.index[name]}: ends inside tensor {name} (truncated while grafting?)")
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, start + nbytes - base, _MAP_FLAGS, mmap.PROT_READ, offset=base)
+        return np.frombuffer(mapped, dtype=np.uint8, count=nbytes, offset=start - base)
+
+    def read(self, name: str, rows: slice | None, out: np.ndarray) -> np.ndarray:
+        """Read tensor ``name`` (or its block of ``rows``) as stored into ``out``, a contiguous array
+        of exactly the block's bytes (any numpy dtype); returns ``out``."""
+        fd, start, _ = self._where(name, rows)
         view = memoryview(out).cast("B")
         done = 0
         while done < len(view):  # a read may return fewer bytes than asked
             got = os.preadv(fd, [view[done:]], start + done)
             if not got:
-                raise GraftlabError(f"{file}: ends inside tensor {name} (truncated while grafting?)")
+                raise GraftlabError(f"{self.index[name]}: ends inside tensor {name} (truncated while grafting?)")
             done += got
         return out
 
@@ -210,23 +236,6 @@ def _row_blocks(spec: TensorSpec, chunk_bytes: int) -> list[slice | None]:
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
-class _Slot:
-    """One block's worth of reused scratch: a numpy kernel's buffers and a buffer to copy through.
-
-    Reuse matters: a large fresh allocation is handed back to the OS when freed and page-faulted in
-    again on its next use, which measured 4x slower than copying into a warm buffer and cost more
-    than the arithmetic itself."""
-
-    def __init__(self, scale: float) -> None:
-        self.kernel = NumpyKernel(scale)
-        self._copy = np.empty(0, dtype=np.uint8)
-
-    def copy_buffer(self, nbytes: int) -> np.ndarray:
-        if self._copy.size < nbytes:
-            self._copy = np.empty(nbytes, dtype=np.uint8)
-        return self._copy[:nbytes]
-
-
 class _Grafter:
     """Grafts tensors one block of rows at a time, in order, for the writer.
 
@@ -250,7 +259,9 @@ class _Grafter:
         torch_needed = any(self._needs_torch(spec) for spec in models[0].specs.values())
         # torch's kernel has one scratch and a projection may keep state: those grafts stay serial.
         self.workers = 0 if torch_needed or workers < 2 else workers
-        self._slots = [_Slot(scale) for _ in range(self.workers + 1)]
+        # Reuse matters: a large fresh allocation is handed back to the OS when freed and page-faulted
+        # in again on its next use, which measured 4x slower than writing into a warm buffer.
+        self._kernels = [NumpyKernel(scale) for _ in range(self.workers + 1)]
 
     def _copies(self, spec: TensorSpec) -> bool:
         # scale 0 is post itself: copying skips arithmetic that would turn -0.0 into +0.0 or 0 * inf
@@ -275,15 +286,16 @@ class _Grafter:
             stack.enter_context(_torch_threads(1))  # after the kernel has noted the caller's count
         if not self.workers:
             for name, rows in items:
-                yield self._block(self._slots[0], name, rows)
+                yield self._block(self._kernels[0], name, rows)
                 self._finished(name, rows)
             return
         pending: collections.deque = collections.deque()
         with ThreadPoolExecutor(self.workers) as pool:
             for i, (name, rows) in enumerate(items):
-                if len(pending) == len(self._slots):  # the slot about to be reused has been written
+                if len(pending) == len(self._kernels):  # the kernel about to be reused has been written
                     yield from self._retire(pending.popleft())
-                pending.append((pool.submit(self._block, self._slots[i % len(self._slots)], name, rows), rows))
+                kernel = self._kernels[i % len(self._kernels)]
+                pending.append((pool.submit(self._block, kernel, name, rows), rows))
             while pending:
                 yield from self._retire(pending.popleft())
 
@@ -299,19 +311,20 @@ class _Grafter:
             for model in self.models:
                 model.finished(name)
 
-    def _block(self, slot: _Slot, name: str, rows: slice | None) -> tuple[str, tuple, np.ndarray]:
+    def _block(self, kernel: NumpyKernel, name: str, rows: slice | None) -> tuple[str, tuple, np.ndarray]:
         spec = self.models[0].specs[name]
         shape = spec.shape if rows is None else (rows.stop - rows.start, *spec.shape[1:])
-        n = math.prod(shape)
-
-        def read(role: int, out: np.ndarray) -> np.ndarray:
-            return self.models[role].read(name, rows, out)
-
         if self._copies(spec):
-            return name, shape, read(0, slot.copy_buffer(n * spec.itemsize))
+            return name, shape, self.models[0].map(name, rows)
         if self._needs_torch(spec):
+
+            def read(role: int, out: np.ndarray) -> np.ndarray:
+                return self.models[role].read(name, rows, out)
+
             return name, shape, self._torch.graft(name, shape, spec.dtype_name, read)
-        return name, shape, slot.kernel.graft(n, spec.dtype_name, read)
+        storage = STORAGE[spec.dtype_name]
+        inputs = [model.map(name, rows).view(storage) for model in self.models]
+        return name, shape, kernel.graft(spec.dtype_name, *inputs)
 
 
 class _TorchKernel:

@@ -12,8 +12,6 @@ to the bit; tests/test_graft_numpy.py checks it against torch on special values.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -32,10 +30,6 @@ PASS_ELEMENTS = 1 << 17
 
 # uint32 constants, made once: numpy converts a Python int operand anew on every call.
 _1, _16, _BIAS, _HIGH = (np.uint32(x) for x in (1, 16, 0x7FFF, 0xFFFF0000))
-
-# read(role, out): fills ``out`` (a numpy array) with the block's stored bytes of role 0 (post),
-# 1 (donor) or 2 (donor_tuned).
-Reader = Callable[[int, np.ndarray], Any]
 
 
 def widen_bf16(raw: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -56,59 +50,51 @@ def narrow_bf16(value: np.ndarray, scratch: np.ndarray, out: np.ndarray, has_nan
 
 
 class NumpyKernel:
-    """Grafts blocks in reused scratch: the three inputs' stored bytes for a whole block (so that each
-    file is read in large pieces), and three fp32 buffers of PASS_ELEMENTS that each pass of numpy
-    operations runs in, so that they stay in cache from one operation to the next."""
+    """Grafts blocks into a reused output buffer, through three fp32 buffers of PASS_ELEMENTS that each
+    pass of numpy operations runs in, so that they stay in cache from one operation to the next."""
 
     def __init__(self, scale: float) -> None:
         self.scale = np.float32(scale)  # torch multiplies an fp32 tensor by a Python float in fp32
-        self._raw = np.empty(0, dtype=np.uint8)
+        self._out = np.empty(0, dtype=np.uint8)
         self._fp32 = np.empty((3, PASS_ELEMENTS), dtype=np.float32)
         self._u32 = self._fp32.view(np.uint32)
 
-    def _inputs(self, n: int, dtype: str) -> list[np.ndarray]:
-        """Buffers for post's, donor's and donor_tuned's block of ``n`` elements, as stored."""
-        storage = np.dtype(STORAGE[dtype])
-        size = n * storage.itemsize
-        if self._raw.size < 3 * size:
-            self._raw = np.empty(3 * size, dtype=np.uint8)
-        return [self._raw[i * size : (i + 1) * size].view(storage) for i in range(3)]
-
-    def graft(self, n: int, dtype: str, read: Reader) -> np.ndarray:
-        """The grafted block of ``n`` elements of ``dtype``, as stored; valid until the next call."""
-        inputs = self._inputs(n, dtype)
-        for role, buffer in enumerate(inputs):
-            read(role, buffer)
-        post, donor, tuned = inputs
-        # An even count keeps every pass (PASS_ELEMENTS is even) 4-byte aligned in the raw buffers,
-        # which numpy allocates aligned: bf16 can then be read as uint32 pairs.
-        pairs = dtype == "BF16" and n % 2 == 0
+    def graft(self, dtype: str, post: np.ndarray, donor: np.ndarray, tuned: np.ndarray) -> np.ndarray:
+        """The grafted block of ``dtype`` from the inputs' blocks (arrays of its STORAGE type, read
+        only, e.g. mapped from the files), as stored; valid until the next call."""
+        n = post.size
+        if self._out.size < n * post.itemsize:
+            self._out = np.empty(n * post.itemsize, dtype=np.uint8)
+        out = self._out[: n * post.itemsize].view(post.dtype)
+        # 4-byte aligned even counts (PASS_ELEMENTS is even) can be read as uint32 pairs.
+        pairs = dtype == "BF16" and n % 2 == 0 and all(x.ctypes.data % 4 == 0 for x in (post, donor, tuned, out))
         with np.errstate(all="ignore"):  # inf - inf, overflow in a cast: torch warns of neither
             for start in range(0, n, PASS_ELEMENTS):
                 part = slice(start, min(start + PASS_ELEMENTS, n))
-                if not (pairs and self._bf16_pairs(post[part], donor[part], tuned[part])):
-                    self._pass(dtype, post[part], donor[part], tuned[part])
-        return post
+                arrays = post[part], donor[part], tuned[part], out[part]
+                if not (pairs and self._bf16_pairs(*arrays)):
+                    self._pass(dtype, *arrays)
+        return out
 
-    def _pass(self, dtype: str, post: np.ndarray, donor: np.ndarray, tuned: np.ndarray) -> None:
-        """``post = post + scale * (tuned - donor)`` in place, in torch's order of fp32 operations."""
+    def _pass(self, dtype: str, post: np.ndarray, donor: np.ndarray, tuned: np.ndarray, out: np.ndarray) -> None:
+        """``out = post + scale * (tuned - donor)``, in torch's order of fp32 operations."""
         a, b, c = (buffer[: post.size] for buffer in self._fp32)
         theta = self._theta(dtype, post, donor, tuned, a, b, c, exact_nans=False)
         has_nan = _has_nan(theta)
         if has_nan and dtype != "BF16":  # bf16 writes every NaN alike
             theta = self._theta(dtype, post, donor, tuned, a, b, c, exact_nans=True)
         if dtype == "BF16":
-            narrow_bf16(theta, c.view(np.uint32), post, has_nan)
+            narrow_bf16(theta, c.view(np.uint32), out, has_nan)
         else:  # numpy's fp16 and fp64 casts round to nearest even, as torch's do
-            np.copyto(post, theta, casting="same_kind")
+            np.copyto(out, theta, casting="same_kind")
 
-    def _bf16_pairs(self, post: np.ndarray, donor: np.ndarray, tuned: np.ndarray) -> bool:
+    def _bf16_pairs(self, post: np.ndarray, donor: np.ndarray, tuned: np.ndarray, out: np.ndarray) -> bool:
         """The bf16 pass on pairs of elements, each pair read as one uint32 whose low half is the even
         element: ``x << 16`` is the even element's fp32, ``x & 0xFFFF0000`` the odd one's. This widens
         without numpy's casts between integer widths, the slowest operations of the general pass:
-        2.6 ns an element against 3.7 on one core here. Returns False, leaving ``post`` as it was, when a result is
+        2.6 ns an element against 3.7 on one core here. Returns False, writing nothing, when a result is
         NaN: the general pass writes those. (Written out flat: numpy's per-call overhead counts here.)"""
-        p, d, t = post.view(np.uint32), donor.view(np.uint32), tuned.view(np.uint32)
+        p, d, t, o = (x.view(np.uint32) for x in (post, donor, tuned, out))
         a, b, c = self._u32[0, : p.size], self._u32[1, : p.size], self._u32[2, : p.size]
         delta, theta = self._fp32[1, : p.size], self._fp32[2, : p.size]
         for odd in (False, True):
@@ -123,7 +109,7 @@ class NumpyKernel:
                 return False
             rounded = _round_bf16_bits(c, b)  # top halves: the bf16 results
             if odd:
-                np.bitwise_or(a, np.bitwise_and(rounded, _HIGH, out=rounded), out=p)
+                np.bitwise_or(a, np.bitwise_and(rounded, _HIGH, out=rounded), out=o)
             else:
                 np.right_shift(rounded, _16, out=a)  # kept in a until the odd half joins it
         return True
