@@ -323,15 +323,15 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
 
 def _micro(cfg: TeacherConfig, prompts: list[str], tok, model) -> int:
     """Completions per forward and backward pass: `cfg.micro_batch_size`, or with `auto` sized on CUDA for
-    the longest prompt plus a full completion, beside the frozen student's weights (and the reference
-    model's, with a KL term)."""
+    the longest prompt plus a full completion, beside the frozen student (already on the GPU) and, with a
+    KL term, the reference model TRL loads."""
     from graftlab.train.precision import micro_batch
 
     batch = cfg.prompts_per_step * cfg.group_size
     if cfg.micro_batch_size != "auto" or not torch.cuda.is_available():
         return micro_batch(cfg.micro_batch_size, batch, 0, model)
     longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in set(prompts))
-    frozen = sum(p.numel() for p in model.parameters()) * (2 if cfg.kl > 0 else 1)
+    frozen = sum(p.numel() for p in model.parameters()) if cfg.kl > 0 else 0
     return micro_batch("auto", batch, longest + cfg.max_new_tokens, model, frozen_params=frozen)
 
 

@@ -146,8 +146,8 @@ def micro_batch(setting, batch: int, seq_len: int, model, *, frozen_params: int 
     """The micro-batch of an effective `batch` under config `setting` (an integer dividing `batch`, or
     `auto`). `auto` is the whole batch on a CPU; on CUDA, the largest divisor of `batch` whose activations
     (`seq_len` tokens a sequence, `model`'s layers, width and vocabulary) fit beside the trained model's
-    weights, gradients and AdamW state and `frozen_params` fp32 weights of models that only score, in
-    `MEMORY_SHARE` of the GPU's `free` bytes (default: what CUDA reports free now)."""
+    weights, gradients and AdamW state and `frozen_params` fp32 weights of models that only score and are
+    not on the GPU yet, in `MEMORY_SHARE` of the GPU's `free` bytes (default: what CUDA reports free now)."""
     if setting != "auto":
         if not isinstance(setting, int) or isinstance(setting, bool):
             raise GraftlabError(f"micro_batch_size must be auto or an integer, got {setting!r}")
@@ -162,7 +162,9 @@ def micro_batch(setting, batch: int, seq_len: int, model, *, frozen_params: int 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     per_seq = seq_len * (cfg.num_hidden_layers * cfg.hidden_size * ACT_BYTES + cfg.vocab_size * LOGIT_BYTES)
     params = sum(p.numel() for p in model.parameters())
-    budget = MEMORY_SHARE * free - params * PARAM_BYTES - frozen_params * 4
+    # Weights already on the GPU are no longer free; gradients and AdamW state are still to come.
+    resident = params * 4 if next(model.parameters()).is_cuda else 0
+    budget = MEMORY_SHARE * free - (params * PARAM_BYTES - resident) - frozen_params * 4
     fits = max(1, int(budget // per_seq))
     return max(d for d in range(1, batch + 1) if batch % d == 0 and d <= fits)
 
