@@ -77,6 +77,8 @@ def _config(args: argparse.Namespace):
         raise GraftlabError("--epoch-dirs needs --epochs")
     if (args.epochs or args.steps) < 1 or args.batch_size < 1:
         raise GraftlabError("--epochs, --steps and --batch-size must be at least 1")
+    if not args.lr > 0:
+        raise GraftlabError(f"--lr must be positive, got {args.lr}")
     micro = args.micro_batch_size
     if micro != "auto":
         if not micro.isdigit() or int(micro) < 1:
@@ -104,10 +106,12 @@ def run(args: argparse.Namespace) -> None:
     """Train and write DIR (`args.out`); every refusal is a GraftlabError raised before DIR exists."""
     cfg = _config(args)
     if args.threads is None:
+        import dataclasses
+
         import torch
 
         # TrainConfig pins torch to its threads; a hand run keeps torch's own choice unless told.
-        cfg = type(cfg)(**{**cfg.__dict__, "threads": torch.get_num_threads()})
+        cfg = dataclasses.replace(cfg, threads=torch.get_num_threads())
     from graftlab.atomic import atomic_dir
     from graftlab.tables import read_table
     from graftlab.train.sft import encode_traces, finetune, main_process, sft_epochs
