@@ -142,3 +142,21 @@ def test_kernel_with_negative_scale_matches_torch(dtype_name, scale):
     got = NumpyKernel(scale).graft(dtype_name, *arrays)
     want = torch_formula(post, donor, tuned, scale)
     assert np.array_equal(got.view(bits(want).numpy().dtype), bits(want).numpy())
+
+
+def test_inputs_stored_in_other_dtypes_match_torch(tmp_path):
+    # A bf16 post and donor tuned and saved in fp32 (and a donor in fp16): each input is widened from
+    # its own dtype, the result stored as post's.
+    dirs = []
+    for role, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32)):
+        (tmp_path / str(role)).mkdir()
+        save_file(trio_tensors(dtype, seed=5)[role], tmp_path / str(role) / "model.safetensors")
+        dirs.append(tmp_path / str(role))
+    graft(*dirs, 0.5, tmp_path / "numpy")
+    graft(*dirs, 0.5, tmp_path / "torch", project=identity)
+    ours, theirs = (load_file(tmp_path / d / "model.safetensors") for d in ("numpy", "torch"))
+    inputs = [load_file(d / "model.safetensors") for d in dirs]
+    for name, got in ours.items():
+        want = inputs[0][name] if name == "ids" else torch_formula(*(m[name] for m in inputs), 0.5)
+        assert got.dtype == inputs[0][name].dtype, name
+        assert torch.equal(bits(got), bits(want)) and torch.equal(bits(got), bits(theirs[name])), name

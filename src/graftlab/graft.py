@@ -183,6 +183,13 @@ def _mismatches(post: _Model, other: _Model) -> list[str]:
         shapes.append(f"{name} {list(got)} vs post {list(want)}")
         if _is_vocab_tensor(name) and want[1:] == got[1:]:
             vocab_rows.append(f"{name} has {got[0]} rows vs post's {want[0]}")
+    kinds = sorted(
+        n
+        for n in post.specs.keys() & other.specs.keys()
+        if post.specs[n].is_floating_point != other.specs[n].is_floating_point
+    )
+    if kinds:
+        problems.append(f"{len(kinds)} tensor(s) floating point in one model only: {_few(kinds)}")
     if vocab_rows and not config_vocab_differs:
         problems.append(f"vocabulary differs: {_few(vocab_rows)}")
     if shapes:
@@ -256,7 +263,7 @@ class _Grafter:
         self.models, self.scale, self.project, self.chunk_bytes = models, scale, project, chunk_bytes
         self.grafted = 0  # tensors computed rather than copied
         self._torch: _TorchKernel | None = None
-        torch_needed = any(self._needs_torch(spec) for spec in models[0].specs.values())
+        torch_needed = any(self._needs_torch(name) for name in models[0].specs)
         # torch's kernel has one scratch and a projection may keep state: those grafts stay serial.
         self.workers = 0 if torch_needed or workers < 2 else workers
         # Reuse matters: a large fresh allocation is handed back to the OS when freed and page-faulted
@@ -268,8 +275,10 @@ class _Grafter:
         # into nan. Integer and bool tensors are buffers (ids, masks), never trained weights.
         return self.scale == 0 or not spec.is_floating_point
 
-    def _needs_torch(self, spec: TensorSpec) -> bool:
-        return not self._copies(spec) and (self.project is not None or spec.dtype_name not in STORAGE)
+    def _needs_torch(self, name: str) -> bool:
+        if self._copies(self.models[0].specs[name]):
+            return False
+        return self.project is not None or any(m.specs[name].dtype_name not in STORAGE for m in self.models)
 
     def blocks(self, names: list[str], stack: contextlib.ExitStack) -> Iterator[tuple[str, tuple, np.ndarray]]:
         """(name, shape, bytes) of each block of the tensors ``names``, in order; each block's bytes
@@ -281,7 +290,7 @@ class _Grafter:
             whole = self.project is not None and not self._copies(spec)  # a projection sees whole tensors
             items += [(name, rows) for rows in ([None] if whole else _row_blocks(spec, self.chunk_bytes))]
             self.grafted += not self._copies(spec)
-        if any(self._needs_torch(self.models[0].specs[name]) for name in names) and self._torch is None:
+        if any(self._needs_torch(name) for name in names) and self._torch is None:
             self._torch = _TorchKernel(self.scale, self.project)
             stack.enter_context(_torch_threads(1))  # after the kernel has noted the caller's count
         if not self.workers:
@@ -316,15 +325,15 @@ class _Grafter:
         shape = spec.shape if rows is None else (rows.stop - rows.start, *spec.shape[1:])
         if self._copies(spec):
             return name, shape, self.models[0].map(name, rows)
-        if self._needs_torch(spec):
+        dtypes = [model.specs[name].dtype_name for model in self.models]
+        if self._needs_torch(name):
 
             def read(role: int, out: np.ndarray) -> np.ndarray:
                 return self.models[role].read(name, rows, out)
 
-            return name, shape, self._torch.graft(name, shape, spec.dtype_name, read)
-        storage = STORAGE[spec.dtype_name]
-        inputs = [model.map(name, rows).view(storage) for model in self.models]
-        return name, shape, kernel.graft(spec.dtype_name, *inputs)
+            return name, shape, self._torch.graft(name, shape, dtypes, read)
+        inputs = [model.map(name, rows).view(STORAGE[dtype]) for model, dtype in zip(self.models, dtypes)]
+        return name, shape, kernel.graft(dtypes[0], *inputs)
 
 
 class _TorchKernel:
@@ -351,23 +360,27 @@ class _TorchKernel:
         raw = self._scratch[8 * n : 8 * n + raw_bytes].view(dtype).view(shape)
         return a, b, raw
 
-    def graft(self, name: str, shape: tuple[int, ...], dtype: str, read: Callable[..., Any]) -> np.ndarray:
-        """The grafted block of ``shape``, as stored bytes; valid until the next call."""
-        a, b, raw = self._buffers(shape, torch_dtype(dtype))
-        raw_bytes = raw.reshape(-1).view(self.torch.uint8).numpy()
+    def graft(self, name: str, shape: tuple[int, ...], dtypes: list[str], read: Callable[..., Any]) -> np.ndarray:
+        """The grafted block of ``shape`` from inputs stored as ``dtypes`` (post's, donor's, donor_tuned's),
+        as post's dtype stores it; valid until the next call."""
+        torch = self.torch
+        a, b, raw = self._buffers(shape, torch_dtype(dtypes[0]))
+
+        def load(role: int, fp32: torch.Tensor) -> torch.Tensor:
+            # An input stored unlike post (rare) is read into a tensor of its own.
+            stored = raw if dtypes[role] == dtypes[0] else torch.empty(shape, dtype=torch_dtype(dtypes[role]))
+            read(role, stored.reshape(-1).view(torch.uint8).numpy())
+            return fp32.copy_(stored)
+
         # Each operand is converted to fp32 before any arithmetic (an in-place op with a bf16 operand
         # would be exact too, but takes torch's unvectorised mixed-dtype path, 6x slower).
-        read(2, raw_bytes)
-        b.copy_(raw)
-        read(1, raw_bytes)
-        delta = b.sub_(a.copy_(raw))
+        delta = load(2, b).sub_(load(1, a))
         if self.project is not None:
             with _torch_threads(self.threads):  # projections multiply matrices: they do use threads
                 delta = self.project(name, delta)
-        read(0, raw_bytes)
-        theta = a.copy_(raw).add_(delta.mul_(self.scale))
-        result = theta if raw.dtype == self.torch.float32 else raw.copy_(theta)
-        return result.reshape(-1).view(self.torch.uint8).numpy()
+        theta = load(0, a).add_(delta.mul_(self.scale))
+        result = theta if raw.dtype == torch.float32 else raw.copy_(theta)
+        return result.reshape(-1).view(torch.uint8).numpy()
 
 
 @contextlib.contextmanager

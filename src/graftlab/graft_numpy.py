@@ -60,14 +60,17 @@ class NumpyKernel:
         self._u32 = self._fp32.view(np.uint32)
 
     def graft(self, dtype: str, post: np.ndarray, donor: np.ndarray, tuned: np.ndarray) -> np.ndarray:
-        """The grafted block of ``dtype`` from the inputs' blocks (arrays of its STORAGE type, read
-        only, e.g. mapped from the files), as stored; valid until the next call."""
+        """The grafted block, stored as ``dtype`` (post's), from the inputs' blocks: read-only arrays
+        (e.g. mapped from the files) of each one's STORAGE type, which may differ (a tuned donor saved
+        in fp32 next to a bf16 post); returned as stored, valid until the next call."""
         n = post.size
-        if self._out.size < n * post.itemsize:
-            self._out = np.empty(n * post.itemsize, dtype=np.uint8)
-        out = self._out[: n * post.itemsize].view(post.dtype)
-        # 4-byte aligned even counts (PASS_ELEMENTS is even) can be read as uint32 pairs.
-        pairs = dtype == "BF16" and n % 2 == 0 and all(x.ctypes.data % 4 == 0 for x in (post, donor, tuned, out))
+        storage = np.dtype(STORAGE[dtype])
+        if self._out.size < n * storage.itemsize:
+            self._out = np.empty(n * storage.itemsize, dtype=np.uint8)
+        out = self._out[: n * storage.itemsize].view(storage)
+        # 4-byte aligned even counts (PASS_ELEMENTS is even) of bf16 can be read as uint32 pairs.
+        arrays = (post, donor, tuned, out)
+        pairs = n % 2 == 0 and all(x.dtype == np.uint16 and x.ctypes.data % 4 == 0 for x in arrays)
         with np.errstate(all="ignore"):  # inf - inf, overflow in a cast: torch warns of neither
             for start in range(0, n, PASS_ELEMENTS):
                 part = slice(start, min(start + PASS_ELEMENTS, n))
@@ -123,17 +126,19 @@ class NumpyKernel:
         negation), taken only for the rare passes whose result has a NaN. Each way the numbers are
         the same: t + (-1 * d) is t - d, rounding included."""
         post, donor, tuned, a, b, c = arrays
-        widen = (lambda raw, out: widen_bf16(raw, out.view(np.uint32))) if dtype == "BF16" else _widen
-        delta = widen(tuned, b)
+        delta = _widen(tuned, b)
         if exact_nans:
-            np.add(np.multiply(widen(donor, c), -1, out=c), delta, out=delta)
+            np.add(np.multiply(_widen(donor, c), -1, out=c), delta, out=delta)
         else:
-            np.subtract(delta, widen(donor, c), out=delta)
+            np.subtract(delta, _widen(donor, c), out=delta)
         np.multiply(delta, self.scale, out=delta)
-        return np.add(delta, widen(post, a), out=a)
+        return np.add(delta, _widen(post, a), out=a)
 
 
 def _widen(raw: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``raw``, stored as one of STORAGE's types, as fp32 in ``out``."""
+    if raw.dtype == np.uint16:
+        return widen_bf16(raw, out.view(np.uint32))
     np.copyto(out, raw, casting="same_kind")  # exact from fp16; fp64 rounds to nearest even, as in torch
     return out
 
