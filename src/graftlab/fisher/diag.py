@@ -65,9 +65,10 @@ def parameter_owners(model: nn.Module) -> dict[str, list[tuple[str, str]]]:
     return owners
 
 
-def per_example_grad(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+def per_example_grad(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor, out=None) -> torch.Tensor:
     """Rollout-wise gradient of one parameter from one call of its module (input `x`, output gradient `d`,
-    rollouts on dim 0), [rows, *param.shape], fp32."""
+    rollouts on dim 0), [rows, *param.shape], fp32; an embedding's is added into `out` when given (a tied
+    embedding's per-rollout sum so far: no second vocabulary-sized buffer)."""
     if isinstance(module, nn.Linear):
         d, x = d.float().flatten(1, -2), x.float().flatten(1, -2)
         return torch.einsum("bto,bti->boi", d, x) if attr == "weight" else d.sum(1)
@@ -77,8 +78,9 @@ def per_example_grad(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Ten
         if module.padding_idx is not None:  # torch never updates the padding row
             d = d * (x != module.padding_idx)[..., None]
         index = (torch.arange(rows, device=x.device)[:, None] * vocab + x).flatten()
-        out = d.new_zeros(rows * vocab, module.embedding_dim).index_add_(0, index, d.flatten(0, 1))
-        return out.view(rows, vocab, module.embedding_dim)
+        out = d.new_zeros(rows, vocab, module.embedding_dim) if out is None else out
+        out.view(rows * vocab, module.embedding_dim).index_add_(0, index, d.flatten(0, 1))
+        return out
     # Norms and anything else: the module's own vector-Jacobian product, once per rollout.
     from torch.func import functional_call, vjp, vmap
 
@@ -139,24 +141,40 @@ class _DiagPass:
         return hook
 
     def _arrive(self, m: str, x: torch.Tensor, d: torch.Tensor) -> None:
-        module, rows = self.modules[m], x.shape[0]
+        module = self.modules[m]
         for name, attr in self.params[m]:
             uses = sum(self.calls[u] for u, _ in self.owners[name])
             if uses == 1:  # the whole per-rollout gradient is here: square it chunk by chunk
-                step = max(1, CHUNK_FLOATS // module.get_parameter(attr).numel())
-                for start in range(0, rows, step):
-                    g = per_example_grad(module, attr, x[start : start + step], d[start : start + step])
-                    self.fisher[name] += g.square_().sum(0)  # in place: g is this chunk's own
+                _add_squares(self.fisher[name], module, attr, x, d)
                 continue
             # A shared (tied) weight: sum its calls' per-rollout gradients before squaring.
-            g = per_example_grad(module, attr, x, d)
-            if name in self.partial:
-                self.partial[name] += g
+            if name in self.partial and isinstance(module, nn.Embedding):
+                per_example_grad(module, attr, x, d, out=self.partial[name])
+            elif name in self.partial:
+                self.partial[name] += per_example_grad(module, attr, x, d)
             else:
-                self.partial[name] = g
+                self.partial[name] = per_example_grad(module, attr, x, d)
             self.arrived[name] += 1
             if self.arrived[name] == uses:
                 self.fisher[name] += self.partial.pop(name).square_().sum(0)
+
+
+def _add_squares(fisher: torch.Tensor, module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor) -> None:
+    """fisher += the squared per-rollout gradients summed over rollouts, formed `CHUNK_FLOATS` at a time:
+    rollouts in groups, and a linear weight in blocks of output rows when one rollout's gradient alone is
+    larger (an 8B model's MLP weight is 50M floats)."""
+    if isinstance(module, nn.Linear) and attr == "weight":
+        out_features, in_features = fisher.shape
+        block = max(1, min(out_features, CHUNK_FLOATS // in_features))
+        step = max(1, CHUNK_FLOATS // (block * in_features))
+        for o in range(0, out_features, block):
+            for r in range(0, x.shape[0], step):
+                g = per_example_grad(module, attr, x[r : r + step], d[r : r + step, ..., o : o + block])
+                fisher[o : o + block] += g.square_().sum(0)  # in place: g is this chunk's own
+        return
+    step = max(1, CHUNK_FLOATS // fisher.numel())
+    for r in range(0, x.shape[0], step):
+        fisher += per_example_grad(module, attr, x[r : r + step], d[r : r + step]).square_().sum(0)
 
 
 def diag_fisher(
