@@ -35,6 +35,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -242,13 +243,16 @@ def worker(kind: str, work: Path, threads: int) -> None:
     sampler = AnonPeak()
     sampler.start()
     rss_before = status_kib("VmRSS")
+    cpu = time.process_time()
     start = time.perf_counter()
     task()
     wall = time.perf_counter() - start
+    cpu = time.process_time() - cpu
     anon = sampler.stop()
     peak = status_kib("VmHWM")
     result = {
         "wall_s": wall,
+        "cpu_s": cpu,
         "rss_mib": peak // 1024,
         "rss_delta_mib": (peak - rss_before) // 1024,
         "anon_mib": anon,
@@ -328,17 +332,21 @@ def check_mergekit(python: str, threads: int) -> None:
         sys.exit(f"mergekit's output differs from graftlab's by {worst:.1f} bf16 steps: not the same graft")
 
 
-def timed_process(cmd: list[str], out: Path) -> float:
-    """Wall seconds of the whole process ``cmd``, which writes ``out`` (removed before and after)."""
+def timed_process(cmd: list[str], out: Path) -> dict:
+    """Wall seconds and CPU seconds (user + system, its children's included) of the whole process
+    ``cmd``, which writes ``out`` (removed before and after). CPU time is what a loaded machine
+    cannot inflate: wall time there also counts waiting for a core."""
     shutil.rmtree(out, ignore_errors=True)
     os.sync()  # no earlier run's writeback left to slow this one
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     shutil.rmtree(out, ignore_errors=True)
     if done.returncode:
         sys.exit(f"{cmd[0]} failed:\n{done.stderr}")
-    return wall
+    return {"wall_s": wall, "cpu_s": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime}
 
 
 def byte_floor_cmd(work: Path) -> list[str]:
@@ -365,10 +373,10 @@ def med(runs: list[dict], key: str) -> float:
 def summarise(runs: dict[str, list[dict]]) -> str:
     """The table: each measurement's median, and each one's ratio to the byte floor."""
     rows = [
-        "| measurement | wall s | x byte floor | peak RSS MiB | peak anon Δ MiB | imports s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| measurement | wall s | x byte floor | CPU s | x byte floor | peak RSS MiB | peak anon Δ MiB | imports s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    floor_s = med(runs["floor"], "wall_s")
+    floor_s, floor_cpu = med(runs["floor"], "wall_s"), med(runs["floor"], "cpu_s")
     names = {
         "floor": "byte floor (cat inputs, cp post), whole process",
         "process": "graftlab graft, whole process",
@@ -378,8 +386,8 @@ def summarise(runs: dict[str, list[dict]]) -> str:
     for kind, label in names.items():
         if kind not in runs:
             continue
-        wall = med(runs[kind], "wall_s")
-        cells = [f"{wall:.2f}", f"{wall / floor_s:.2f}"]
+        wall, cpu = med(runs[kind], "wall_s"), med(runs[kind], "cpu_s")
+        cells = [f"{wall:.2f}", f"{wall / floor_s:.2f}", f"{cpu:.2f}", f"{cpu / floor_cpu:.2f}"]
         if "rss_mib" in runs[kind][0]:
             cells += [f"{med(runs[kind], k):.0f}" for k in ("rss_mib", "anon_mib")] + [
                 f"{med(runs[kind], 'import_s'):.2f}"
@@ -432,7 +440,7 @@ def run(args: argparse.Namespace) -> None:
             f"{n_params / 1e6:.0f}M params, {args.dtype}, {n_params * itemsize / 1e9:.2f} GB per model, "
             f"{args.shards} shard(s), {len(shapes)} tensors, largest {largest / 1e6:.0f} MB (built in "
             f"{time.perf_counter() - start:.1f} s); warm page cache; {args.threads} thread(s); "
-            f"median of {args.repeats}"
+            f"median of {args.repeats}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         )
         floor, process = byte_floor_cmd(work), graft_cmd(work, args.threads)
         timed_process(floor, work / "out-floor")  # warm-up: page cache and first-import costs
@@ -444,8 +452,8 @@ def run(args: argparse.Namespace) -> None:
             **({"mergekit": []} if mergekit else {}),
         }
         for _ in range(args.repeats):  # interleaved, so that a busy moment hits every kind alike
-            runs["floor"].append({"wall_s": timed_process(floor, work / "out-floor")})
-            runs["process"].append({"wall_s": timed_process(process, work / "out-process")})
+            runs["floor"].append(timed_process(floor, work / "out-floor"))
+            runs["process"].append(timed_process(process, work / "out-process"))
             runs["graft"].append(measure("graft", work, args.threads))
             if mergekit:
                 runs["mergekit"].append(measure("mergekit", work, args.threads, python=mergekit))
