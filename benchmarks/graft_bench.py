@@ -477,7 +477,10 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=1, help="files per model (Qwen3-0.6B has one)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each, fresh processes")
     parser.add_argument(
-        "--threads", type=int, default=os.cpu_count() or 1, help="graftlab's threads (mergekit's: torch's) in every run"
+        "--threads",
+        type=int,
+        default=1,
+        help="graftlab's threads (mergekit's: torch's) in every run; 1 is graftlab's default",
     )
     parser.add_argument(
         "--mergekit",

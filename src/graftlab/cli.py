@@ -78,7 +78,7 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
         "--threads",
         type=int,
         default=None,
-        help="threads computing an unmasked graft (default: the CPUs available, at most 4), "
+        help="threads computing an unmasked graft (default 1, the fastest measured), "
         "or torch threads of a --mask (default: torch's choice)",
     )
     p.add_argument("--fisher", help="directory with the post model's retention Fisher ({diag,kfac}.safetensors)")

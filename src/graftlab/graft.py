@@ -7,7 +7,7 @@ the output as they are finished. Model merging is the case donor == post.
 Two kernels compute a block, bit for bit alike: numpy's (graftlab.graft_numpy) for the identity graft
 of bf16, fp16, fp32 and fp64 tensors, and torch's for a projection (masks take and return torch
 tensors) and for fp8. torch is imported only when its kernel is first needed: at Qwen3-0.6B, importing
-it took 2 s of an identity graft's 3.5 s, against 0.2 s for numpy. Nothing else heavy is imported
+it took 2 s of the 4.5 s an identity graft took, against 0.2 s for numpy. Nothing else heavy is imported
 (not transformers, not even safetensors, whose headers graftlab.safetensors_io parses itself).
 """
 
@@ -66,11 +66,10 @@ ROLES = ("post", "donor", "donor_tuned")
 class _Model:
     """One input model: its tensor index and header specs, and its shard files opened lazily.
 
-    Tensors are read with explicit reads into buffers the caller reuses, not through memory maps
+    Tensors are mapped (``map``) or read (``read``) one block at a time, never a whole file
     (``safe_open``): every page of a mapped file that has been touched counts towards the process's
     RSS until the file is unmapped, which at Qwen3-0.6B kept 1.9 GiB resident (a shard of each input
-    at a time) against 160 MiB of actual scratch memory. A read copies from the page cache once, as
-    touching a mapped page does, and leaves nothing resident behind.
+    at a time) against 160 MiB of actual scratch memory. A block's mapping is gone with its block.
     """
 
     def __init__(self, role: str, path: str | Path) -> None:
@@ -79,7 +78,7 @@ class _Model:
         self.specs = tensor_specs(self.path, self.index)
         self.config = read_config(self.path)
         self._files: dict[Path, FileIO] = {}
-        self._opening = threading.Lock()  # blocks are read by several threads
+        self._opening = threading.Lock()  # blocks may be read by several threads
         self._unread = Counter(self.index.values())
 
     def _where(self, name: str, rows: slice | None) -> tuple[int, int, int]:
@@ -251,10 +250,10 @@ class _Grafter:
     torch's kernel at Qwen3-0.6B on one thread 1.0 s, against 1.9 s with 8 MiB blocks, 3.8 s with
     64 MiB and 1.6 s with 1 MiB (per-block overheads).
 
-    numpy's blocks are computed by ``workers`` threads (reads and numpy's operations release the GIL)
-    while this thread writes finished blocks in order: the elementwise work alone is as long as
-    reading and writing all the bytes, so one thread would take twice the time of moving them. Each
-    block has its own slot of scratch, and a slot is reused only once its block has been written.
+    With ``workers`` >= 2, numpy's blocks are computed by that many threads (mapping and numpy's
+    operations release the GIL) while this thread writes finished blocks in order; each block has a
+    kernel (scratch) of its own, reused only once its block has been written. On the 2-CPU machine
+    here that was no faster than one thread (see graft()), hence not the default.
     """
 
     def __init__(
@@ -434,9 +433,10 @@ def graft(
     ``post``; ``out/graftlab.json`` records the inputs, parameters and counts. All three models must
     have identical tensor names and shapes (and config vocab_size), else GraftlabError lists the
     mismatches before anything is written. Returns the counts written to the provenance file.
-    ``threads`` compute the identity graft's blocks (default: OMP_NUM_THREADS, which job_log sets,
-    else the CPUs this process may use; at most 4, as memory bandwidth runs out); a projection's graft
-    runs its elementwise work on one thread and ``project`` with the caller's torch thread count.
+    ``threads`` compute the identity graft's blocks (at most 4). One by default: at Qwen3-0.6B on the
+    2-CPU machine here, two took 2.6-2.8 s against 2.1-2.4 s for one, and 1.5x its CPU time (the
+    work is bound by memory, which the threads share). A projection's graft runs its elementwise
+    work on one thread and ``project`` with the caller's torch thread count.
     """
     scale = _check_scale(scale)
     out = Path(out)
@@ -475,9 +475,7 @@ def graft(
 
 
 def _workers(threads: int | None) -> int:
-    if threads is None:
-        threads = int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
-    return max(1, min(threads, 4))
+    return max(1, min(threads or 1, 4))
 
 
 def read_config(model_dir: str | Path) -> dict[str, Any] | None:
