@@ -15,9 +15,10 @@ median of --repeats runs of each:
                  the same graft, timed like graft() after its imports. It runs in mergekit's own Python
                  (mergekit pins its own dependencies, so it lives in a venv of its own); no row without it.
 Every run starts with no dirty pages (`sync`, not timed), so no run pays for the previous run's
-writeback; outputs are removed between runs. Before timing, a small trio whose delta is as large as
-the weights (so a wrong weight or sign could not hide under bf16 rounding) is grafted by both graftlab
-and mergekit, and mergekit's output must match graftlab's to within a few bf16 rounding steps.
+writeback, and with the inputs just read (not timed); outputs are removed between runs. Before
+timing, a small trio whose delta is as large as the weights (so a wrong weight or sign could not hide
+under bf16 rounding) is grafted by both graftlab and mergekit, and mergekit's output must match
+graftlab's to within a few bf16 rounding steps.
 
 Memory comes from /proc/self/status (Linux only): peak RSS is VmHWM (anonymous memory plus touched
 mmap pages), peak anonymous memory (the part that cannot be reclaimed) is RssAnon sampled every 2 ms.
@@ -265,6 +266,7 @@ def measure(kind: str, work: Path, threads: int, python: str = sys.executable, k
     """One run of ``kind``: graft() or mergekit in a fresh process, timed after its imports."""
     cmd = [python, __file__, "--worker", kind, "--workdir", str(work), "--threads", str(threads)]
     os.sync()  # the previous run's output is still being written back: not this run's cost
+    warm(work)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if not keep:
         shutil.rmtree(work / f"out-{kind}", ignore_errors=True)
@@ -332,12 +334,23 @@ def check_mergekit(python: str, threads: int) -> None:
         sys.exit(f"mergekit's output differs from graftlab's by {worst:.1f} bf16 steps: not the same graft")
 
 
+def warm(work: Path) -> None:
+    """Read the three inputs right before a run: the kernel here may reclaim page cache it deems cold
+    (kdamond runs), and a run that reads from disk measures the disk, not the graft."""
+    for file in sorted(work.glob("*/*.safetensors")):
+        if file.parent.name in ROLES:
+            with open(file, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
 def timed_process(cmd: list[str], out: Path) -> dict:
     """Wall seconds and CPU seconds (user + system, its children's included) of the whole process
     ``cmd``, which writes ``out`` (removed before and after). CPU time is what a loaded machine
     cannot inflate: wall time there also counts waiting for a core."""
     shutil.rmtree(out, ignore_errors=True)
     os.sync()  # no earlier run's writeback left to slow this one
+    warm(out.parent)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
