@@ -17,7 +17,6 @@ import collections
 import contextlib
 import json
 import math
-import mmap
 import os
 import threading
 from collections import Counter
@@ -36,6 +35,7 @@ from graftlab.graft_numpy import STORAGE, NumpyKernel
 from graftlab.provenance import write_provenance
 from graftlab.safetensors_io import (
     INDEX_NAME,
+    ITEMSIZES,
     SINGLE_NAME,
     SafetensorsWriter,
     TensorSpec,
@@ -54,9 +54,6 @@ if TYPE_CHECKING:
 # whole rather than in row blocks.
 Projection = Callable[[str, "torch.Tensor"], "torch.Tensor"]
 
-# Blocks are mapped populated: the pages are mapped in one call, not faulted in one by one.
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-
 # Hugging Face's default shard size: below it one file is simplest for every consumer.
 MAX_SHARD_BYTES = 5 * 10**9
 
@@ -66,10 +63,12 @@ ROLES = ("post", "donor", "donor_tuned")
 class _Model:
     """One input model: its tensor index and header specs, and its shard files opened lazily.
 
-    Tensors are mapped (``map``) or read (``read``) one block at a time, never a whole file
+    Tensors are read one block at a time into buffers the caller reuses, not through memory maps
     (``safe_open``): every page of a mapped file that has been touched counts towards the process's
     RSS until the file is unmapped, which at Qwen3-0.6B kept 1.9 GiB resident (a shard of each input
-    at a time) against 160 MiB of actual scratch memory. A block's mapping is gone with its block.
+    at a time) against 160 MiB of actual scratch memory. Mapping one block at a time (MAP_POPULATE)
+    was no better: at Qwen3-0.6B it took 5.6-7.4 s against 3.2-5.5 s for reads on freshly written
+    inputs (page-table work, in the kernel), and only 10% less on older ones.
     """
 
     def __init__(self, role: str, path: str | Path) -> None:
@@ -93,22 +92,6 @@ class _Model:
             if file not in self._files:
                 self._files[file] = FileIO(file, "r")
             return self._files[file].fileno(), start, nbytes
-
-    def map(self, name: str, rows: slice | None) -> np.ndarray:
-        """Tensor ``name`` (or its block of ``rows``) as stored, a read-only uint8 array mapped from
-        the page cache; unmapped when the array is dropped.
-
-        Mapping a block with MAP_POPULATE took a third of the time of reading it (0.07-0.11 s for
-        1.2 GB against 0.26 s), and a block at a time keeps only the blocks in use resident, not
-        every page ever touched (see above)."""
-        fd, start, nbytes = self._where(name, rows)
-        if nbytes == 0:
-            return np.empty(0, dtype=np.uint8)
-        if start + nbytes > os.fstat(fd).st_size:  # a mapping past the end would crash the process
-            raise GraftlabError(f"{self.index[name]}: ends inside tensor {name} (truncated while grafting?)")
-        base = start - start % mmap.ALLOCATIONGRANULARITY
-        mapped = mmap.mmap(fd, start + nbytes - base, _MAP_FLAGS, mmap.PROT_READ, offset=base)
-        return np.frombuffer(mapped, dtype=np.uint8, count=nbytes, offset=start - base)
 
     def read(self, name: str, rows: slice | None, out: np.ndarray) -> np.ndarray:
         """Read tensor ``name`` (or its block of ``rows``) as stored into ``out``, a contiguous array
@@ -250,7 +233,7 @@ class _Grafter:
     torch's kernel at Qwen3-0.6B on one thread 1.0 s, against 1.9 s with 8 MiB blocks, 3.8 s with
     64 MiB and 1.6 s with 1 MiB (per-block overheads).
 
-    With ``workers`` >= 2, numpy's blocks are computed by that many threads (mapping and numpy's
+    With ``workers`` >= 2, numpy's blocks are computed by that many threads (reads and numpy's
     operations release the GIL) while this thread writes finished blocks in order; each block has a
     kernel (scratch) of its own, reused only once its block has been written. On the 2-CPU machine
     here that was no faster than one thread (see graft()), hence not the default.
@@ -322,8 +305,10 @@ class _Grafter:
     def _block(self, kernel: NumpyKernel, name: str, rows: slice | None) -> tuple[str, tuple, np.ndarray]:
         spec = self.models[0].specs[name]
         shape = spec.shape if rows is None else (rows.stop - rows.start, *spec.shape[1:])
+        sizes = [math.prod(shape) * ITEMSIZES[model.specs[name].dtype_name] for model in self.models]
+        buffers = kernel.input_buffers(sizes)
         if self._copies(spec):
-            return name, shape, self.models[0].map(name, rows)
+            return name, shape, self.models[0].read(name, rows, buffers[0])
         dtypes = [model.specs[name].dtype_name for model in self.models]
         if self._needs_torch(name):
 
@@ -331,7 +316,7 @@ class _Grafter:
                 return self.models[role].read(name, rows, out)
 
             return name, shape, self._torch.graft(name, shape, dtypes, read)
-        inputs = [model.map(name, rows).view(STORAGE[dtype]) for model, dtype in zip(self.models, dtypes)]
+        inputs = [m.read(name, rows, b).view(STORAGE[d]) for m, b, d in zip(self.models, buffers, dtypes)]
         return name, shape, kernel.graft(dtypes[0], *inputs)
 
 

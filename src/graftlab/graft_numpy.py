@@ -56,12 +56,21 @@ class NumpyKernel:
     def __init__(self, scale: float) -> None:
         self.scale = np.float32(scale)  # torch multiplies an fp32 tensor by a Python float in fp32
         self._out = np.empty(0, dtype=np.uint8)
+        self._inputs = [np.empty(0, dtype=np.uint8) for _ in range(3)]
         self._fp32 = np.empty((3, PASS_ELEMENTS), dtype=np.float32)
         self._u32 = self._fp32.view(np.uint32)
 
+    def input_buffers(self, sizes: list[int]) -> list[np.ndarray]:
+        """Reused uint8 buffers of ``sizes`` bytes for the three inputs' blocks to be read into; each
+        a separate allocation, so aligned as numpy aligns them."""
+        for i, size in enumerate(sizes):
+            if self._inputs[i].size < size:
+                self._inputs[i] = np.empty(size, dtype=np.uint8)
+        return [buffer[:size] for buffer, size in zip(self._inputs, sizes)]
+
     def graft(self, dtype: str, post: np.ndarray, donor: np.ndarray, tuned: np.ndarray) -> np.ndarray:
-        """The grafted block, stored as ``dtype`` (post's), from the inputs' blocks: read-only arrays
-        (e.g. mapped from the files) of each one's STORAGE type, which may differ (a tuned donor saved
+        """The grafted block, stored as ``dtype`` (post's), from the inputs' blocks: arrays (e.g. in
+        input_buffers, left unchanged) of each one's STORAGE type, which may differ (a tuned donor saved
         in fp32 next to a bf16 post); returned as stored, valid until the next call."""
         n = post.size
         storage = np.dtype(STORAGE[dtype])
