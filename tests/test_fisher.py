@@ -216,15 +216,12 @@ def test_fisher_cli_writes_the_fisher_and_refuses_bad_rollouts(pico_model, tmp_p
     assert not (tmp_path / "g").exists()
 
 
-def test_cli_exact_limit_is_ignored_the_threshold_is_exact_at_any_size(trio, tmp_path):
-    """--exact-limit used to switch to a sampled quantile; the streamed radix select is exact at any size."""
+def test_cli_global_mask_masks_exactly_rho_of_the_entries(trio, tmp_path):
+    """The streamed radix select is exact at any size: round(rho * total) entries, no sampled quantile."""
     post, donor, tuned, fisher_dir, fisher = trio
     mask = ["--fisher", str(fisher_dir), "--mask", "diag", "--rho", "0.3"]
     assert main(["graft", *graft_args(post, donor, tuned, "1", tmp_path / "exact"), *mask]) == 0
-    assert main(["graft", *graft_args(post, donor, tuned, "1", tmp_path / "limit0"), *mask, "--exact-limit", "0"]) == 0
-    exact, limit0 = _weights(tmp_path / "exact"), _weights(tmp_path / "limit0")
-    assert all(torch.equal(exact[n], limit0[n]) for n in exact)
-    record = json.loads((tmp_path / "limit0" / "graftlab.json").read_text())["mask"]
+    record = json.loads((tmp_path / "exact" / "graftlab.json").read_text())["mask"]
     assert record["masked"] == round(0.3 * record["total"])
 
 

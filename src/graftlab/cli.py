@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from graftlab.fisher import KINDS  # names only: the kinds' modules (torch) load when one runs
+from graftlab.train import sft_cli  # its parser only: training loads when `graftlab sft` runs
 
 
 def _set_threads(threads: int | None) -> None:
@@ -44,7 +45,6 @@ def _cmd_graft(args: argparse.Namespace) -> None:
             args.rho,
             args.mask_scope,
             args.mask_score,
-            args.exact_limit,
         )
     counts = graft(
         args.post,
@@ -98,13 +98,6 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
         default="fisher_delta",
         help="rank by F*delta^2 or by F alone",
     )
-    p.add_argument(
-        "--exact-limit",
-        type=int,
-        default=None,
-        help="global ranking: exact up to this many entries (default 2^28; 2 fp32 copies of each held), "
-        "beyond it the threshold is a quantile of a seeded random subsample",
-    )
     p.set_defaults(run=_cmd_graft)
 
 
@@ -138,7 +131,7 @@ def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
         help="kfac: positions A and G count: those predicting a completion token (docs/methods.md), or every token",
     )
     p.add_argument("--out", required=True, help="output directory (written atomically)")
-    p.add_argument("--batch-size", type=int, default=16, help="rollouts per vmap batch")
+    p.add_argument("--batch-size", type=int, default=16, help="rollouts per backward pass: memory, not results")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.set_defaults(run=_cmd_fisher)
 
@@ -198,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_graft(subparsers)
     _add_fisher(subparsers)
     _add_plan(subparsers)
+    sft_cli.add_parser(subparsers)
     return parser
 
 

@@ -82,16 +82,13 @@ def make_mask(
     rho: float,
     scope="global",
     score="fisher_delta",
-    exact_limit: int | None = None,
 ):
     """The `project` callable of `graftlab.graft.graft` for one masked graft, its Fisher checked against
     the post model; its `report()` goes to graftlab.json. The Fisher and, for a global F * delta^2 ranking,
     the deltas are read tensor by tensor when needed: the global threshold takes two passes over them
-    before the streamed graft applies it (graftlab.fisher.masks). `exact_limit` is accepted and ignored:
-    the threshold is exact at any size now, but `graftlab graft --exact-limit` still passes it."""
+    before the streamed graft applies it (graftlab.fisher.masks)."""
     from graftlab.fisher.masks import read_deltas
 
-    del exact_limit
     spec = fisher_kind(kind)
     entries = _resolve(spec.loader)(fisher_dir, post, lazy=True)
     deltas = read_deltas(donor, donor_tuned, entries) if scope == "global" and score == "fisher_delta" else None

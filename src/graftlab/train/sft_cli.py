@@ -29,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "sft",
         help="fine-tune a model on a prompt/completion parquet, as the workflow's SFT",
         description="Supervised fine-tuning of MODEL on a parquet with `prompt` and `completion` columns (loss on "
-        "completion tokens only; AdamW, cosine schedule, 5%% warm-up), written to DIR as a Hugging Face model "
+        "completion tokens only; AdamW, cosine schedule, 5% warm-up), written to DIR as a Hugging Face model "
         "with graftlab.json. With --epochs E, DIR is the last epoch and DIR/epoch~e each earlier one.",
     )
     p.add_argument("--model", required=True, help="Hugging Face model directory to start from")
