@@ -28,6 +28,22 @@ BF16_NAN = 0xFFFF
 # overhead of numpy (about a microsecond) stays small. 32 Ki elements took 1.3x as long.
 PASS_ELEMENTS = 1 << 17
 
+# Measured and rejected for the bf16 pass (Qwen3-0.6B, one core here; the pairs pass below takes
+# 2.6-3.0 ns an element, 1.7 s of a 3.0 s graft, the rest being reads and writes). Every numpy
+# operation streams its buffers through L2 at about 0.15 ns per 4-byte element, plus ~0.6 us a call,
+# so only fewer passes help, and these give no fewer or no cheaper ones:
+#   ml_dtypes casts: bf16 -> fp32 0.45 ns an element (pairs: 0.15), fp32 -> bf16 1.3 ns (the rounding
+#     below: ~0.8); and it writes NaN as 0x7FC0/0xFFC0, not torch's 0xFFFF, so a fix-up stays.
+#   a (n, 2) uint16 buffer with zero low halves, filled by ``buf[:, 1] = x``: 0.36 ns (strided copy).
+#   both halves' results in one (2, m) buffer, one NaN check and one rounding over both (20 numpy
+#     calls a pass instead of 25): no faster (2.7-2.8 against 2.5-2.7 ns, best of runs).
+#   numexpr fusing ``p + s * (t - d)`` (bit-identical in fp32): 115-145 us per 64 Ki elements against
+#     24-38 us for numpy's three calls.
+#   PASS_ELEMENTS 2**15, 2**16, 2**18: 3.9, 3.5, 3.8 ns against 3.5 at 2**17 (a busy machine).
+# A fused compiled loop (numba, cached) runs at 0.33 ns an element, but importing numba and loading
+# its cache cost 0.8 s a process: the whole 0.6B graft took 2.1-2.5 s against 2.7-2.8 s (byte floor
+# 0.8-0.9 s), for a 200 MB dependency; not taken.
+
 # uint32 constants, made once: numpy converts a Python int operand anew on every call.
 _1, _16, _BIAS, _HIGH = (np.uint32(x) for x in (1, 16, 0x7FFF, 0xFFFF0000))
 
