@@ -69,6 +69,22 @@ def pico_model(tmp_path: Path) -> Callable[..., Path]:
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
+# The tiny world's architecture at its smallest, with the world's character tokenizer: what a trainer test
+# trains in seconds (SFT, OPSD, the teacher, resume).
+WORLD_PICO = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=256)
+
+
+@pytest.fixture(scope="session")
+def world_pico(tmp_path_factory) -> Path:
+    """A model directory of WORLD_PICO at seed 0, with its tokenizer; tests only read it."""
+    from graftlab.world import build
+    from graftlab.world.tokenizer import build_tokenizer
+
+    path = tmp_path_factory.mktemp("world-pico")
+    tok = build_tokenizer()
+    build.init_model(tok, WORLD_PICO, seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
 
 
 def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> subprocess.CompletedProcess:

@@ -17,10 +17,8 @@ from graftlab.tasks import chat_completion
 from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
 from graftlab.train.resume import Resume
 from graftlab.train.sft import TrainConfig, sft_epochs
-from graftlab.world import arith, build
-from graftlab.world.tokenizer import build_tokenizer
+from graftlab.world import arith
 
-ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=256)
 SFT = dict(lr=1e-2, batch_size=8, epochs=2)  # 32 traces: 4 steps an epoch
 OPSD = dict(alpha=0.5, lr=1e-2, steps=4, save_steps=[2, 4], batch_size=2, max_new_tokens=8)
 
@@ -82,12 +80,8 @@ else:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("pico")
-    tok = build_tokenizer()
-    build.init_model(tok, ARCH, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+def model(world_pico) -> Path:
+    return world_pico
 
 
 def job(kind, model, data, out, state_dir, cfg, kill_at=0) -> subprocess.CompletedProcess:
@@ -107,6 +101,25 @@ def assert_same_weights(a: Path, b: Path) -> None:
     assert all(torch.equal(wa[k], wb[k]) for k in wa), f"{a} and {b} differ"
 
 
+def sft_data(tmp_path: Path) -> Path:
+    """32 expert traces of the tiny world's multiplication: 4 steps an epoch at SFT's batch of 8."""
+    data = tmp_path / "sft.parquet"
+    expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, "test", 0)))[0].write_parquet(data)
+    return data
+
+
+def opsd_data(tmp_path: Path) -> tuple[list[dict], Path]:
+    """OPSD's examples of 6 multiplication traces, and the JSON file the job reads them from."""
+    rows = [
+        dict(p, completion=chat_completion(p["thinking"], p["answer"]))
+        for p in arith.sample_problems("mul", 6, "test", 0)
+    ]
+    examples = opsd_examples(pl.DataFrame(rows).select("id", "task", "prompt", "completion"))
+    data = tmp_path / "examples.json"
+    data.write_text(json.dumps(examples))
+    return examples, data
+
+
 def killed_and_rerun(kind, model, data, out, state_dir, cfg, kill_at) -> str:
     """The rerun's output, after checking that the first run died by SIGKILL leaving its state behind."""
     first = job(kind, model, data, out, state_dir, cfg, kill_at)
@@ -119,8 +132,7 @@ def killed_and_rerun(kind, model, data, out, state_dir, cfg, kill_at) -> str:
 
 
 def test_sft_killed_mid_epoch_resumes_at_the_saved_step_and_ends_with_the_same_weights(model, tmp_path):
-    data = tmp_path / "sft.parquet"
-    expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, "test", 0)))[0].write_parquet(data)
+    data = sft_data(tmp_path)
     sft_epochs(model, data, TrainConfig(**SFT), tmp_path / "reference")
 
     log = killed_and_rerun("sft", model, data, tmp_path / "run", tmp_path / "resume" / "run", SFT, kill_at=3)
@@ -134,13 +146,7 @@ def test_sft_killed_mid_epoch_resumes_at_the_saved_step_and_ends_with_the_same_w
 
 
 def test_opsd_killed_mid_run_resumes_at_the_saved_step_and_ends_with_the_same_weights(model, tmp_path):
-    rows = [
-        dict(p, completion=chat_completion(p["thinking"], p["answer"]))
-        for p in arith.sample_problems("mul", 6, "test", 0)
-    ]
-    examples = opsd_examples(pl.DataFrame(rows).select("id", "task", "prompt", "completion"))
-    data = tmp_path / "examples.json"
-    data.write_text(json.dumps(examples))
+    examples, data = opsd_data(tmp_path)
     cfg = OpsdConfig(**(OPSD | {"save_steps": tuple(OPSD["save_steps"])}))
     reference = train_opsd(model, examples, cfg, tmp_path / "reference")
 
@@ -157,8 +163,7 @@ def test_opsd_killed_mid_run_resumes_at_the_saved_step_and_ends_with_the_same_we
 def test_a_kill_after_training_ends_reruns_only_the_writing_of_the_output(model, tmp_path):
     """Killed between the end of training and its output: the rerun trains nothing and writes the
     output from the resume directory, whose checkpoints the first run left whole."""
-    data = tmp_path / "sft.parquet"
-    expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, "test", 0)))[0].write_parquet(data)
+    data = sft_data(tmp_path)
     sft_epochs(model, data, TrainConfig(**SFT), tmp_path / "reference")
     log = killed_and_rerun("sft", model, data, tmp_path / "run", tmp_path / "resume" / "run", SFT, kill_at=-1)
     assert "resume: training had ended" in log and "resume: continuing from" not in log
@@ -169,13 +174,7 @@ def test_a_kill_after_training_ends_reruns_only_the_writing_of_the_output(model,
 
 
 def test_opsd_killed_after_training_writes_its_output_without_training(model, tmp_path):
-    rows = [
-        dict(p, completion=chat_completion(p["thinking"], p["answer"]))
-        for p in arith.sample_problems("mul", 6, "test", 0)
-    ]
-    examples = opsd_examples(pl.DataFrame(rows).select("id", "task", "prompt", "completion"))
-    data = tmp_path / "examples.json"
-    data.write_text(json.dumps(examples))
+    examples, data = opsd_data(tmp_path)
     reference = train_opsd(model, examples, OpsdConfig(**(OPSD | {"save_steps": (2, 4)})), tmp_path / "reference")
     log = killed_and_rerun("opsd", model, data, tmp_path / "run", tmp_path / "resume" / "run", OPSD, kill_at=-1)
     assert "resume: training had ended" in log and '"step": 1' not in log

@@ -17,20 +17,14 @@ from safetensors.torch import load_file
 from graftlab.tasks import chat_completion
 from graftlab.train.sft import TrainConfig
 from graftlab.train.sft_cli import FSDP_CONFIG, add_parser, cli_args, launch_command, main
-from graftlab.world import arith, build
-from graftlab.world.tokenizer import build_tokenizer
+from graftlab.world import arith
 
 REPO = Path(__file__).resolve().parents[1]
-ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=256)
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("pico")
-    tok = build_tokenizer()
-    build.init_model(tok, ARCH, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+def model(world_pico) -> Path:
+    return world_pico
 
 
 @pytest.fixture(scope="module")

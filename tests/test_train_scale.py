@@ -16,22 +16,17 @@ from graftlab.train import precision as prec
 from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
 from graftlab.train.sft import TrainConfig, encode_traces, finetune
 from graftlab.train.sft_cli import main
-from graftlab.world import arith, build
+from graftlab.world import arith
 from graftlab.world.tokenizer import build_tokenizer
 
-ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=256)
 PROBLEMS = arith.sample_problems("mul", 32, "test", 0)
 PROMPTS = [p["prompt"] for p in PROBLEMS]
 COMPLETIONS = [chat_completion(p["thinking"], p["answer"]) for p in PROBLEMS]
 
 
 @pytest.fixture(scope="module")
-def pico(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("pico")
-    tok = build_tokenizer()
-    build.init_model(tok, ARCH, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+def pico(world_pico) -> Path:
+    return world_pico
 
 
 @pytest.fixture(scope="module")
