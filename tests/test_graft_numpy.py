@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import graftlab.graft_numpy as graft_numpy
 from graftlab.graft import graft
 from graftlab.graft_numpy import PASS_ELEMENTS, STORAGE, NumpyKernel
 
@@ -20,6 +21,34 @@ INT_VIEW = {
     torch.float32: torch.int32,
     torch.float64: torch.int64,
 }
+
+
+@pytest.fixture(autouse=True, params=["fused", "numpy"])
+def bf16_path(request, monkeypatch):
+    """Every test runs twice: with bf16 blocks in the compiled fused loop (graftlab/_kernel.c), and with
+    that loop absent, as where it did not build, in numpy's passes."""
+    if request.param == "numpy":
+        monkeypatch.setattr(graft_numpy, "_fused_bf16", None)
+    return request.param
+
+
+def test_the_fused_loop_is_built_and_writes_torchs_bits_for_every_bf16_pattern(bf16_path):
+    """All 65,536 bf16 bit patterns as post, against donor and tuned patterns drawn from all of them
+    (NaNs of every payload, infinities, subnormals included), at three scales. The loop must be built:
+    a silent fall-back to numpy would cost a real graft 3x its time."""
+    from graftlab._kernel import graft_bf16
+
+    g = torch.Generator().manual_seed(0)
+    post = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    donor, tuned = (
+        torch.randint(-(2**15), 2**15, (2**16,), generator=g, dtype=torch.int32).to(torch.int16) for _ in "dt"
+    )
+    p, d, t = (x.view(torch.bfloat16) for x in (post, donor, tuned))
+    for scale in (0.5, 1.0, 1e-3):
+        want = (p.float() + (t.float() - d.float()).mul_(scale)).to(torch.bfloat16).view(torch.int16)
+        out = np.empty(2**16, dtype=np.uint16)
+        graft_bf16(*(x.numpy().view(np.uint16) for x in (post, donor, tuned)), out, scale)
+        assert np.array_equal(out.view(np.int16), want.numpy()), scale
 
 
 def special_values(dtype: torch.dtype) -> torch.Tensor:
