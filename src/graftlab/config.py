@@ -243,7 +243,44 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
             )
         )
         checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
-    return checks + _micro_batch_checks(exp, key)
+    return checks + _rl_checks(exp, key) + _micro_batch_checks(exp, key)
+
+
+def _rl_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
+    """GRPO's and SDPO's checkpoints within their steps; SDPO's schedules and reprompt templates."""
+    from graftlab.errors import GraftlabError
+    from graftlab.train.teacher import parse_schedule
+
+    checks = []
+    for section in ("grpo", "sdpo"):
+        s = exp[section]
+        checks.append(
+            (s["checkpoints"] <= s["steps"], f"{key}.{section}.checkpoints", f"exceeds {section}.steps = {s['steps']}")
+        )
+    sdpo = exp["sdpo"]
+    rollouts = sdpo["batch_size"] * sdpo["generations"]
+    checks.append(
+        (
+            rollouts % sdpo["updates_per_batch"] == 0,
+            f"{key}.sdpo.updates_per_batch",
+            f"{sdpo['updates_per_batch']} does not divide the batch's {rollouts} rollouts",
+        )
+    )
+    for field in ("teachers", "cot_teachers"):
+        for schedule in sdpo[field]:
+            try:
+                parse_schedule(schedule)
+            except GraftlabError as err:
+                checks.append((False, f"{key}.sdpo.{field}", str(err)))
+    holes = {
+        "template": ("{prompt}", "{solution}", "{feedback}"),
+        "solution_template": ("{solution}",),
+        "feedback_template": ("{feedback}",),
+    }
+    for field, needed in holes.items():
+        absent = [p for p in needed if p not in sdpo[field]]
+        checks.append((not absent, f"{key}.sdpo.{field}", f"lacks the placeholder(s) {absent}"))
+    return checks
 
 
 def _micro_batch_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
@@ -252,6 +289,9 @@ def _micro_batch_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
     batches = {
         "sft": exp["sft"]["batch_size"],
         "opsd": exp["opsd"]["batch_size"],
+        "grpo": exp["grpo"]["batch_size"] * exp["grpo"]["generations"],
+        # SDPO's updates each take an equal share of the sampled batch's rollouts.
+        "sdpo": exp["sdpo"]["batch_size"] * exp["sdpo"]["generations"] // exp["sdpo"]["updates_per_batch"],
         "pedagogical": ped["prompts_per_step"] * ped["group_size"],
     }
     checks = []

@@ -1,0 +1,109 @@
+"""Teacher schedules of SDPO (docs/methods.md#sdpo): how the teacher, a second copy of the student's
+network, follows the student during a run.
+
+- `frozen`: the teacher stays the starting model.
+- `ema:R`: after every optimizer step, theta_T <- (1 - R) theta_T + R theta_S (the official SDPO's
+  `teacher_update_rate`; the second paper sweeps R in 0.005, 0.01, 0.02, 0.05).
+- `refresh:G`: StableSDPO's refresh-and-freeze. The teacher starts as the starting model and is set to the
+  current student after every step that is a multiple of max(1, round(G x total_steps)) and below
+  total_steps, frozen in between. G = 1 never refreshes inside a run: the paper's hard restart, where each
+  stage of a continual chain starts with the teacher reset to the current student.
+
+Every parameter and floating buffer is updated (a buffer such as rotary frequencies is the same in both).
+Torch is imported where used: the config validation parses schedules on every workflow parse.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, NamedTuple
+
+from graftlab.errors import GraftlabError
+
+if TYPE_CHECKING:
+    import torch
+
+KINDS = ("frozen", "ema", "refresh")
+
+
+class Schedule(NamedTuple):
+    kind: str
+    rate: float | None = None  # R of ema, G of refresh
+
+
+def parse_schedule(schedule: str) -> Schedule:
+    """`frozen`, `ema:R` or `refresh:G` with R, G in (0, 1]; anything else is an error naming it."""
+    kind, sep, value = str(schedule).partition(":")
+    if kind == "frozen" and not sep:
+        return Schedule("frozen")
+    if kind not in ("ema", "refresh") or not sep:
+        raise GraftlabError(f"teacher schedule {schedule!r}: expected frozen, ema:R or refresh:G")
+    try:
+        rate = float(value)
+    except ValueError:
+        raise GraftlabError(f"teacher schedule {schedule!r}: {value!r} is not a number") from None
+    if not (0 < rate <= 1) or math.isnan(rate):
+        raise GraftlabError(f"teacher schedule {schedule!r}: {'R' if kind == 'ema' else 'G'} must lie in (0, 1]")
+    return Schedule(kind, rate)
+
+
+def refresh_interval(rate: float, total_steps: int) -> int:
+    """Steps between refreshes of `refresh:G` in a run of `total_steps`."""
+    return max(1, round(rate * total_steps))
+
+
+def update_teacher(
+    teacher: torch.nn.Module, student: torch.nn.Module, schedule: str, step: int, total_steps: int
+) -> bool:
+    """Update `teacher` in place after optimizer step `step` (1-based) of `total_steps` under `schedule`;
+    True when its weights changed."""
+    s = parse_schedule(schedule)
+    if not 1 <= step <= total_steps:
+        raise GraftlabError(f"update_teacher: step {step} outside 1..{total_steps}")
+    if s.kind == "frozen":
+        return False
+    if s.kind == "refresh":
+        if step % refresh_interval(s.rate, total_steps) or step >= total_steps:
+            return False
+        _blend(teacher, student, 1.0)
+        return True
+    _blend(teacher, student, s.rate)
+    return True
+
+
+def _blend(teacher: torch.nn.Module, student: torch.nn.Module, rate: float) -> None:
+    """teacher <- (1 - rate) teacher + rate student, tensor by tensor; rate 1 copies the student."""
+    import torch
+
+    with torch.no_grad():
+        _blend_tensors(teacher, student, rate)
+
+
+def _blend_tensors(teacher: torch.nn.Module, student: torch.nn.Module, rate: float) -> None:
+    t_state, s_state = _floating(teacher), _floating(student)
+    if t_state.keys() != s_state.keys():
+        extra = sorted(t_state.keys() ^ s_state.keys())[:3]
+        raise GraftlabError(f"update_teacher: teacher and student differ in tensors, e.g. {extra}")
+    for name, t in t_state.items():
+        s = s_state[name]
+        if t.shape != s.shape:
+            raise GraftlabError(
+                f"update_teacher: {name} is {tuple(t.shape)} in the teacher, {tuple(s.shape)} in the student"
+            )
+        if rate == 1.0:
+            t.copy_(s)
+        else:
+            # lerp_: t + rate (s - t), one fused pass; in the teacher's dtype (fp32 master weights here).
+            t.lerp_(s.to(device=t.device, dtype=t.dtype), rate)
+
+
+def _floating(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    # state_dict(keep_vars) shares storage with the module: writing into it updates the module. Tied
+    # weights appear under each name and are blended once per name, which for the same tensor twice
+    # would blend twice: keep the first name of each storage.
+    seen, out = set(), {}
+    for name, t in module.state_dict(keep_vars=True).items():
+        if t.is_floating_point() and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            out[name] = t.data
+    return out
