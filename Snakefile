@@ -27,4 +27,6 @@ rule all:
         expand("results/{exp}/sensitivity.png", exp=EXPERIMENTS),
         "results/moe/moe.png",
         expand("results/{exp}/latency.png", exp=EXPERIMENTS),
+        expand("results/{exp}/gain_forgetting.png", exp=EXPERIMENTS),
+        expand("results/{exp}/gain_forgetting.parquet", exp=EXPERIMENTS),
         "results/study/study.png",

@@ -1,7 +1,8 @@
-# One table and one Pareto plot per experiment, over every evaluated model, and what each method's
-# models cost to train (sampling vs weight update, grafting paper §7); the weight-space drift of each
-# tiny world's experiment and how often its models answer old tasks with the new task's procedure, and
-# the study table over all experiments (issue 6's fidelity study).
+# One table and one Pareto plot per experiment, over every evaluated model, each run's gain and forgetting
+# per benchmark (Denser ≠ Better), and what each method's models cost to train (sampling vs weight update,
+# grafting paper §7); the weight-space drift of each tiny world's experiment and how often its models
+# answer old tasks with the new task's procedure, and the study table over all experiments (issue 6's
+# fidelity study).
 
 
 rule summary:
@@ -45,6 +46,32 @@ rule pareto:
         "../envs/cpu.yaml"
     script:
         "../workflow_scripts/pareto.py"
+
+
+# Single-domain gain and forgetting (Denser ≠ Better): each run's relative change against the post model
+# on every benchmark, and a heatmap of each method's best new-task run.
+rule gain_forgetting:
+    input:
+        "results/{exp}/summary.parquet",
+    output:
+        table="results/{exp}/gain_forgetting.parquet",
+        png=report(
+            "results/{exp}/gain_forgetting.png",
+            caption="../report/gain_forgetting.rst",
+            category="Gain and forgetting",
+            labels={"experiment": "{exp}"},
+        ),
+    log:
+        "logs/{exp}/gain_forgetting.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/gain_forgetting.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        # The summary keeps only the role means: each benchmark's role (old or new) from the layout.
+        roles=lambda w: {b[0]: b[2] for b in layout(w).eval_benchmarks()},
+    script:
+        "../workflow_scripts/gain_forgetting.py"
 
 
 rule latency:

@@ -1,0 +1,9 @@
+"""Gain and forgetting per run and benchmark against the post model (Denser ≠ Better), and its heatmap."""
+
+from graftlab.analysis.gain_forgetting import write_gain_forgetting
+from graftlab.joblog import job_log
+
+out = snakemake.output
+with job_log(snakemake.log[0]):
+    # The summary keeps only the role means (old, new): each benchmark's role comes from the layout.
+    write_gain_forgetting(snakemake.input[0], out.table, out.png, roles=dict(snakemake.params.roles))
