@@ -4,7 +4,7 @@ from pathlib import Path
 from graftlab.config import ConfigError, load_schema, resolve
 from graftlab.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
-from graftlab.layout import Experiment, opsd_steps, study_experiments, worlds
+from graftlab.layout import Experiment, kept_steps, study_experiments, worlds
 from graftlab.resources import classify, job_resources
 from graftlab.work import job_work, world_work
 
@@ -55,6 +55,8 @@ wildcard_constraints:
     epoch="[0-9]+",
     lam="[^/]+",
     alpha="[^/]+",
+    teacher="[^/]+",
+    sdpo="sdpo|sdpo_cot",
     mask="|".join(("none",) + FISHER_KINDS),
     rho="[^/]+",
 

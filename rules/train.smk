@@ -60,7 +60,7 @@ rule opsd:
         opsd=lambda w: {
             k: v for k, v in xcfg(w, "opsd").items() if k not in ("alpha", "lr")
         },
-        save_steps=lambda w: opsd_steps(xcfg(w, "opsd")),
+        save_steps=lambda w: kept_steps(xcfg(w, "opsd")),
         seed=lambda w: xcfg(w, "seed"),
         precision=config["precision"],
         gradient_checkpointing=config["gradient_checkpointing"],
@@ -69,3 +69,71 @@ rule opsd:
         backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/opsd.py"
+
+
+# GRPO (TRL's trainer) and SDPO of the post model: on-policy like OPSD, rewarded by the task's verifier.
+# `sdpo` and `sdpo_cot` (every response token distilled) are one rule, both configured in `sdpo:`.
+rule grpo:
+    input:
+        model=post_dir,
+        data="results/{exp}/data/sft.parquet",
+    output:
+        directory("results/{exp}/grpo/post/lr~{lr}"),
+    log:
+        "logs/{exp}/grpo/post/lr~{lr}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/grpo/post/lr~{lr}.tsv"
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["train"]
+    resources:
+        **sized("grpo"),
+    params:
+        lr=lambda w: float(w.lr),
+        grpo=lambda w: {
+            k: v for k, v in xcfg(w, "grpo").items() if k not in ("lr", "checkpoints")
+        },
+        save_steps=lambda w: kept_steps(xcfg(w, "grpo")),
+        seed=lambda w: xcfg(w, "seed"),
+        precision=config["precision"],
+        gradient_checkpointing=config["gradient_checkpointing"],
+        save_dtype=config["save_dtype"],
+        resume_minutes=config["resume_minutes"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
+    script:
+        "../workflow_scripts/grpo.py"
+
+
+rule sdpo:
+    input:
+        model=post_dir,
+        data="results/{exp}/data/sft.parquet",
+    output:
+        directory("results/{exp}/{sdpo}/post/teacher~{teacher}/lr~{lr}"),
+    log:
+        "logs/{exp}/{sdpo}/post/teacher~{teacher}/lr~{lr}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/{sdpo}/post/teacher~{teacher}/lr~{lr}.tsv"
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["train"]
+    resources:
+        **sized("sdpo"),
+    params:
+        cot=lambda w: w.sdpo == "sdpo_cot",
+        teacher=lambda w: w.teacher,
+        lr=lambda w: float(w.lr),
+        sdpo=lambda w: {
+            k: v
+            for k, v in xcfg(w, "sdpo").items()
+            if k not in ("lr", "checkpoints", "teachers", "cot_teachers")
+        },
+        save_steps=lambda w: kept_steps(xcfg(w, "sdpo")),
+        seed=lambda w: xcfg(w, "seed"),
+        precision=config["precision"],
+        gradient_checkpointing=config["gradient_checkpointing"],
+        save_dtype=config["save_dtype"],
+        resume_minutes=config["resume_minutes"],
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
+    script:
+        "../workflow_scripts/sdpo.py"

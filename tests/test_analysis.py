@@ -197,14 +197,14 @@ def test_plot_pareto_rejects_empty_and_unknown(tmp_path: Path) -> None:
     df = pl.DataFrame({"method": ["post"], "new": [None], "old": [0.9]}, schema_overrides={"new": pl.Float64})
     with pytest.raises(ValueError, match="no run with both"):
         plot_pareto(df, tmp_path / "x.png")
-    with pytest.raises(ValueError, match=r"unknown method\(s\) \['sdpo'\]"):
-        plot_pareto(pl.DataFrame({"method": ["sdpo"], "new": [0.1], "old": [0.2]}), tmp_path / "y.png")
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['ppo'\]"):
+        plot_pareto(pl.DataFrame({"method": ["ppo"], "new": [0.1], "old": [0.2]}), tmp_path / "y.png")
 
 
 def test_an_opsd_run_is_its_own_method_with_alpha_and_step() -> None:
     row = parse_run("opsd/post/alpha~0.5/lr~1e-4/step~40")
     assert (row["method"], row["donor"], row["alpha"], row["lr"], row["step"]) == ("opsd", "post", "0.5", "1e-4", "40")
-    with pytest.raises(ValueError, match="OPSD trains the post model"):
+    with pytest.raises(ValueError, match="opsd trains the post model"):
         parse_run("opsd/step~100/alpha~0.5/lr~1e-4/step~40")
     with pytest.raises(ValueError, match=r"lacks key\(s\) \['step'\]"):
         parse_run("opsd/post/alpha~0.5/lr~1e-4")

@@ -129,8 +129,8 @@ def test_each_evaluated_model_and_the_directory_it_is_read_from(smoke):
     assert xp.eval_model(sft) == ("results/expert/sft/post/lr~1e-3", f"results/expert/{sft}")
     graft = "graft/step~50/lr~1e-3/epoch~1/lam~1/mask~none/rho~0"
     assert xp.eval_model(graft) == (f"results/expert/{graft}/model",) * 2
-    with pytest.raises(ValueError, match="no model for evaluation key 'grpo/post'"):
-        xp.eval_model("grpo/post")
+    with pytest.raises(ValueError, match="no model for evaluation key 'ppo/post'"):
+        xp.eval_model("ppo/post")
 
 
 def test_only_masked_grafts_read_a_fisher_and_its_settings(smoke):
@@ -216,7 +216,7 @@ def test_parse_run_keeps_extra_keys() -> None:
 @pytest.mark.parametrize(
     ("run", "message"),
     [
-        ("grpo/post/lr~1e-6", "unknown method 'grpo'"),
+        ("ppo/post/lr~1e-6", "unknown method 'ppo'"),
         ("", "unknown method ''"),
         ("post/lr~1e-3", "post model takes no keys"),
         ("donor/step~400/lr~1e-3", "a donor as it is takes no keys"),

@@ -10,6 +10,9 @@ method, its base model (`post` or a donor such as `step~400`), then `name~value`
     graft/step~400/lr~.../lam~.../mask~.../rho~...  a donor's update added to post  -> "graft"
     graft/post/lr~.../lam~.../mask~.../rho~...      donor == post: model merging    -> "merge"
     opsd/post/alpha~0.5/lr~1e-4/step~60             on-policy self-distillation     -> "opsd"
+    grpo/post/lr~1e-4/step~40                       GRPO                            -> "grpo"
+    sdpo/post/teacher~ema:0.05/lr~1e-4/step~40      SDPO, answer tokens distilled   -> "sdpo"
+    sdpo_cot/post/teacher~frozen/lr~1e-4/step~40    SDPO, every token distilled     -> "sdpo_cot"
 
 `Run.key` writes that format and `parse_run` reads it; `Experiment` lists an experiment's runs from its
 resolved config. Hyperparameter values stay strings, as in the paths, so `1e-3` is never reformatted.
@@ -25,14 +28,17 @@ from typing import NamedTuple
 POST = "post"
 KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
 # Keys each kind of run must carry; a path lacking one was written by another layout.
-REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, "opsd": ("alpha", "lr", "step"), "donor": ()}
+# The on-policy trainers of the post model: each run keeps checkpoints by step (`kept_steps`).
+ON_POLICY = {"opsd": ("alpha", "lr", "step"), "grpo": ("lr", "step"), "sdpo": ("teacher", "lr", "step")}
+ON_POLICY["sdpo_cot"] = ON_POLICY["sdpo"]
+REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, **ON_POLICY, "donor": ()}
 # The summary's old- and new-task scores with their interval bounds, and the same on the validation
 # problems: no key may take one of their names.
 ROLE_COLUMNS = ("old", "new", "old_lo", "old_hi", "new_lo", "new_hi")
 VALIDATION_COLUMNS = tuple(c.replace("old", "old_val").replace("new", "new_val") for c in ROLE_COLUMNS)
 # Key names that would overwrite a summary column of another meaning.
 RESERVED = {"exp", "run", "method", "donor", *ROLE_COLUMNS, *VALIDATION_COLUMNS}
-UPDATES = ("sft", "graft", "merge", "opsd")  # the methods whose runs update the post model's weights
+UPDATES = ("sft", "graft", "merge", *ON_POLICY)  # the methods whose runs update the post model's weights
 
 
 class Run(NamedTuple):
@@ -76,10 +82,10 @@ def _method(key: str, kind: str, donor: str, keyed: bool) -> str:
         if keyed:
             raise ValueError(f"run {key!r}: a donor as it is takes no keys")
         return "donor"
-    if kind == "opsd":
+    if kind in ON_POLICY:
         if donor != POST:
-            raise ValueError(f"run {key!r}: OPSD trains the post model, not {donor!r}")
-        return "opsd"
+            raise ValueError(f"run {key!r}: {kind} trains the post model, not {donor!r}")
+        return kind
     if kind == "sft":
         return "sft" if donor == POST else "donor_sft"
     return method_of(donor)
@@ -98,7 +104,9 @@ def parse_run(key: str) -> dict[str, str | None]:
             raise ValueError(f"run {key!r}: the post model takes no keys")
         return {"method": "post", "donor": None} | dict.fromkeys(KEY_COLUMNS)
     if kind not in REQUIRED_KEYS:
-        raise ValueError(f"run {key!r}: unknown method {kind!r}; expected post, donor, sft, graft or opsd")
+        raise ValueError(
+            f"run {key!r}: unknown method {kind!r}; expected post, donor, sft, graft, {', '.join(ON_POLICY)}"
+        )
     if len(segments) < 2:
         raise ValueError(f"run {key!r}: {kind} needs a base model segment (post or a donor)")
     donor = segments[1]
@@ -138,10 +146,16 @@ def graft_keys(x: dict, method: str) -> list[tuple]:
     return plain + masked
 
 
-def opsd_steps(section: dict) -> list[int]:
-    """The steps at which an OPSD run keeps a checkpoint: `checkpoints` evenly spaced, the last at `steps`."""
+def kept_steps(section: dict) -> list[int]:
+    """The steps at which an on-policy run (OPSD, GRPO, SDPO) keeps a checkpoint: `checkpoints` evenly
+    spaced, the last at `steps`."""
     n, steps = section["checkpoints"], section["steps"]
     return [round(steps * i / n) for i in range(1, n + 1)]
+
+
+def section_of(kind: str) -> str:
+    """The config section of an on-policy method: `sdpo_cot` runs are configured in `sdpo`."""
+    return "sdpo" if kind == "sdpo_cot" else kind
 
 
 def world_key(x: dict) -> str:
@@ -231,7 +245,7 @@ class Experiment:
         return self.model_dir(POST)
 
     def run_list(self) -> list[Run]:
-        """Every evaluated model: post, the donors as they are, SFT, grafts and merges, then OPSD."""
+        """Every evaluated model: post, the donors as they are, SFT, grafts and merges, then OPSD, GRPO and SDPO."""
         x = self.x
         evaluated = x["donors"] if x["eval"]["donor_sft"] else []
         epochs = range(1, x["sft"]["epochs"] + 1)
@@ -242,13 +256,25 @@ class Experiment:
             for lr in x["sft"]["lr"]
             for e, lam, mask, rho in graft_keys(x, method_of(d))
         ]
-        opsd = [
-            run("opsd", POST, alpha=a, lr=lr, step=s)
-            for a in x["opsd"]["alpha"]
-            for lr in x["opsd"]["lr"]
-            for s in opsd_steps(x["opsd"])
+        on_policy = [r._replace(keys=r.keys | {"step": str(s)}) for r in self.on_policy_runs() for s in self.steps(r)]
+        return [Run(POST), *(run("donor", d) for d in evaluated), *sft, *grafts, *on_policy]
+
+    def on_policy_runs(self) -> list[Run]:
+        """Every OPSD, GRPO and SDPO training run (a directory of checkpoints), without its step key."""
+        x = self.x
+        opsd = [run("opsd", POST, alpha=a, lr=lr) for a in x["opsd"]["alpha"] for lr in x["opsd"]["lr"]]
+        grpo = [run("grpo", POST, lr=lr) for lr in x["grpo"]["lr"]]
+        sdpo = [
+            run(method, POST, teacher=t, lr=lr)
+            for method, teachers in (("sdpo", x["sdpo"]["teachers"]), ("sdpo_cot", x["sdpo"]["cot_teachers"]))
+            for t in teachers
+            for lr in x["sdpo"]["lr"]
         ]
-        return [Run(POST), *(run("donor", d) for d in evaluated), *sft, *grafts, *opsd]
+        return opsd + grpo + sdpo
+
+    def steps(self, r: Run) -> list[int]:
+        """The kept checkpoints of an on-policy run."""
+        return kept_steps(self.x[section_of(r.kind)])
 
     def runs(self) -> list[str]:
         """Every evaluated model as its key path under results/{exp}/."""
@@ -259,7 +285,8 @@ class Experiment:
         return [f"{self.root}/eval/{key}/metrics.json" for key in self.runs()]
 
     def sensitivity_runs(self) -> list[str]:
-        """The runs whose update the sensitivity analysis measures: SFT of post, OPSD, every graft and merge."""
+        """The runs whose update the sensitivity analysis measures: SFT of post, the on-policy runs, every
+        graft and merge."""
         return [key for key in self.runs() if parse_run(key)["method"] in UPDATES]
 
     def sft_dirs(self) -> list[str]:
@@ -267,21 +294,18 @@ class Experiment:
         x = self.x
         return [f"{self.root}/{run('sft', b, lr=lr).key}" for b in [POST, *x["donors"]] for lr in x["sft"]["lr"]]
 
-    def opsd_dirs(self) -> list[str]:
-        x = self.x
-        return [
-            f"{self.root}/{run('opsd', POST, alpha=a, lr=lr).key}" for a in x["opsd"]["alpha"] for lr in x["opsd"]["lr"]
-        ]
+    def on_policy_dirs(self) -> list[str]:
+        return [f"{self.root}/{r.key}" for r in self.on_policy_runs()]
 
     def latency_records(self) -> list[str]:
-        """Every timing record the latency analysis charges the runs with: the SFT and OPSD runs (their
+        """Every timing record the latency analysis charges the runs with: the SFT and on-policy runs (their
         steps.jsonl), each graft's seconds and, when a graft is masked, the Fisher and its rollouts."""
         grafts = [r for r in self.run_list() if r.kind == "graft"]
         masks = sorted({r.keys["mask"] for r in grafts} - {"none"})
         fisher = [f"{self.root}/fisher/post/{kind}" for kind in masks]
         rollouts = [f"{self.root}/fisher/post/rollouts.json"] if masks else []
         seconds = [f"{self.root}/{r.key}/seconds.json" for r in grafts]
-        return self.sft_dirs() + self.opsd_dirs() + seconds + fisher + rollouts
+        return self.sft_dirs() + self.on_policy_dirs() + seconds + fisher + rollouts
 
     def drift_updates(self) -> list[dict]:
         """Each grafted donor update (donor, lr, epoch) with its directories and the post model's SFT
@@ -307,7 +331,7 @@ class Experiment:
         kind = key.split("/", 1)[0]
         if key == POST:
             return self.post_dir, self.post_dir
-        if kind in ("sft", "opsd"):
+        if kind == "sft" or kind in ON_POLICY:
             return f"{self.root}/{key.rsplit('/', 1)[0]}", f"{self.root}/{key}"
         if kind == "graft":
             model = f"{self.root}/{key}/model"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graftlab import work
-from graftlab.layout import POST, Experiment, on_tiny_world, shows_takeover, study_experiments, world_key
+from graftlab.layout import POST, Experiment, on_tiny_world, section_of, shows_takeover, study_experiments, world_key
 from graftlab.work import MINED, Work
 
 
@@ -67,7 +67,7 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     sources = (["problems"] if x["problems"] else []) + (["retention"] if x["fisher"]["prompts"] else [])
     jobs += [("dataset", {})] * (len(sources) + len(x["benchmarks"] or {}))
     jobs += [("sft", {"donor": d}) for d in [POST, *x["donors"]] for _ in x["sft"]["lr"]]
-    jobs += [("opsd", {})] * (len(x["opsd"]["alpha"]) * len(x["opsd"]["lr"]))
+    jobs += [(section_of(r.kind), {}) for r in layout.on_policy_runs()]  # sdpo_cot runs are the sdpo rule's
     runs = layout.run_list()
     grafts = [r for r in runs if r.kind == "graft"]
     # The sensitivity analysis always ranks by the diagonal Fisher; masks may add kfac.
@@ -75,7 +75,7 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     jobs += [("rollouts", {})] + [("fisher", {"mask": k}) for k in kinds] + [("graft", {})] * len(grafts)
     jobs += [("evaluate", {"run": r.key}) for r in runs]
     jobs += [("sensitivity_update", {})] * len(layout.sensitivity_runs())
-    return jobs + [(rule, {}) for rule in ("summary", "pareto", "latency", "sensitivity")]
+    return jobs + [(rule, {}) for rule in ("summary", "pareto", "latency", "sensitivity", "gain_forgetting")]
 
 
 def _world(costs: dict, world: dict, uses: list[dict]) -> None:
@@ -181,8 +181,9 @@ class _Costs(dict):
 # Pipeline order for the table; a rule not listed here goes last.
 ORDER = (
     "fetch_model world_tokenizer world_corpus world_pretrain world_posttrain world_benchmarks world_candidates "
-    "dataset mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces sft opsd "
-    "rollouts fisher graft evaluate sensitivity_update summary pareto latency sensitivity drift takeover study moe all"
+    "dataset mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces sft "
+    "opsd grpo sdpo rollouts fisher graft evaluate sensitivity_update summary pareto latency sensitivity "
+    "gain_forgetting drift takeover study moe all"
 ).split()
 GB = 1e9
 

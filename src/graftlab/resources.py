@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 # Every rule of the workflow by what it needs; tests/test_resources.py fails on a rule missing here.
-TRAIN = ("world_pretrain", "world_posttrain", "sft", "opsd", "pedagogical_teacher")
+TRAIN = ("world_pretrain", "world_posttrain", "sft", "opsd", "grpo", "sdpo", "pedagogical_teacher")
 SAMPLE = ("mine", "teacher_traces", "star", "pedagogical_traces", "rollouts", "evaluate")
 FISHER = ("fisher",)
 GPU_KINDS = TRAIN + SAMPLE + FISHER
@@ -38,6 +38,7 @@ CPU_KINDS = (
     "drift",
     "expert_traces",
     "fetch_model",
+    "gain_forgetting",
     "graft",
     "knowledge",
     "latency",
@@ -55,7 +56,7 @@ CPU_KINDS = (
 )
 
 GPU_BYTES_PER_PARAM = {"train": 16, "train_pair": 18, "sample": 2, "fisher": 10}
-TWO_MODELS = ("opsd", "pedagogical_teacher")
+TWO_MODELS = ("opsd", "sdpo", "pedagogical_teacher")
 HEADROOM = 1.25
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
 SAMPLE_FLOPS = 40e12  # decoding is memory-bound: about a tenth of an H100's bf16 peak

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from graftlab.layout import POST, Experiment, opsd_steps, parse_run
+from graftlab.layout import POST, Experiment, kept_steps, parse_run
 from graftlab.tasks import get_task
 
 # The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
@@ -245,7 +245,25 @@ def job_work(
         # Per sample: the student generates (2P); the teacher scores it with the demonstration in its
         # prompt (2P) and the student trains on it (6P), both over whole sequences.
         compute = samples * (2 * P * (sampled + trace_tokens(x)) + 6 * P * sampled)
-        return Work(post, 2 * P * samples * sampled, compute, written=len(opsd_steps(o)) * P * a.checkpoint_bytes)
+        return Work(post, 2 * P * samples * sampled, compute, written=len(kept_steps(o)) * P * a.checkpoint_bytes)
+    if rule == "grpo":
+        g = x["grpo"]
+        sampled, samples = p + g["max_new_tokens"], g["steps"] * g["batch_size"] * g["generations"]
+        # Per sample: generated (2P), its old log-probs scored (2P) when the batch is reused, trained on (6P)
+        # and, with a KL term, scored by the reference (2P).
+        per_token = (6 + (2 if g["updates_per_batch"] > 1 else 0) + (2 if g["beta"] else 0)) * P
+        compute = per_token * samples * sampled
+        return Work(post, 2 * P * samples * sampled, compute, written=len(kept_steps(g)) * P * a.checkpoint_bytes)
+    if rule == "sdpo":
+        o = x["sdpo"]
+        sampled, samples = p + o["max_new_tokens"], o["steps"] * o["batch_size"] * o["generations"]
+        sampled_rollouts = samples // o["updates_per_batch"]
+        # Per rollout: the student generates it (2P, once per sampled batch), the teacher scores it after a
+        # sibling's answer in its prompt (2P) and the student trains on it (6P); an EMA teacher's update is
+        # a pass over the weights, negligible beside them.
+        compute = samples * (2 * P * (sampled + o["max_new_tokens"]) + 6 * P * sampled)
+        generate = 2 * P * sampled_rollouts * sampled
+        return Work(post, generate, compute, written=len(kept_steps(o)) * P * a.checkpoint_bytes)
     if rule in ("rollouts", "fisher"):
         f = x["fisher"]
         tokens = f["rollouts"] * (p + f["max_new_tokens"])

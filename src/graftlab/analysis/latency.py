@@ -8,6 +8,7 @@ charged everything that produced it, under `results/{exp}/`:
 
     sft/{base}/lr~L/epoch~e            the SFT steps of epochs 1..e                      update
     opsd/post/alpha~A/lr~L/step~S      OPSD steps 1..S                                   sampling + update
+    grpo/post/lr~L/step~S              GRPO steps 1..S (and SDPO's likewise)             sampling + update
     graft/{donor}/lr~L/epoch~e/...     the donor's SFT steps of epochs 1..e, the graft,  update + graft
                                        and for a masked graft its Fisher, whole           + fisher
 
@@ -37,7 +38,16 @@ COST_LOOK = {
     "graft_s": ("graft (mask + sum)", "tab:green"),
     "fisher_s": ("retention Fisher (rollouts + statistics)", "tab:gray"),
 }
-METHOD_NAMES = {"opsd": "OPSD", "sft": "SFT of post", "merge": "merge", "graft": "graft"}
+METHOD_NAMES = {
+    "opsd": "OPSD",
+    "grpo": "GRPO",
+    "sdpo": "SDPO",
+    "sdpo_cot": "SDPO-CoT",
+    "sft": "SFT of post",
+    "merge": "merge",
+    "graft": "graft",
+}
+ON_POLICY = ("opsd", "grpo", "sdpo", "sdpo_cot")
 
 
 def _json(path: Path, what: str) -> dict:
@@ -46,8 +56,13 @@ def _json(path: Path, what: str) -> dict:
     return json.loads(path.read_text())
 
 
+def training_dir(run: str) -> str:
+    """The training run's directory of an on-policy checkpoint's key: the key without its `step~S`."""
+    return run.rsplit("/step~", 1)[0]
+
+
 def read_steps(run_dir: str | Path) -> pl.DataFrame:
-    """The `steps.jsonl` of one SFT or OPSD run: a row per optimizer step with its seconds."""
+    """The `steps.jsonl` of one SFT or on-policy run: a row per optimizer step with its seconds."""
     path = Path(run_dir) / "steps.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (per-step seconds of a training run); re-run that run")
@@ -75,10 +90,12 @@ class Ledger:
             raise ValueError(f"{self.root}/sft/{base}/lr~{lr}/steps.jsonl: no steps of epoch {epoch}; re-run that SFT")
         return {"update_s": steps.filter(pl.col("epoch") <= int(epoch))["update_s"].sum()}
 
-    def opsd_to_step(self, alpha: str, lr: str, step: str) -> dict:
-        steps = self.steps(f"opsd/post/alpha~{alpha}/lr~{lr}").filter(pl.col("step") <= int(step))
+    def on_policy_to_step(self, run: str, step: str) -> dict:
+        """Sampling and update seconds of an on-policy run (its key with `step~S`) up to step S."""
+        run_dir = training_dir(run)
+        steps = self.steps(run_dir).filter(pl.col("step") <= int(step))
         if steps.height != int(step):
-            raise ValueError(f"{self.root}/opsd/post/alpha~{alpha}/lr~{lr}/steps.jsonl: {steps.height} of {step} steps")
+            raise ValueError(f"{self.root}/{run_dir}/steps.jsonl: {steps.height} of {step} steps")
         return {"sample_s": steps["sample_s"].sum(), "update_s": steps["update_s"].sum()}
 
     def fisher(self, kind: str) -> float:
@@ -90,8 +107,8 @@ class Ledger:
         """The seconds that produced `run`, by kind (`COSTS`)."""
         keys, cost = parse_run(run), dict.fromkeys(COSTS, 0.0)
         method = keys["method"]
-        if method == "opsd":
-            cost |= self.opsd_to_step(keys["alpha"], keys["lr"], keys["step"])
+        if method in ON_POLICY:
+            cost |= self.on_policy_to_step(run, keys["step"])
         elif method not in ("post", "donor"):
             cost |= self.sft_to_epoch(keys["donor"], keys["lr"], keys["epoch"])
         if method in ("graft", "merge"):
@@ -124,10 +141,7 @@ def step_latency(ledger_root: str | Path, runs: pl.DataFrame) -> pl.DataFrame:
     post, and the donor SFT grafting trains with; and the median seconds of one graft, done once. Medians,
     since a run's first step also warms up and a short run has few steps to average it away."""
     ledger, rows = Ledger(ledger_root), []
-    groups = {
-        "OPSD": {
-            f"opsd/post/alpha~{r['alpha']}/lr~{r['lr']}" for r in runs.filter(method="opsd").iter_rows(named=True)
-        },
+    groups = {METHOD_NAMES[m]: {training_dir(r) for r in runs.filter(method=m)["run"]} for m in ON_POLICY} | {
         "SFT of post": {f"sft/post/lr~{r['lr']}" for r in runs.filter(method="sft").iter_rows(named=True)},
         "donor SFT (grafting)": {
             f"sft/{r['donor']}/lr~{r['lr']}" for r in runs.filter(method="graft").iter_rows(named=True)

@@ -26,6 +26,9 @@ STYLES = {
     "merge": {"marker": "s", "color": "tab:orange", "label": "merge (donor = post)"},
     "sft": {"marker": "^", "color": "tab:green", "label": "SFT of post"},
     "opsd": {"marker": "v", "color": "tab:purple", "label": "OPSD (on-policy self-distillation)"},
+    "grpo": {"marker": "<", "color": "tab:red", "label": "GRPO"},
+    "sdpo": {"marker": ">", "color": "tab:brown", "label": "SDPO (answer tokens)"},
+    "sdpo_cot": {"marker": "h", "color": "tab:pink", "label": "SDPO-CoT (every token)"},
     "donor_sft": {
         "marker": "x",
         "color": "0.6",
@@ -48,6 +51,11 @@ def _front_label(row: dict) -> str:
     """A compact name of a frontier point, e.g. `step~400 lr=1e-3 e2 lam=0.5 diag@0.01`."""
     if row["method"] == "opsd":
         return f"OPSD a={row.get('alpha')} lr={row['lr']} s{row.get('step')}"
+    if row["method"] == "grpo":
+        return f"GRPO lr={row['lr']} s{row.get('step')}"
+    if row["method"] in ("sdpo", "sdpo_cot"):
+        name = "SDPO" if row["method"] == "sdpo" else "SDPO-CoT"
+        return f"{name} {row.get('teacher')} lr={row['lr']} s{row.get('step')}"
     parts = [row["donor"]] if row["method"] == "graft" else []
     parts += [f"lr={row['lr']}", f"e{row['epoch']}"]
     if row["method"] in ("graft", "merge"):

@@ -36,8 +36,9 @@ from graftlab.layout import parse_run
 from graftlab.safetensors_io import open_tensors, spec_differences, tensor_specs
 
 KINDS = ("attention", "mlp", "embedding", "norm", "other")
-# The plot's groups left to right: the baselines (SFT, OPSD) first, then merging, then grafting from donors.
-METHODS = ("sft", "opsd", "donor_sft", "merge", "graft", "post")
+# The plot's groups left to right: the baselines (SFT, the on-policy methods) first, then merging, then
+# grafting from donors.
+METHODS = ("sft", "opsd", "grpo", "sdpo", "sdpo_cot", "donor_sft", "merge", "graft", "post")
 _POS_INF_BITS = 0x7F800000  # the int32 bit pattern of +inf: every finite non-negative fp32 lies below
 
 

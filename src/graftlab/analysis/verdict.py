@@ -2,7 +2,8 @@
 
 The rule (issue 6): a graft run (method `graft`, masked or not) *reproduces* when
 
-1. it lies on the Pareto frontier of (new, old) over every candidate: post, sft, merge, graft and opsd
+1. it lies on the Pareto frontier of (new, old) over every candidate: post, sft, merge, graft and the
+   on-policy methods (opsd, grpo, sdpo, sdpo_cot)
    (donor SFTs left out, as in `pareto_figure`: their old-task score belongs to another model line), and
 2. it learned the new task: its new-task lower bound exceeds the post model's new-task upper bound
    (the post model's point where it has no interval), and
@@ -25,7 +26,7 @@ import polars as pl
 
 from graftlab.analysis.summary import INGREDIENTS, ROLE_COLUMNS, VALIDATION_COLUMNS, pareto_front
 
-CANDIDATES = ("post", "sft", "merge", "graft", "opsd")
+CANDIDATES = ("post", "sft", "merge", "graft", "opsd", "grpo", "sdpo", "sdpo_cot")
 NEEDED = ("run", "method", "new", "old", "old_lo", "old_hi", "new_lo", "new_hi")
 
 
