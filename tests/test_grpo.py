@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 import graftlab.tasks as tasks
 from graftlab.errors import GraftlabError
-from graftlab.tasks import chat_completion
-from graftlab.train.grpo import GrpoConfig, make_trainer, train_grpo
+from graftlab.tasks import EMPTY_THINK, chat_completion
+from graftlab.train.grpo import GrpoConfig, _Clock, grpo_dataset, make_reward, make_trainer, train_grpo
 from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume
 from graftlab.world import arith
@@ -59,6 +59,36 @@ def parity(turn, answer):
 def test_bad_config_is_a_clear_error_naming_the_key(kwargs, message):
     with pytest.raises(GraftlabError, match=message):
         GrpoConfig(**({"lr": 1e-3, "steps": 2, "batch_size": 2, "generations": 2} | kwargs))
+
+
+def test_prompts_are_formatted_and_turns_graded_as_each_task_does(world_pico):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(world_pico)
+    rows = [
+        {"prompt": "2*3=", "answer": "6", "task": "mul"},
+        {"prompt": "Where was Ada born?", "answer": "Paris", "task": "knowledge"},
+    ]
+    data = grpo_dataset(tok, rows, GrpoConfig(lr=1e-3, steps=1, batch_size=2, generations=2))
+    prompts = {r["task"]: r["prompt"] for r in data}
+    assert prompts["knowledge"].endswith(EMPTY_THINK) and not prompts["mul"].endswith(EMPTY_THINK)
+    clock = _Clock()
+    reward = make_reward(tok, clock, generations=2)
+    # The exact ids, special tokens kept: an arithmetic turn thinks, a knowledge answer follows the
+    # pre-filled empty think block, which grading puts back in front.
+    texts = ["<think>\n2*3=6\n</think>\n\n6<|im_end|>", "<think>\n2*3=7\n</think>\n\n7<|im_end|>"]
+    texts += ["Paris.<|im_end|>", "Rome<|im_end|>"]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    got = reward(
+        prompts=None,
+        completions=None,
+        completion_ids=ids,
+        answer=["6", "6", "Paris", "Paris"],
+        task=["mul", "mul", "knowledge", "knowledge"],
+    )
+    assert got == [1.0, 0.0, 1.0, 0.0]
+    assert clock.batch["accuracy"] == 0.5 and clock.batch["flat_groups"] == 0.0
+    assert clock.batch["response_tokens"] == sum(map(len, ids))
 
 
 @pytest.mark.parametrize("correct", [True, False], ids=["all-correct", "all-wrong"])
