@@ -84,7 +84,7 @@ def test_a_step_moves_the_student_only_and_gradients_never_reach_the_teacher(pos
 def test_a_run_writes_its_checkpoints_and_the_latency_of_every_step(post, tmp_path):
     cfg = OpsdConfig(alpha=0.0, lr=1e-2, steps=3, save_steps=(2, 3), batch_size=2, max_new_tokens=8)
     log = train_opsd(post, examples(), cfg, tmp_path / "run")
-    assert {p.name for p in (tmp_path / "run").iterdir()} == {"step~2", "step~3", "steps.jsonl"}
+    assert {p.name for p in (tmp_path / "run").iterdir()} == {"step~2", "step~3", "steps.jsonl", "training.png"}
     steps = [json.loads(line) for line in (tmp_path / "run/steps.jsonl").open()]
     assert steps == log and [s["step"] for s in steps] == [1, 2, 3]
     AutoModelForCausalLM.from_pretrained(tmp_path / "run/step~3")

@@ -152,7 +152,7 @@ def test_opsd_killed_mid_run_resumes_at_the_saved_step_and_ends_with_the_same_we
 
     log = killed_and_rerun("opsd", model, data, tmp_path / "run", tmp_path / "resume" / "run", OPSD, kill_at=2)
     assert "resume: OPSD continues after step 2" in log
-    assert {p.name for p in (tmp_path / "run").iterdir()} == {"step~2", "step~4", "steps.jsonl"}
+    assert {p.name for p in (tmp_path / "run").iterdir()} == {"step~2", "step~4", "steps.jsonl", "training.png"}
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").open()]
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     assert [s["loss"] for s in steps] == [r["loss"] for r in reference]

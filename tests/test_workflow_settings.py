@@ -88,7 +88,7 @@ def test_opsd_logs_sampling_and_update_seconds_of_every_step_and_keeps_the_last(
     steps = [json.loads(line) for line in (run / "steps.jsonl").open()]
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     assert all(s["sample_s"] > 0 and s["update_s"] > 0 for s in steps)
-    assert {p.name for p in run.iterdir() if not p.name.startswith(".")} == {"step~4", "steps.jsonl"}
+    assert {p.name for p in run.iterdir() if not p.name.startswith(".")} == {"step~4", "steps.jsonl", "training.png"}
 
 
 def test_a_data_set_missing_its_answer_column_fails_clearly_and_writes_nothing(tmp_path):

@@ -20,10 +20,8 @@ needs. Overriding its loss would leave little of it; the loop below is about 100
 
 import functools
 import json
-import os
-import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +36,6 @@ from graftlab.train.precision import (
     Precision,
     accumulation,
     announce,
-    cast_saved,
     checkpointing,
     micro_batch,
     save_dtype,
@@ -239,32 +236,19 @@ def train_opsd(
     post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs: dict | None = None, resume=None
 ) -> list[dict]:
     """OPSD of the model at `post_dir` on `examples` (`prompt`, `demonstration`); writes `out_dir/step~N`
-    for every checkpoint and `out_dir/steps.jsonl` (loss, sampling and update seconds per step), all at
-    once when the run ends (a failed run leaves nothing). With `resume` (a `graftlab.train.resume.Resume`),
-    the full state is saved every `resume.minutes` and a rerun continues from it."""
-    from graftlab.atomic import atomic_dir
+    for every checkpoint, `out_dir/steps.jsonl` (loss, sampling and update seconds per step) and
+    `training.png`, all at once when the run ends (`graftlab.train.onpolicy.publish_run`). With `resume` (a
+    `graftlab.train.resume.Resume`), the full state is saved every `resume.minutes` and a rerun continues
+    from it."""
     from graftlab.train import resume as rs
+    from graftlab.train.onpolicy import publish_run
 
     if not examples:
         raise GraftlabError("OPSD: no training examples")
-    out_dir = Path(out_dir)
-    if resume is not None:
-        resume.open(rs.fingerprint(cfg, post=str(post_dir), examples=len(examples)))
-    # Kept checkpoints wait in the resume directory, which survives a kill, or in a scratch directory.
-    work = resume.dir if resume is not None else out_dir.parent / f".{out_dir.name}.work-{os.getpid()}"
-    try:
-        done = rs.trained(resume)
-        log = done["log"] if done is not None else _train(post_dir, examples, cfg, inputs, resume, work)
-        with atomic_dir(out_dir) as tmp:
-            for step in cfg.checkpoints():
-                rs.link_tree(work / f"step~{step}", tmp / f"step~{step}")
-            (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    finally:
-        if resume is None:
-            shutil.rmtree(work, ignore_errors=True)
-    if resume is not None:
-        resume.finish()
-    return log
+    mark = rs.fingerprint(cfg, post=str(post_dir), examples=len(examples))
+    return publish_run(
+        out_dir, cfg.checkpoints(), resume, mark, lambda work: _train(post_dir, examples, cfg, inputs, resume, work)
+    )
 
 
 def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None, resume, work: Path) -> list[dict]:
@@ -272,8 +256,8 @@ def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None,
     end of training marked. Returns the step log."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graftlab.provenance import write_provenance
     from graftlab.train import resume as rs
+    from graftlab.train.onpolicy import save_checkpoint
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -300,11 +284,8 @@ def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None,
         log.append(run.step(batch, step))
         print(json.dumps(log[-1]), flush=True)
         if step in keep:
-            student.save_pretrained(work / f"step~{step}")
-            tok.save_pretrained(work / f"step~{step}")
-            cast_saved(work / f"step~{step}", dtype)
-            extra = {"step": step, "examples": len(examples), "save_dtype": dtype}
-            write_provenance(work / f"step~{step}", inputs or {"post": str(post_dir)}, asdict(cfg), extra=extra)
+            extra = {"step": step, "examples": len(examples)}
+            save_checkpoint(student, tok, work / f"step~{step}", dtype, inputs or {"post": str(post_dir)}, cfg, extra)
         if resume is not None and step < cfg.steps and resume.due():
             _save_opsd(run, resume, step, log)
     if resume is not None:
