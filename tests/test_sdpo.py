@@ -1,0 +1,224 @@
+"""SDPO: siblings as demonstrations, never the rollout itself; masking; the answer-only mask; the loss against
+an independent computation; the importance-weight clip; a teacher that gets no gradient; a whole run."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from graftlab.errors import GraftlabError
+from graftlab.tasks import TASKS, THINK_CLOSE, Task, chat_completion
+from graftlab.train.divergence import generalized_divergence
+from graftlab.train.opsd import response_logits
+from graftlab.train.sdpo import (
+    Rollout,
+    Sdpo,
+    SdpoConfig,
+    answer_mask,
+    demonstrations,
+    feedback_message,
+    train_sdpo,
+)
+
+
+@pytest.fixture(scope="module")
+def pair(world_pico):
+    tok = AutoTokenizer.from_pretrained(world_pico)
+    load = lambda: AutoModelForCausalLM.from_pretrained(world_pico, dtype=torch.float32)  # noqa: E731
+    return tok, load
+
+
+def sdpo(pair, **cfg) -> Sdpo:
+    tok, load = pair
+    student, teacher = load(), load()
+    with torch.no_grad():  # a teacher that differs from the student, so the loss is not zero
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return Sdpo(student, teacher, tok, SdpoConfig(**({"lr": 1e-2, "steps": 4} | cfg)))
+
+
+def test_a_rollout_is_never_its_own_demonstration():
+    # Only rollout 1 succeeded: it has no sibling to learn from; every other rollout learns from it.
+    assert demonstrations(["a", "b", "c"], [False, True, False]) == ["b", None, "b"]
+    # Two successes: each takes the first successful rollout other than itself.
+    assert demonstrations(["a", "b", "c", "d"], [True, False, True, False]) == ["c", "a", "a", "a"]
+    assert demonstrations(["a", "b"], [False, False]) == [None, None]
+
+
+def test_the_answer_mask_covers_the_tokens_after_the_last_think_close():
+    close = 7
+    assert answer_mask([1, close, 2, 3], close) == [0, 0, 1, 1]
+    assert answer_mask([close, 1, close, 2], close) == [0, 0, 0, 1]
+    assert answer_mask([1, 2, 3], close) == [0, 0, 0]  # thinking never closed: no answer
+    assert answer_mask([1, 2, 3], None) == [1, 1, 1]  # a task without a think block: all answer
+
+
+def group(pair, cfg_cot: bool, correct_texts: dict[int, str], feedback=False):
+    """The rollouts of one problem whose samples are given as texts (4 of them), through Sdpo._group."""
+    tok, _ = pair
+    run = sdpo(pair, cot=cfg_cot, feedback=feedback)
+    texts = [chat_completion("1+1=2", str(i)) for i in range(4)]
+    for i, t in correct_texts.items():
+        texts[i] = t
+    prompt = tok("2+3=", add_special_tokens=False)["input_ids"]
+    samples = [(prompt, tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    task = TASKS["arith"]
+    return run, run._group({"prompt": "2+3=", "answer": "5"}, task, samples)
+
+
+def test_group_masks_rollouts_without_a_successful_sibling_and_prompts_the_others(pair):
+    tok, _ = pair
+    run, rollouts = group(pair, False, {2: chat_completion("2+3=5", "5")})
+    assert [r.correct for r in rollouts] == [False, False, True, False]
+    # The successful rollout has no successful sibling: masked out, zero tokens distilled.
+    assert rollouts[2].teacher_prompt is None and sum(rollouts[2].mask) == 0
+    for i in (0, 1, 3):
+        reprompt = tok.decode(rollouts[i].teacher_prompt)
+        assert "A correct solution:\n5" in reprompt  # the sibling's answer, thinking stripped
+        assert "2+3=5" not in reprompt.split("2+3=", 1)[1]  # the sibling's thinking is not shown
+        assert reprompt.rstrip().endswith("Correctly solve the original question.<|im_end|>\n<|im_start|>assistant")
+        # Answer tokens only: what follows </think>.
+        close = rollouts[i].response.index(tok.convert_tokens_to_ids(THINK_CLOSE))
+        assert rollouts[i].mask == [0] * (close + 1) + [1] * (len(rollouts[i].response) - close - 1)
+
+
+def test_sdpo_cot_distils_every_token_and_feedback_names_the_answer(pair):
+    tok, _ = pair
+    run, rollouts = group(pair, True, {0: chat_completion("2+3=5", "5")}, feedback=True)
+    assert all(r.mask == [1] * len(r.response) for r in rollouts[1:])
+    reprompt = tok.decode(rollouts[1].teacher_prompt)
+    assert "Feedback on your answer: Your final answer 1 is incorrect." in reprompt
+    assert feedback_message(None, False).startswith("Your response never closed")
+
+
+def rollouts_for(pair, n=4, masked=(1,)):
+    """Rollouts with made-up responses, some masked out (no teacher prompt)."""
+    tok, _ = pair
+    out = []
+    for i in range(n):
+        prompt = tok(f"{i}+1=", add_special_tokens=False)["input_ids"]
+        response = tok(chat_completion("x", str(i + 10)), add_special_tokens=False)["input_ids"]
+        teacher = None if i in masked else tok(f"{i}+1= hint {i + 1}", add_special_tokens=False)["input_ids"]
+        mask = [0] * len(response) if teacher is None else [0, 0] + [1] * (len(response) - 2)
+        out.append(Rollout(prompt, response, "", False, teacher, mask, 3))
+    return out
+
+
+@pytest.mark.parametrize(("top_k", "k"), [(10, 10), (100, 84)])  # 100 is clamped to the vocabulary, 84
+def test_the_loss_is_the_pooled_divergence_over_distilled_tokens_of_unmasked_rollouts(pair, top_k, k):
+    run = sdpo(pair, micro_batch_size=2, batch_size=2, generations=2, top_k=top_k)
+    rollouts = rollouts_for(pair)
+    taught = [r for r in rollouts if r.teacher_prompt is not None]
+    with torch.no_grad():
+        s, _ = response_logits(run.student, [r.prompt for r in taught], [r.response for r in taught])
+        t, _ = response_logits(run.teacher, [r.teacher_prompt for r in taught], [r.response for r in taught])
+        mask = torch.zeros(s.shape[:2])
+        for i, r in enumerate(taught):
+            mask[i, : len(r.mask)] = torch.tensor(r.mask, dtype=torch.float)
+        expected = generalized_divergence(s, t, mask, 0.5, "student_topk_tail", k).item()
+    out = run.update(rollouts, None)
+    assert out["loss"] == pytest.approx(expected, rel=1e-5)
+    assert out["js"] == pytest.approx(expected, rel=1e-5)  # alpha 0.5: the loss is the JS
+    assert out["distilled_tokens"] == int(mask.sum())
+
+
+def test_masked_rollouts_get_zero_loss_and_an_all_masked_update_changes_nothing(pair):
+    # The masked rollout's response changes: the loss and its gradient do not.
+    a, b = sdpo(pair), sdpo(pair)
+    b.teacher.load_state_dict(a.teacher.state_dict())
+    ra = rollouts_for(pair)
+    rb = list(ra)
+    rb[1] = ra[1]._replace(response=ra[1].response[::-1])
+    la, lb = a.update(ra, None)["loss"], b.update(rb, None)["loss"]
+    assert la == pytest.approx(lb, rel=1e-6)
+    for p, q in zip(a.student.parameters(), b.student.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7)
+    # Every rollout masked: no step at all.
+    c = sdpo(pair)
+    before = [p.clone() for p in c.student.parameters()]
+    out = c.update(rollouts_for(pair, masked=(0, 1, 2, 3)), None)
+    assert out["loss"] == 0 and out["js"] is None
+    assert all(torch.equal(p, q) for p, q in zip(before, c.student.parameters()))
+
+
+def test_the_importance_weight_is_clipped_on_reused_batches(pair):
+    run = sdpo(pair)
+    rollouts = rollouts_for(pair, masked=())
+    now = run.sampled_logprobs(rollouts)
+    plain = sdpo(pair)
+    plain.teacher.load_state_dict(run.teacher.state_dict())
+    base = plain.update(rollouts, None)["loss"]
+    # Sampled 5x less likely than now: the ratio 5 is clipped to 2, the loss doubles.
+    assert run.update(rollouts, [lp - torch.log(torch.tensor(5.0)) for lp in now])["loss"] == pytest.approx(
+        2 * base, rel=1e-5
+    )
+    # Sampled 2x more likely: the ratio 0.5 is not clipped.
+    again = sdpo(pair)
+    again.teacher.load_state_dict(run.teacher.state_dict())
+    half = again.update(rollouts, [lp + torch.log(torch.tensor(2.0)) for lp in now])["loss"]
+    assert half == pytest.approx(0.5 * base, rel=1e-5)
+
+
+def test_the_teacher_gets_no_gradient_and_a_frozen_teacher_stays(pair):
+    run = sdpo(pair)
+    before = {k: v.clone() for k, v in run.teacher.state_dict().items()}
+    run.update(rollouts_for(pair), None)
+    assert all(p.grad is None and not p.requires_grad for p in run.teacher.parameters())
+    assert any(p.grad is not None for p in run.student.parameters())
+    assert all(torch.equal(before[k], v) for k, v in run.teacher.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"teacher": "ema:2"}, "teacher schedule"),
+        ({"alpha": 1.5}, "alpha"),
+        ({"generations": 1}, "generations"),
+        ({"updates_per_batch": 3}, "does not divide"),
+        ({"template": "{prompt}{solution}"}, r"lacks the placeholder\(s\) \['{feedback}'\]"),
+        ({"save_steps": (9,)}, "save_steps"),
+    ],
+)
+def test_bad_config_is_a_clear_error(kwargs, message):
+    with pytest.raises(GraftlabError, match=message):
+        SdpoConfig(**({"lr": 1e-3, "steps": 4, "batch_size": 2, "generations": 4} | kwargs))
+
+
+def test_a_run_writes_checkpoints_its_step_log_and_curves(world_pico, tmp_path, monkeypatch):
+    # A verifier an untrained model passes about half the time: a response with an even number of
+    # characters is "correct", so groups have successes and failures.
+    coin = Task("coin", prompt=str, grade=lambda completion, answer: len(completion) % 2 == 0, reference=str)
+    monkeypatch.setitem(TASKS, "coin", coin)
+    problems = [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "task": "coin"} for i in range(6)]
+    cfg = SdpoConfig(
+        lr=1e-3,
+        steps=4,
+        teacher="ema:0.5",
+        cot=True,
+        batch_size=2,
+        generations=4,
+        updates_per_batch=2,
+        save_steps=(2, 4),
+    )
+    log = train_sdpo(world_pico, problems, cfg, tmp_path / "run")
+    assert {p.name for p in (tmp_path / "run").iterdir()} == {"step~2", "step~4", "steps.jsonl", "training.png"}
+    lines = [json.loads(x) for x in (tmp_path / "run" / "steps.jsonl").open()]
+    assert lines == log and [s["step"] for s in lines] == [1, 2, 3, 4]
+    for key in (
+        "loss",
+        "reward",
+        "masked_share",
+        "entropy",
+        "js",
+        "response_len",
+        "repeated_rate",
+        "sample_s",
+        "update_s",
+    ):
+        assert key in lines[0]
+    assert lines[0]["sample_s"] > 0 and lines[1]["sample_s"] == 0  # the second update reuses the batch
+    assert 0 < sum(s["masked_share"] for s in lines) / 4 < 1
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "step~4")
+    post = AutoModelForCausalLM.from_pretrained(world_pico)
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), post.parameters()))

@@ -1,0 +1,28 @@
+"""SDPO of the post model under one teacher schedule and learning rate (sdpo or sdpo_cot); a checkpoint per
+kept step."""
+
+import polars as pl
+
+from graftlab.joblog import job_log
+from graftlab.train.problems import rl_problems
+from graftlab.train.resume import Resume, resume_dir
+from graftlab.train.sdpo import SdpoConfig, train_sdpo
+
+p, inp = snakemake.params, snakemake.input
+with job_log(snakemake.log[0], snakemake.threads):
+    cfg = SdpoConfig(
+        lr=p.lr,
+        teacher=p.teacher,
+        cot=p.cot,
+        save_steps=tuple(p.save_steps),
+        seed=p.seed,
+        threads=snakemake.threads,
+        precision=p.precision,
+        gradient_checkpointing=p.gradient_checkpointing,
+        save_dtype=p.save_dtype,
+        backend=p.backend,
+        **p.sdpo,
+    )
+    problems = rl_problems(pl.read_parquet(inp.data))
+    resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
+    train_sdpo(inp.model, problems, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data}, resume)
