@@ -14,6 +14,7 @@ PRESETS = {
     "qwen3-1.7b-teacher.yaml": 290,
     "qwen3-8b-star.yaml": 149,
     "olmo3-7b-knowledge.yaml": 507,
+    "qwen3-4b-sdpo.yaml": 185,
 }
 
 

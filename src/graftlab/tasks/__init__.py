@@ -9,7 +9,8 @@ the text after the last `</think>`: a completion that never closes its thinking 
   `mul`, `times`) name it too, so its problem files grade by their own task column;
 - `knowledge`: the knowledge world's QA, answered once, greedily, after a pre-filled empty think block
   (as knowledge training wrote its examples), exact match up to case, spacing and a final full stop;
-- `math`: the last `\\boxed{...}`, compared with the reference by math-verify (`graftlab.tasks.math`).
+- `math`: the last `\\boxed{...}`, compared with the reference by math-verify (`graftlab.tasks.math`);
+- `math_instruct`: the same for an instruct model that writes no think block (posed with thinking off).
 
 Light to import (no torch, no polars at import time): the workflow parse imports the registry.
 """
@@ -101,6 +102,11 @@ TASKS: dict[str, Task] = {
         "knowledge", prompt=str, grade=knowledge_grade, reference=plain_reference, thinking=False, greedy=True
     ),
     "math": Task("math", prompt=math_prompt, grade=math_grade, reference=math_reference),
+    # An instruct model that never thinks (Qwen3-4B-Instruct-2507): posed with thinking off, its answer
+    # graded after the empty think block it is taken to have (`Task.turn`).
+    "math_instruct": Task(
+        "math_instruct", prompt=math_prompt, grade=math_grade, reference=math_reference, thinking=False
+    ),
 }
 # The tiny world's problems name their operation; each is graded as arithmetic.
 ALIASES = dict.fromkeys(OLD_TASKS + NEW_TASKS, "arith")
