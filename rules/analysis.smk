@@ -14,6 +14,12 @@ rule summary:
             if xcfg(w, "problems")
             else []
         ),
+        # SDPO's step logs: how much of each response was answer (graftlab.analysis.summary).
+        sdpo=lambda w: [
+            f"{layout(w).root}/{r.key}"
+            for r in layout(w).on_policy_runs()
+            if r.kind in ("sdpo", "sdpo_cot")
+        ],
     output:
         "results/{exp}/summary.parquet",
     log:
@@ -24,6 +30,7 @@ rule summary:
         "../envs/cpu.yaml"
     params:
         data=lambda w: xcfg(w, "data"),
+        root=lambda w: layout(w).root,
     script:
         "../workflow_scripts/summary.py"
 

@@ -288,3 +288,23 @@ def test_pareto_figure_without_intervals_draws_no_bars(metrics_files: list[Path]
 
     ax = pareto_figure(summarize(metrics_files, "demo")).axes[0]
     assert ax.containers == [] and "95% bootstrap interval" not in ax.get_legend_handles_labels()[1]
+
+
+def test_sdpo_rows_carry_their_answer_share_and_say_when_sdpo_was_sdpo_cot(tmp_path):
+    from graftlab.analysis.summary import distillation_columns
+
+    runs = {
+        "sdpo/post/teacher~frozen/lr~1e-4/step~2": [1.0, 1.0, 0.2],  # no think block up to step 2
+        "sdpo_cot/post/teacher~frozen/lr~1e-4/step~2": [1.0, 1.0, 1.0],
+        "sdpo/post/teacher~ema:0.05/lr~1e-4/step~3": [0.5, 0.25, 0.0],
+    }
+    for run, shares in runs.items():
+        d = tmp_path / run.rsplit("/step~", 1)[0]
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "steps.jsonl").write_text(
+            "".join(json.dumps({"step": i + 1, "answer_share": s}) + "\n" for i, s in enumerate(shares))
+        )
+    summary = pl.DataFrame({"run": ["post", *runs], "method": ["post", "sdpo", "sdpo_cot", "sdpo"]})
+    out = distillation_columns(summary, tmp_path)
+    assert out["answer_share"].to_list() == [None, 1.0, 1.0, 0.25]
+    assert out["note"].to_list() == [None, "no think block: sdpo distilled every token, as sdpo_cot does", None, None]

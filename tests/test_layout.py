@@ -12,10 +12,11 @@ from graftlab.config import resolve
 from graftlab.layout import KEY_COLUMNS, Experiment, Run, eval_root, parse_run, run, study_experiments, worlds
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = ("config.yaml", "configs/smoke.yaml", "configs/qwen3-1.7b-star.yaml")
+CONFIGS = ("config.yaml", "configs/smoke.yaml", "configs/qwen3-1.7b-star.yaml", "configs/qwen3-4b-sdpo.yaml")
 # What each kind of run parses to, by whether its base model is the post model.
 METHOD = {("sft", True): "sft", ("sft", False): "donor_sft", ("graft", True): "merge", ("graft", False): "graft"}
 METHOD |= {("opsd", True): "opsd", ("donor", False): "donor"}
+METHOD |= {(kind, True): kind for kind in ("grpo", "sdpo", "sdpo_cot")}
 
 
 def load(name: str) -> dict:
@@ -57,8 +58,20 @@ def test_the_smoke_expert_evaluates_every_method(smoke):
         "graft": 4,
         "merge": 3,
         "opsd": 3,
+        "grpo": 1,
+        "sdpo": 3,
+        "sdpo_cot": 1,
     }
-    assert "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1" in Experiment.of(smoke, "expert").runs()
+    runs = Experiment.of(smoke, "expert").runs()
+    assert "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1" in runs
+    assert runs[-5:] == [
+        "grpo/post/lr~1e-3/step~2",
+        "sdpo/post/teacher~frozen/lr~1e-3/step~2",
+        "sdpo/post/teacher~ema:0.05/lr~1e-3/step~2",
+        "sdpo/post/teacher~refresh:0.5/lr~1e-3/step~2",
+        "sdpo_cot/post/teacher~ema:0.05/lr~1e-3/step~2",
+    ]
+    assert (parse_run(runs[-1])["method"], parse_run(runs[-1])["teacher"]) == ("sdpo_cot", "ema:0.05")
 
 
 def test_donors_as_they_are_and_their_sft_are_evaluated_only_with_donor_sft(smoke):
@@ -77,8 +90,8 @@ def test_opsd_keeps_evenly_spaced_checkpoints(smoke):
 def test_sensitivity_measures_every_update_of_the_post_model(smoke):
     xp = Experiment.of(smoke, "expert")
     measured = {parse_run(k)["method"] for k in xp.sensitivity_runs()}
-    assert measured == {"sft", "graft", "merge", "opsd"}
-    assert len(xp.sensitivity_runs()) == 2 + 4 + 3 + 3
+    assert measured == {"sft", "graft", "merge", "opsd", "grpo", "sdpo", "sdpo_cot"}
+    assert len(xp.sensitivity_runs()) == 2 + 4 + 3 + 3 + 5
 
 
 def test_latency_reads_each_training_run_graft_and_fisher(smoke):

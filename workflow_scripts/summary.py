@@ -6,4 +6,4 @@ from graftlab.joblog import job_log
 inp = snakemake.input
 with job_log(snakemake.log[0]):
     data = data_columns(snakemake.params.data, inp.data, inp.source or None)
-    write_summary(inp.metrics, snakemake.wildcards.exp, snakemake.output[0], data)
+    write_summary(inp.metrics, snakemake.wildcards.exp, snakemake.output[0], data, snakemake.params.root)

@@ -83,12 +83,37 @@ def data_columns(kind: str, sft_stats: str | Path, source_stats: str | Path | No
     }
 
 
+def distillation_columns(summary: pl.DataFrame, root: str | Path) -> pl.DataFrame:
+    """`answer_share` of every SDPO row (the mean share of its responses after `</think>`, over the steps
+    of its run under `root`, results/{exp}/), null on other rows, and a `note` on an `sdpo` row whose
+    responses were all answer: without a think block it distilled every token, as `sdpo_cot` does."""
+    shares = {}
+    for run in summary.filter(pl.col("method").is_in(["sdpo", "sdpo_cot"]))["run"]:
+        path = Path(root) / run.rsplit("/step~", 1)[0] / "steps.jsonl"
+        if not path.is_file():
+            raise ValueError(f"{path}: missing (the step log of an SDPO run); re-run that run")
+        steps = pl.read_ndjson(path)
+        upto = steps.filter(pl.col("step") <= int(run.rsplit("~", 1)[1]))
+        shares[run] = upto["answer_share"].mean() if "answer_share" in upto.columns else None
+    share = pl.col("run").replace_strict(shares, default=None, return_dtype=pl.Float64)
+    same = (pl.col("method") == "sdpo") & (pl.col("answer_share") >= 1.0)
+    note = pl.when(same).then(pl.lit("no think block: sdpo distilled every token, as sdpo_cot does"))
+    return summary.with_columns(answer_share=share).with_columns(note=note.otherwise(None).cast(pl.String))
+
+
 def write_summary(
-    metrics_files: Iterable[str | Path], exp: str, out_parquet: str | Path, data: dict | None = None
+    metrics_files: Iterable[str | Path],
+    exp: str,
+    out_parquet: str | Path,
+    data: dict | None = None,
+    root: str | Path | None = None,
 ) -> pl.DataFrame:
     """Summarise and write the table as parquet, atomically: a killed job leaves no partial file.
-    `data` (from `data_columns`) adds its columns to every row."""
+    `data` (from `data_columns`) adds its columns to every row; `root` (results/{exp}/, where the runs'
+    step logs lie) SDPO's `answer_share` and `note` (`distillation_columns`)."""
     summary = summarize(metrics_files, exp)
+    if root is not None:
+        summary = distillation_columns(summary, root)
     if data:
         summary = summary.with_columns(pl.lit(v).alias(k) for k, v in data.items())
     with atomic_file(out_parquet) as tmp:
