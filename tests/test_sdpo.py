@@ -222,3 +222,51 @@ def test_a_run_writes_checkpoints_its_step_log_and_curves(world_pico, tmp_path, 
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "step~4")
     post = AutoModelForCausalLM.from_pretrained(world_pico)
     assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), post.parameters()))
+
+
+def test_rollouts_are_sampled_by_vllm_with_the_students_current_weights(vllm_world, monkeypatch):
+    from tests.test_sampling_vllm import ENGINE, FAKE, calls
+
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "x")
+        monkeypatch.delenv(key)
+    monkeypatch.syspath_prepend(str(FAKE))
+    import sys
+
+    sys.modules.pop("vllm", None)
+    import vllm
+
+    vllm.CALLS.clear()
+    monkeypatch.setattr(vllm, "RESPOND", vllm._default_response)
+    try:
+        tok = AutoTokenizer.from_pretrained(vllm_world)
+        student, teacher = (AutoModelForCausalLM.from_pretrained(vllm_world) for _ in range(2))
+        cfg = SdpoConfig(lr=1e-2, steps=2, batch_size=2, generations=2, max_new_tokens=8, backend=ENGINE)
+        run = Sdpo(student, teacher, tok, cfg)
+        problems = [{"prompt": p, "answer": "1", "task": "arith"} for p in ("3*4=", "5*6=")]
+        sums = []
+        for step in (1, 2):
+            sums.append({n: float(p.detach().double().sum()) for n, p in student.named_parameters()})
+            rollouts = run.sample(problems, step)
+            assert len(rollouts) == 4
+            with torch.no_grad():  # stands in for an update: the engine must see the new weights
+                next(student.parameters()).add_(1.0)
+        assert [name for name, _ in vllm.CALLS] == ["init"] + ["load_weights", "reset_prefix_cache", "generate"] * 2
+        assert calls(vllm, "load_weights") == sums
+        assert all(g["params"].n == 2 for g in calls(vllm, "generate"))  # G rollouts of each problem
+    finally:
+        sys.modules.pop("vllm", None)
+
+
+@pytest.fixture(scope="module")
+def vllm_world(tmp_path_factory):
+    from graftlab.world import build
+    from graftlab.world.tokenizer import build_tokenizer
+
+    root = tmp_path_factory.mktemp("sdpo-vllm")
+    tok = build_tokenizer()
+    build.init_model(
+        tok, dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=128), seed=0
+    ).save_pretrained(root)
+    tok.save_pretrained(root)
+    return root
