@@ -270,3 +270,53 @@ def vllm_world(tmp_path_factory):
     ).save_pretrained(root)
     tok.save_pretrained(root)
     return root
+
+
+# A run as its own process, saving its state after every step and SIGKILLing itself after the save of
+# step `kill_at`: a preemption with no cleanup of any kind.
+KILLED = """
+import json, os, signal, sys
+from pathlib import Path
+from graftlab.tasks import TASKS, Task
+from graftlab.train import resume as rs
+from graftlab.train.sdpo import SdpoConfig, train_sdpo
+
+model, out, state_dir, cfg, kill_at = sys.argv[1:]
+TASKS["coin"] = Task("coin", prompt=str, grade=lambda c, a: len(c) % 2 == 0, reference=str)
+save_state = rs.save_state
+
+def save(r, state):
+    save_state(r, state)
+    if state["step"] == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+rs.save_state = save
+problems = [{"prompt": f"{i}+{i}=", "answer": "0", "task": "coin"} for i in range(6)]
+train_sdpo(model, problems, SdpoConfig(**json.loads(cfg)), out, resume=rs.Resume(Path(state_dir), 0))
+"""
+
+
+def test_a_killed_run_resumes_with_its_ema_teacher_and_ends_on_the_same_weights(world_pico, tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    cfg = dict(lr=1e-2, steps=4, teacher="ema:0.5", cot=True, batch_size=2, generations=4, save_steps=[4])
+    coin = Task("coin", prompt=str, grade=lambda c, a: len(c) % 2 == 0, reference=str)
+    monkeypatch.setitem(TASKS, "coin", coin)
+    problems = [{"prompt": f"{i}+{i}=", "answer": "0", "task": "coin"} for i in range(6)]
+    reference = train_sdpo(world_pico, problems, SdpoConfig(**(cfg | {"save_steps": (4,)})), tmp_path / "reference")
+    args = [str(world_pico), str(tmp_path / "run"), str(tmp_path / "state"), json.dumps(cfg)]
+    run = lambda kill: subprocess.run([sys.executable, "-c", KILLED, *args, str(kill)], capture_output=True, text=True)  # noqa: E731
+    assert run(2).returncode < 0 and not (tmp_path / "run").exists()
+    rerun = run(0)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert "resume: SDPO continues after step 2" in rerun.stdout
+    log = [json.loads(x) for x in (tmp_path / "run" / "steps.jsonl").open()]
+    assert [s["loss"] for s in log] == [s["loss"] for s in reference]  # steps 3-4 read the restored teacher
+    a, b = (
+        load_file(tmp_path / "reference/step~4/model.safetensors"),
+        load_file(tmp_path / "run/step~4/model.safetensors"),
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
