@@ -125,3 +125,12 @@ def test_steps_without_the_epoch_asked_for_are_refused(root):
     _steps(root / "opsd/post/alpha~0.5/lr~1e-4", [{"step": 1, "sample_s": 1.0, "update_s": 1.0}])
     with pytest.raises(ValueError, match="1 of 2 steps"):
         run_costs(_summary(opsd), root)
+
+
+def test_a_reused_batch_spreads_its_sampling_over_the_steps_that_use_it():
+    from graftlab.analysis.latency import per_batch
+
+    steps = pl.DataFrame({"sample_s": [1.0, 0.0, 3.0, 0.0], "update_s": [0.2, 0.4, 0.2, 0.2]})
+    assert per_batch(steps).rows() == [(0.5, 0.3), (1.5, 0.2)]
+    sft = pl.DataFrame({"sample_s": [0.0, 0.0], "update_s": [0.2, 0.4]})
+    assert per_batch(sft).rows() == [(0.0, 0.2), (0.0, 0.4)]

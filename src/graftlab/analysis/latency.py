@@ -136,10 +136,26 @@ def run_costs(summary: pl.DataFrame, root: str | Path) -> pl.DataFrame:
     return table.with_columns(best=pl.col("run").is_in(best.implode()))
 
 
+def per_batch(steps: pl.DataFrame) -> pl.DataFrame:
+    """Seconds per optimizer step, each sampled batch's spread over the steps that use it: a step that
+    reuses its batch (GRPO's and SDPO's `updates_per_batch` > 1) logs no sampling, and a median over such
+    steps would hide the sampling. A run that never samples (SFT) keeps its steps as they are."""
+    steps = steps.select("sample_s", "update_s")
+    if not (steps["sample_s"] > 0).any():
+        return steps
+    batch = (pl.col("sample_s") > 0).cum_sum().alias("batch")
+    return (
+        steps.group_by(batch, maintain_order=True)
+        .agg(pl.col("sample_s").mean(), pl.col("update_s").mean())
+        .select("sample_s", "update_s")
+    )
+
+
 def step_latency(ledger_root: str | Path, runs: pl.DataFrame) -> pl.DataFrame:
-    """Median seconds of one optimizer step, sampling and update, per method: OPSD (all its runs), SFT of
-    post, and the donor SFT grafting trains with; and the median seconds of one graft, done once. Medians,
-    since a run's first step also warms up and a short run has few steps to average it away."""
+    """Median seconds of one optimizer step, sampling and update, per method: each on-policy method (all
+    its runs, over sampled batches: `per_batch`), SFT of post, and the donor SFT grafting trains with; and
+    the median seconds of one graft, done once. Medians, since a run's first step also warms up and a short
+    run has few steps to average it away."""
     ledger, rows = Ledger(ledger_root), []
     groups = {METHOD_NAMES[m]: {training_dir(r) for r in runs.filter(method=m)["run"]} for m in ON_POLICY} | {
         "SFT of post": {f"sft/post/lr~{r['lr']}" for r in runs.filter(method="sft").iter_rows(named=True)},
@@ -149,7 +165,7 @@ def step_latency(ledger_root: str | Path, runs: pl.DataFrame) -> pl.DataFrame:
     }
     for name, dirs in groups.items():
         if dirs:
-            steps = pl.concat([ledger.steps(d).select("sample_s", "update_s") for d in sorted(dirs)])
+            steps = pl.concat([per_batch(ledger.steps(d)) for d in sorted(dirs)])
             rows.append(
                 {
                     "what": name,
