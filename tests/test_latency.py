@@ -130,7 +130,7 @@ def test_steps_without_the_epoch_asked_for_are_refused(root):
 def test_a_reused_batch_spreads_its_sampling_over_the_steps_that_use_it():
     from graftlab.analysis.latency import per_batch
 
-    steps = pl.DataFrame({"sample_s": [1.0, 0.0, 3.0, 0.0], "update_s": [0.2, 0.4, 0.2, 0.2]})
-    assert per_batch(steps).rows() == [(0.5, 0.3), (1.5, 0.2)]
+    steps = pl.DataFrame({"sample_s": [1.0, 0.0, 3.0, 0.0], "update_s": [0.25, 0.5, 0.25, 0.25]})
+    assert per_batch(steps).rows() == [(0.5, 0.375), (1.5, 0.25)]
     sft = pl.DataFrame({"sample_s": [0.0, 0.0], "update_s": [0.2, 0.4]})
     assert per_batch(sft).rows() == [(0.0, 0.2), (0.0, 0.4)]
