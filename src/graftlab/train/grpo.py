@@ -1,0 +1,385 @@
+"""GRPO of the post model (docs/methods.md, GRPO): the second paper's sequence-level RL baseline.
+
+Each step the policy samples `generations` (G) completions of each of `batch_size` problems of the
+setting's SFT data (`graftlab.train.problems.rl_problems`) at `temperature`; the task's verifier rewards
+each 1 or 0 (`get_task(task).grade(task.turn(completion), answer)`; a knowledge question's pre-filled
+empty think block is part of its prompt, and its greedy decoding is not used: RL samples). The
+advantage of a completion is its reward minus its group's mean, divided by the group's reward std when
+`scale_rewards` is on; the loss is the clipped importance-ratio objective and, with `beta` > 0, beta
+times TRL's k3 estimate of the KL to the post model; `updates_per_batch` optimizer steps are taken on
+each sampled batch (TRL's num_iterations).
+
+TRL 1.16's `GRPOTrainer` does all of that; what we set and measured on the CPU (tests/test_grpo.py):
+
+- Groups whose rewards are all equal get advantage exactly 0 (r - mean r is 0, divided by 0 + 1e-4),
+  hence a per-token loss of exactly 0 and, with beta = 0, a zero gradient: a step on a batch of
+  all-correct or all-wrong groups leaves every weight bit for bit where it was (weight decay is 0).
+- The std is the sample std (Bessel-corrected), eps 1e-4 (as `graftlab.synth.pedagogical.group_advantages`);
+  `scale_rewards: false` is TRL's `scale_rewards="none"`, mean-centred only.
+- The loss is per token: TRL's default `loss_type="dapo"` (set explicitly here) sums the per-token
+  losses over every response token of the step's batch and divides by their count, across
+  micro-batches too, as OPSD pools its tokens and verl's `token-mean` does. On-policy (the ratio is 1)
+  the logged loss is therefore -sum_i A_i n_i / sum_i n_i over completions of n_i tokens, not 0 as the
+  per-sequence mean of zero-mean advantages would be.
+- beta = 0 (TRL's default and ours) loads no reference model at all and logs no `kl`. With beta > 0,
+  TRL reloads the post model as the reference; the per-token term is k3 =
+  exp(ref - logp) - (ref - logp) - 1, multiplied by the importance ratio (TRL's default
+  `use_bias_correction_kl`): its value is k3 (the ratio is 1 on-policy), but the ratio is differentiable,
+  so the gradient is (logp - ref) grad logp, the unbiased gradient of KL(policy || post); k3 alone would
+  give (1 - exp(ref - logp)) grad logp, whose expectation is the gradient of the forward KL.
+- Defaults we change: a constant learning rate (TRL's is linear decay to 0), as OPSD and SDPO use
+  plain AdamW; the prompt order fixed in advance (`graftlab.streams.passes`, `shuffle_dataset` off, as the
+  Pedagogical RL teacher does, so a resumed run reads the prompts an uninterrupted one did). Kept as TRL
+  has them: gradient clipping at norm 1, AdamW without weight decay, truncated completions trained on.
+
+What TRL does not do, done here: sampling and update seconds apart (TRL logs only a `step_time` that
+includes generation). `_Trainer` times `_generate`, TRL's rollout (tokenising the prompts, generation,
+and with vLLM the weights moved into the engine) as `sample_s`; the rest of the step's wall time is
+`update_s`: rewards, advantages, the old and reference log-probabilities where needed, forward,
+backward and the optimizer step. On a step that reuses its batch (`updates_per_batch` > 1) `sample_s`
+is 0. Also ours: kept checkpoints written at their steps by a callback, and a step log of the sampled
+batch each step trains on (reward, accuracy, response length and tokens, the share of looping tails,
+the share of groups with all-equal rewards, which carry no gradient) beside TRL's loss, entropy
+(mean over response tokens at the update's forward pass) and, with beta > 0, kl.
+"""
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graftlab.errors import GraftlabError
+from graftlab.schema import schema_default
+from graftlab.streams import passes
+
+# Our per-step metrics ride in TRL's logs under this prefix, so the Trainer's log history (restored on
+# resume from its checkpoint) holds them beside TRL's own.
+PREFIX = "grpo/"
+# TRL metrics copied into the step log under our names, where TRL logged them.
+TRL_METRICS = {"loss": "loss", "entropy": "entropy", "kl": "kl", "clip_ratio/region_mean": "clipped"}
+
+
+@dataclass(frozen=True)
+class GrpoConfig:
+    """Defaults are the schema's `grpo` section and top-level keys (`graftlab.schema`)."""
+
+    lr: float
+    steps: int = schema_default("grpo", "steps")  # optimizer steps
+    save_steps: tuple[int, ...] = ()  # checkpoints kept; empty: the last step only
+    batch_size: int = schema_default("grpo", "batch_size")  # problems per sampled batch
+    generations: int = schema_default("grpo", "generations")  # G, samples per problem: one group
+    updates_per_batch: int = schema_default("grpo", "updates_per_batch")  # TRL's num_iterations
+    micro_batch_size: int | str = schema_default("grpo", "micro_batch_size")  # completions per pass
+    beta: float = schema_default("grpo", "beta")  # k3 KL to the post model; 0: no reference model
+    epsilon: float = schema_default("grpo", "epsilon")  # clip range of the importance ratio
+    scale_rewards: bool = schema_default("grpo", "scale_rewards")  # divide advantages by the group's std
+    max_new_tokens: int = schema_default("grpo", "max_new_tokens")
+    temperature: float = schema_default("grpo", "temperature")
+    seed: int = 0
+    threads: int = 1
+    precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
+    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
+    save_dtype: str = schema_default("", "save_dtype")  # of the checkpoints written; auto: the post model's
+    # Sampling (graftlab.sampling.Engine.of reads it): with vLLM, TRL's colocated engine, into which TRL
+    # itself moves the current weights each step.
+    backend: Any = schema_default("", "sampling_backend")
+
+    def __post_init__(self) -> None:
+        positive = {"lr": self.lr, "epsilon": self.epsilon, "temperature": self.temperature}
+        bad = [k for k, v in positive.items() if not v > 0]
+        counts = {"steps": 1, "batch_size": 1, "generations": 2, "updates_per_batch": 1, "max_new_tokens": 1}
+        bad += [k for k, least in counts.items() if not getattr(self, k) >= least]
+        bad += ["beta"] if not self.beta >= 0 else []
+        bad += ["scale_rewards"] if not isinstance(self.scale_rewards, bool) else []
+        if bad:
+            raise GraftlabError(
+                f"GRPO config: bad {bad} (lr, epsilon, temperature > 0; steps, batch_size, updates_per_batch, "
+                f"max_new_tokens >= 1; generations >= 2; beta >= 0; scale_rewards true or false): {self}"
+            )
+        late = [s for s in self.save_steps if not 1 <= s <= self.steps]
+        if late:
+            raise GraftlabError(f"GRPO save_steps {late} outside 1..steps = {self.steps}")
+        if self.micro_batch_size != "auto":
+            from graftlab.train.precision import micro_batch
+
+            micro_batch(self.micro_batch_size, self.completions, 0, None)  # divides the batch, or an error
+
+    @property
+    def completions(self) -> int:
+        """Completions a sampled batch holds: what micro-batches make up."""
+        return self.batch_size * self.generations
+
+    def checkpoints(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.save_steps))) or (self.steps,)
+
+
+@dataclass
+class _Clock:
+    """The current step's timing and the sampled batch it trains on, shared by the trainer, its reward
+    function and the checkpoint callback."""
+
+    start: float | None = None  # the step's first forward pass
+    end: float | None = None  # its optimizer step done, before any checkpoint is written
+    sample_s: float = 0.0
+    batch: dict = field(default_factory=dict)  # metrics of the batch last sampled
+    batches: list = field(default_factory=list)  # rewards, advantages and lengths of every batch (tests read it)
+
+
+def make_reward(tokenizer, clock: _Clock, generations: int):
+    """TRL's reward function over a dataset with `answer` and `task` columns: 1.0 where the task's verifier
+    accepts the whole assistant turn, else 0.0; records the sampled batch's metrics in `clock`."""
+    from graftlab.tasks import get_task
+    from graftlab.train.curves import repeated_rate
+
+    def verifier(prompts, completions, completion_ids, answer, task, **_):
+        # TRL's `completions` skip special tokens, `</think>` among them; grading needs the exact text.
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
+        tasks = [get_task(t) for t in task]
+        rewards = [float(k.grade(k.turn(c), str(a))) for k, c, a in zip(tasks, texts, answer, strict=True)]
+        tokens = [len(ids) for ids in completion_ids]
+        groups = [rewards[i : i + generations] for i in range(0, len(rewards), generations)]
+        clock.batch = {
+            "reward": sum(rewards) / len(rewards),
+            "accuracy": sum(r > 0 for r in rewards) / len(rewards),
+            "response_len": sum(tokens) / len(tokens),
+            "response_tokens": sum(tokens),
+            "repeated_rate": repeated_rate(texts),
+            "flat_groups": sum(len(set(g)) == 1 for g in groups) / len(groups),
+        }
+        clock.batches.append({"rewards": rewards, "tokens": tokens})
+        return rewards
+
+    return verifier
+
+
+def _trainer_class():
+    from trl import GRPOTrainer
+
+    class _Trainer(GRPOTrainer):
+        """TRL's GRPOTrainer with sampling and update timed apart and our step metrics in its logs."""
+
+        clock: _Clock
+
+        def training_step(self, model, inputs, num_items_in_batch):
+            if self.clock.start is None:
+                self.clock.start = time.perf_counter()
+            return super().training_step(model, inputs, num_items_in_batch)
+
+        def _generate(self, prompts):
+            start = time.perf_counter()
+            out = super()._generate(prompts)
+            self.clock.sample_s += time.perf_counter() - start
+            return out
+
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            self.clock.batches[-1]["advantages"] = out["advantages"].tolist()
+            return out
+
+        def log(self, logs, start_time=None):
+            if "loss" in logs and self.clock.start is not None:  # a training step's log, not the summary
+                c = self.clock
+                total = (c.end or time.perf_counter()) - c.start
+                timing = {"sample_s": c.sample_s, "update_s": total - c.sample_s}
+                logs.update({PREFIX + k: v for k, v in (c.batch | timing).items()})
+                c.start, c.end, c.sample_s = None, None, 0.0
+            super().log(logs, start_time)
+
+    return _Trainer
+
+
+def _checkpoint_callback(clock: _Clock, keep: set[int], save):
+    """Stamps each step's end for `_Trainer.log`, then calls `save(step)` at the kept steps (the Trainer's
+    own checkpoints are for resuming only)."""
+    from transformers import TrainerCallback
+
+    class KeepSteps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            clock.end = time.perf_counter()
+            if state.global_step in keep:
+                save(state.global_step)
+
+    return KeepSteps()
+
+
+def grpo_dataset(tokenizer, problems: list[dict], cfg: GrpoConfig):
+    """The prompts of every sampled batch in order, each chat-formatted as its task formats it: the
+    problems in fresh seeded orders, one pass after another, as many as `cfg.steps` optimizer steps read
+    (a batch serves `updates_per_batch` steps)."""
+    from datasets import Dataset
+
+    from graftlab.tasks import get_task
+
+    if not problems:
+        raise GraftlabError("GRPO: no problems")
+    rows = [
+        {
+            "prompt": get_task(p["task"]).chat_prompt(tokenizer, p["prompt"]),
+            "answer": str(p["answer"]),
+            "task": p["task"],
+        }
+        for p in problems
+    ]
+    needed = math.ceil(cfg.steps / cfg.updates_per_batch) * cfg.batch_size
+    return Dataset.from_list([rows[i] for i in passes(len(rows), needed, "grpo-order", cfg.seed)])
+
+
+def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, callbacks=(), precision=None, clock=None):
+    """TRL's trainer for GRPO of the model at `post_dir`, its Trainer state under `work`; `trainer.clock`
+    (`clock`, or a new one) holds the step's timing and the record of every sampled batch."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftlab.train.precision import WEIGHTS_DTYPE, Precision
+
+    tok = AutoTokenizer.from_pretrained(post_dir)
+    dataset = grpo_dataset(tok, problems, cfg)
+    model = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
+    clock = clock or _Clock()
+    precision = precision or Precision("fp32", "none chosen")
+    trainer = _trainer_class()(
+        model=model,
+        reward_funcs=[make_reward(tok, clock, cfg.generations)],
+        args=_grpo_args(cfg, work, precision, _micro(cfg, dataset["prompt"], tok, model)),
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=list(callbacks) or None,
+    )
+    trainer.clock = clock
+    return trainer
+
+
+def _micro(cfg: GrpoConfig, prompts: list[str], tok, model) -> int:
+    """Completions per forward and backward pass: `cfg.micro_batch_size`, or with `auto` sized on CUDA for
+    the longest prompt plus a full completion, beside the reference model TRL loads when beta > 0."""
+    from graftlab.train.precision import micro_batch
+
+    if cfg.micro_batch_size != "auto" or not torch.cuda.is_available():
+        return micro_batch(cfg.micro_batch_size, cfg.completions, 0, model)
+    longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in set(prompts))
+    frozen = sum(p.numel() for p in model.parameters()) if cfg.beta > 0 else 0
+    return micro_batch("auto", cfg.completions, longest + cfg.max_new_tokens, model, frozen_params=frozen)
+
+
+def _grpo_args(cfg: GrpoConfig, work: Path, precision, micro: int):
+    from trl import GRPOConfig
+
+    from graftlab.sampling import grpo_vllm_kwargs
+    from graftlab.train.precision import accumulation, checkpointing
+
+    recompute = checkpointing(cfg.gradient_checkpointing)
+    accumulated = accumulation(cfg.completions, micro)
+    on = "on" if recompute else "off"
+    print(f"batch: {cfg.completions} = {micro} x {accumulated} accumulated; gradient checkpointing {on}", flush=True)
+    return GRPOConfig(
+        output_dir=str(work),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulated,
+        num_generations=cfg.generations,
+        num_iterations=cfg.updates_per_batch,
+        max_completion_length=cfg.max_new_tokens,
+        max_steps=cfg.steps,
+        learning_rate=cfg.lr,
+        lr_scheduler_type="constant",
+        temperature=cfg.temperature,
+        beta=cfg.beta,
+        epsilon=cfg.epsilon,
+        scale_rewards="group" if cfg.scale_rewards else "none",
+        loss_type="dapo",
+        seed=cfg.seed,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        **precision.trainer_kwargs(),
+        **grpo_vllm_kwargs(cfg.backend),
+        # Set always: TRL defaults it to on, which recomputed every layer even on a CPU.
+        activation_checkpointing=recompute,
+        activation_checkpointing_kwargs={"use_reentrant": False} if recompute else None,
+    )
+
+
+def step_log(history: list[dict]) -> list[dict]:
+    """One row per optimizer step from the Trainer's log history: our metrics and TRL's, under our names."""
+    rows = []
+    for h in history:
+        if PREFIX + "sample_s" not in h:
+            continue
+        row = {"step": h["step"]} | {new: h[old] for old, new in TRL_METRICS.items() if h.get(old) is not None}
+        rows.append(row | {k.removeprefix(PREFIX): v for k, v in h.items() if k.startswith(PREFIX)})
+    return rows
+
+
+def train_grpo(post_dir, problems: list[dict], cfg: GrpoConfig, out_dir, inputs=None, resume=None) -> list[dict]:
+    """GRPO of the model at `post_dir` on `problems` ([{prompt, answer, task}]); writes `out_dir/step~N` for
+    every kept checkpoint, `out_dir/steps.jsonl` (one line per optimizer step) and `out_dir/training.png`,
+    all at once when the run ends (a failed run leaves nothing). With `resume` (a
+    `graftlab.train.resume.Resume`), the Trainer saves its full state every `resume.minutes` and a rerun
+    continues from the newest."""
+    from graftlab.atomic import atomic_dir
+    from graftlab.train import resume as rs
+    from graftlab.train.curves import plot_training
+
+    if not problems:
+        raise GraftlabError("GRPO: no problems")
+    out_dir = Path(out_dir)
+    if resume is not None:
+        resume.open(rs.fingerprint(cfg, post=str(post_dir), problems=len(problems)))
+    # Kept checkpoints wait in the resume directory, which survives a kill, or in a scratch directory.
+    work = resume.dir if resume is not None else out_dir.parent / f".{out_dir.name}.work-{os.getpid()}"
+    try:
+        done = rs.trained(resume)
+        log = done["log"] if done is not None else _train(post_dir, problems, cfg, inputs, resume, work)
+        with atomic_dir(out_dir) as tmp:
+            for step in cfg.checkpoints():
+                rs.link_tree(work / f"step~{step}", tmp / f"step~{step}")
+            (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+            plot_training(log, tmp / "training.png")
+    finally:
+        if resume is None:
+            shutil.rmtree(work, ignore_errors=True)
+    if resume is not None:
+        resume.finish()
+    return log
+
+
+def _train(post_dir, problems: list[dict], cfg: GrpoConfig, inputs, resume, work: Path) -> list[dict]:
+    """The training: kept checkpoints into `work`; with `resume`, the Trainer's state saved there when due
+    and the end of training marked. Returns the step log."""
+    from graftlab.provenance import write_provenance
+    from graftlab.train import resume as rs
+    from graftlab.train.precision import announce, cast_saved, save_dtype
+
+    torch.set_num_threads(cfg.threads)
+    precision = announce(cfg.precision)
+    dtype = save_dtype(cfg.save_dtype, post_dir)
+    trainer = None
+
+    def save(step: int) -> None:
+        path = work / f"step~{step}"
+        trainer.accelerator.unwrap_model(trainer.model).save_pretrained(path)
+        trainer.processing_class.save_pretrained(path)
+        cast_saved(path, dtype)
+        extra = {"step": step, "problems": len(problems), "save_dtype": dtype}
+        write_provenance(path, inputs or {"post": str(post_dir)}, asdict(cfg), extra=extra)
+
+    clock = _Clock()
+    # Ours first: a step's end is stamped before the resume callback asks for a Trainer checkpoint.
+    callbacks = [_checkpoint_callback(clock, set(cfg.checkpoints()), save)]
+    if resume is not None:
+        callbacks.append(rs.trainer_callback(resume))
+    trainer_dir = resume.dir if resume is not None else work / "trainer"
+    trainer = make_trainer(post_dir, problems, cfg, trainer_dir, callbacks, precision, clock)
+    trainer.train(resume_from_checkpoint=rs.last_checkpoint(resume) if resume is not None else None)
+    log = step_log(trainer.state.log_history)
+    if resume is not None:
+        rs.mark_trained(resume, {"log": log})
+    return log

@@ -1,0 +1,26 @@
+"""GRPO of the post model at one learning rate on its setting's SFT problems; a checkpoint per save step."""
+
+import polars as pl
+
+from graftlab.joblog import job_log
+from graftlab.train.grpo import GrpoConfig, train_grpo
+from graftlab.train.problems import rl_problems
+from graftlab.train.resume import Resume, resume_dir
+
+p, inp = snakemake.params, snakemake.input
+g = {k: v for k, v in p.grpo.items() if k not in ("lr", "checkpoints")}
+with job_log(snakemake.log[0], snakemake.threads):
+    cfg = GrpoConfig(
+        lr=float(p.lr),
+        save_steps=tuple(p.save_steps),
+        seed=p.seed,
+        threads=snakemake.threads,
+        precision=p.precision,
+        gradient_checkpointing=p.gradient_checkpointing,
+        save_dtype=p.save_dtype,
+        backend=p.backend,
+        **g,
+    )
+    problems = rl_problems(pl.read_parquet(inp.data))
+    resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
+    train_grpo(inp.model, problems, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data}, resume)
