@@ -43,12 +43,9 @@ the share of groups with all-equal rewards, which carry no gradient) beside TRL'
 (mean over response tokens at the update's forward pass) and, with beta > 0, kl.
 """
 
-import json
 import math
-import os
-import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -324,39 +321,23 @@ def train_grpo(post_dir, problems: list[dict], cfg: GrpoConfig, out_dir, inputs=
     all at once when the run ends (a failed run leaves nothing). With `resume` (a
     `graftlab.train.resume.Resume`), the Trainer saves its full state every `resume.minutes` and a rerun
     continues from the newest."""
-    from graftlab.atomic import atomic_dir
     from graftlab.train import resume as rs
-    from graftlab.train.curves import plot_training
+    from graftlab.train.onpolicy import publish_run
 
     if not problems:
         raise GraftlabError("GRPO: no problems")
-    out_dir = Path(out_dir)
-    if resume is not None:
-        resume.open(rs.fingerprint(cfg, post=str(post_dir), problems=len(problems)))
-    # Kept checkpoints wait in the resume directory, which survives a kill, or in a scratch directory.
-    work = resume.dir if resume is not None else out_dir.parent / f".{out_dir.name}.work-{os.getpid()}"
-    try:
-        done = rs.trained(resume)
-        log = done["log"] if done is not None else _train(post_dir, problems, cfg, inputs, resume, work)
-        with atomic_dir(out_dir) as tmp:
-            for step in cfg.checkpoints():
-                rs.link_tree(work / f"step~{step}", tmp / f"step~{step}")
-            (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-            plot_training(log, tmp / "training.png")
-    finally:
-        if resume is None:
-            shutil.rmtree(work, ignore_errors=True)
-    if resume is not None:
-        resume.finish()
-    return log
+    mark = rs.fingerprint(cfg, post=str(post_dir), problems=len(problems))
+    return publish_run(
+        out_dir, cfg.checkpoints(), resume, mark, lambda work: _train(post_dir, problems, cfg, inputs, resume, work)
+    )
 
 
 def _train(post_dir, problems: list[dict], cfg: GrpoConfig, inputs, resume, work: Path) -> list[dict]:
     """The training: kept checkpoints into `work`; with `resume`, the Trainer's state saved there when due
     and the end of training marked. Returns the step log."""
-    from graftlab.provenance import write_provenance
     from graftlab.train import resume as rs
-    from graftlab.train.precision import announce, cast_saved, save_dtype
+    from graftlab.train.onpolicy import save_checkpoint
+    from graftlab.train.precision import announce, save_dtype
 
     torch.set_num_threads(cfg.threads)
     precision = announce(cfg.precision)
@@ -364,12 +345,11 @@ def _train(post_dir, problems: list[dict], cfg: GrpoConfig, inputs, resume, work
     trainer = None
 
     def save(step: int) -> None:
-        path = work / f"step~{step}"
-        trainer.accelerator.unwrap_model(trainer.model).save_pretrained(path)
-        trainer.processing_class.save_pretrained(path)
-        cast_saved(path, dtype)
-        extra = {"step": step, "problems": len(problems), "save_dtype": dtype}
-        write_provenance(path, inputs or {"post": str(post_dir)}, asdict(cfg), extra=extra)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        extra = {"step": step, "problems": len(problems)}
+        save_checkpoint(
+            model, trainer.processing_class, work / f"step~{step}", dtype, inputs or {"post": str(post_dir)}, cfg, extra
+        )
 
     clock = _Clock()
     # Ours first: a step's end is stamped before the resume callback asks for a Trainer checkpoint.

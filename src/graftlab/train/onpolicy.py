@@ -1,5 +1,6 @@
-"""What the on-policy trainers of the post model (OPSD, SDPO) share around their loops: publishing a run's
-kept checkpoints, step log and training curves at once, resumably, and writing one checkpoint.
+"""What the on-policy trainers of the post model (OPSD, GRPO, SDPO) share around their loops: publishing a
+run's kept checkpoints, step log and training curves at once, resumably, writing one checkpoint, and
+(for our own loops, OPSD and SDPO) saving and restoring a loop's state.
 
 A run writes `out_dir/step~N/` for each kept step, `out_dir/steps.jsonl` (a JSON line per optimizer step)
 and `out_dir/training.png`, all at once when training ends: a failed run leaves nothing that looks done.
@@ -56,3 +57,29 @@ def save_checkpoint(model, tokenizer, path: Path, dtype: str, inputs: dict, cfg,
     tokenizer.save_pretrained(path)
     cast_saved(path, dtype)
     write_provenance(path, inputs, asdict(cfg), extra=extra | {"save_dtype": dtype})
+
+
+def save_loop_state(resume, name: str, step: int, log: list[dict], optimizer, **modules) -> None:
+    """A loop's state after `step`: its modules (`model`, the student, and e.g. a moving `teacher`), the
+    optimizer, the RNGs and the step log, renamed into place by `graftlab.train.resume.save_state`."""
+    from graftlab.train import resume as rs
+
+    state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rs.rng_state(), "log": log}
+    rs.save_state(resume, state | {key: m.state_dict() for key, m in modules.items()})
+    print(f"resume: saved {name} step {step} to {resume.dir}", flush=True)
+
+
+def load_loop_state(resume, name: str, optimizer, **modules) -> tuple[list[dict], int]:
+    """The step log so far and the last step done, the modules, optimizer and RNGs restored from the
+    saved state; ([], 0) when there is none."""
+    from graftlab.train import resume as rs
+
+    state = rs.load_state(resume) if resume is not None else None
+    if state is None:
+        return [], 0
+    for key, module in modules.items():
+        module.load_state_dict(state[key])
+    optimizer.load_state_dict(state["optimizer"])
+    rs.set_rng_state(state["rng"])
+    print(f"resume: {name} continues after step {state['step']} from {resume.dir}", flush=True)
+    return state["log"], state["step"]

@@ -257,7 +257,7 @@ def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None,
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graftlab.train import resume as rs
-    from graftlab.train.onpolicy import save_checkpoint
+    from graftlab.train.onpolicy import load_loop_state, save_checkpoint, save_loop_state
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -277,7 +277,7 @@ def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None,
         flush=True,
     )
     keep = set(cfg.checkpoints())
-    log, done = _resume_opsd(run, resume)
+    log, done = load_loop_state(resume, "OPSD", run.optimizer, model=run.student)
     for step, batch in enumerate(batches(examples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
         if step <= done:
             continue  # the data position: the seeded batch order replayed up to the saved step
@@ -287,7 +287,7 @@ def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None,
             extra = {"step": step, "examples": len(examples)}
             save_checkpoint(student, tok, work / f"step~{step}", dtype, inputs or {"post": str(post_dir)}, cfg, extra)
         if resume is not None and step < cfg.steps and resume.due():
-            _save_opsd(run, resume, step, log)
+            save_loop_state(resume, "OPSD", step, log, run.optimizer, model=run.student)
     if resume is not None:
         rs.mark_trained(resume, {"log": log})
     return log
@@ -301,31 +301,3 @@ def _micro(cfg: OpsdConfig, examples: list[dict], tok, student) -> int:
     enc = lambda t: len(tok(chat_prompt(tok, t), add_special_tokens=False)["input_ids"])  # noqa: E731
     longest = max(enc(teacher_text(cfg.template, e["prompt"], e["demonstration"])) for e in examples)
     return micro_batch("auto", cfg.batch_size, longest + cfg.max_new_tokens, student)
-
-
-def _save_opsd(run: Opsd, resume, step: int, log: list[dict]) -> None:
-    from graftlab.train import resume as rs
-
-    state = {
-        "step": step,
-        "model": run.student.state_dict(),
-        "optimizer": run.optimizer.state_dict(),
-        "rng": rs.rng_state(),
-        "log": log,
-    }
-    rs.save_state(resume, state)
-    print(f"resume: saved OPSD step {step} to {resume.dir}", flush=True)
-
-
-def _resume_opsd(run: Opsd, resume) -> tuple[list[dict], int]:
-    """The step log so far and the last step done: from the saved state when there is one."""
-    from graftlab.train import resume as rs
-
-    state = rs.load_state(resume) if resume is not None else None
-    if state is None:
-        return [], 0
-    run.student.load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    rs.set_rng_state(state["rng"])
-    print(f"resume: OPSD continues after step {state['step']} from {resume.dir}", flush=True)
-    return state["log"], state["step"]

@@ -384,12 +384,13 @@ def train_sdpo(post_dir, problems: list[dict], cfg: SdpoConfig, out_dir, inputs:
 def _train(post_dir, problems: list[dict], cfg: SdpoConfig, inputs: dict | None, resume, work: Path) -> list[dict]:
     """The loop: kept checkpoints into `work`, the state saved when due. Returns the step log."""
     from graftlab.train import resume as rs
-    from graftlab.train.onpolicy import save_checkpoint
+    from graftlab.train.onpolicy import load_loop_state, save_checkpoint, save_loop_state
 
     run = _setup(post_dir, cfg, problems)
     dtype = save_dtype(cfg.save_dtype, post_dir)
     keep = set(cfg.checkpoints())
-    log, done = _resume_sdpo(run, resume)
+    modules = {"model": run.student, "teacher": run.teacher}  # an EMA or refreshed teacher is state too
+    log, done = load_loop_state(resume, "SDPO", run.optimizer, **modules)
     step = 0
     for batch in batches(problems, cfg):
         if step + cfg.updates_per_batch <= done:
@@ -417,7 +418,7 @@ def _train(post_dir, problems: list[dict], cfg: SdpoConfig, inputs: dict | None,
                     run.student, run.tok, work / f"step~{step}", dtype, inputs or {"post": str(post_dir)}, cfg, extra
                 )
         if resume is not None and step < cfg.steps and resume.due():
-            _save_sdpo(run, resume, step, log)
+            save_loop_state(resume, "SDPO", step, log, run.optimizer, **modules)
     if resume is not None:
         rs.mark_trained(resume, {"log": log})
     return log
@@ -464,32 +465,3 @@ def _micro(cfg: SdpoConfig, student, tok, problems: list[dict]) -> int:
     longest = max(len(tok(get_task(p["task"]).chat_prompt(tok, p["prompt"]))["input_ids"]) for p in problems)
     template = len(tok(cfg.template + cfg.solution_template + cfg.feedback_template)["input_ids"])
     return micro_batch("auto", cfg.share, longest + template + 2 * cfg.max_new_tokens, student)
-
-
-def _save_sdpo(run: Sdpo, resume, step: int, log: list[dict]) -> None:
-    from graftlab.train import resume as rs
-
-    state = {
-        "step": step,
-        "model": run.student.state_dict(),
-        "teacher": run.teacher.state_dict(),  # an EMA or refreshed teacher is part of the run's state
-        "optimizer": run.optimizer.state_dict(),
-        "rng": rs.rng_state(),
-        "log": log,
-    }
-    rs.save_state(resume, state)
-    print(f"resume: saved SDPO step {step} to {resume.dir}", flush=True)
-
-
-def _resume_sdpo(run: Sdpo, resume) -> tuple[list[dict], int]:
-    from graftlab.train import resume as rs
-
-    state = rs.load_state(resume) if resume is not None else None
-    if state is None:
-        return [], 0
-    run.student.load_state_dict(state["model"])
-    run.teacher.load_state_dict(state["teacher"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    rs.set_rng_state(state["rng"])
-    print(f"resume: SDPO continues after step {state['step']} from {resume.dir}", flush=True)
-    return state["log"], state["step"]
