@@ -320,3 +320,24 @@ def test_a_killed_run_resumes_with_its_ema_teacher_and_ends_on_the_same_weights(
         load_file(tmp_path / "run/step~4/model.safetensors"),
     )
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.workflow
+def test_the_smoke_run_trains_grpo_and_sdpo_and_reports_them(smoke):
+    import polars as pl
+
+    results = smoke / "results" / "expert"
+    summary = pl.read_parquet(results / "summary.parquet")
+    rows = summary.filter(pl.col("method").is_in(["grpo", "sdpo", "sdpo_cot"]))
+    assert sorted(rows["method"].to_list()) == ["grpo", "sdpo", "sdpo", "sdpo", "sdpo_cot"]
+    assert set(rows.filter(pl.col("method") == "sdpo")["teacher"]) == {"frozen", "ema:0.05", "refresh:0.5"}
+    assert rows["step"].to_list() == ["2"] * 5 and rows["new"].is_not_null().all()
+    for run in ("grpo/post/lr~1e-3", "sdpo/post/teacher~refresh:0.5/lr~1e-3", "sdpo_cot/post/teacher~ema:0.05/lr~1e-3"):
+        assert (results / run / "training.png").stat().st_size > 0
+        assert len((results / run / "steps.jsonl").read_text().splitlines()) == 2
+    gain = pl.read_parquet(results / "gain_forgetting.parquet")
+    assert {"grpo", "sdpo", "sdpo_cot"} <= set(gain["method"]) and (results / "gain_forgetting.png").exists()
+    latency = pl.read_parquet(results / "latency_steps.parquet")
+    assert {"GRPO", "SDPO", "SDPO-CoT"} <= set(latency["what"])
+    sensitivity = pl.read_parquet(results / "sensitivity.parquet")
+    assert {"grpo", "sdpo", "sdpo_cot"} <= set(sensitivity["method"])
