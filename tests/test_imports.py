@@ -90,3 +90,34 @@ def test_identity_graft_from_the_command_line_leaves_torch_out(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout + done.stderr
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_the_sensitivity_update_job_leaves_torch_out(tmp_path):
+    """The workflow runs one `sensitivity_update` job per update (75 in the default run): its script, run as
+    Snakemake runs it, computes a bf16 model's row with numpy, never importing torch, transformers or the
+    plotting side (matplotlib)."""
+    script = REPO / "workflow_scripts" / "sensitivity_update.py"
+    assert "from graftlab.analysis.sensitivity_shares import" in script.read_text()
+    rng = np.random.default_rng(0)
+    names = [("model.embed_tokens.weight", (8, 4)), ("model.layers.0.mlp.up_proj.weight", (4, 4))]
+    for role in ("post", "sft"):
+        (tmp_path / role).mkdir()
+        with SafetensorsWriter(tmp_path / role / "model.safetensors", [(n, "BF16", s) for n, s in names]) as w:
+            for name, shape in names:
+                w.write_bytes(name, shape, rng.integers(0x3C00, 0x4000, shape, dtype=np.uint16))
+    (tmp_path / "fisher").mkdir()
+    with SafetensorsWriter(tmp_path / "fisher" / "diag.safetensors", [(n, "F32", s) for n, s in names]) as w:
+        for name, shape in names:
+            w.write_bytes(name, shape, rng.random(shape, dtype=np.float32))
+    out = tmp_path / "share.parquet"
+    code = (
+        "import runpy, sys; from types import SimpleNamespace as N; "
+        f"job = N(input=N(fisher={str(tmp_path / 'fisher')!r}, post={str(tmp_path / 'post')!r}), "
+        f"params=N(run='sft/post/lr~1e-3/epoch~2', model={str(tmp_path / 'sft')!r}, top=0.1), "
+        f"output=[{str(out)!r}], log=[{str(tmp_path / 'job.log')!r}], threads=2); "
+        f"runpy.run_path({str(script)!r}, init_globals={{'snakemake': job}}); "
+        "print(sorted({'torch', 'transformers', 'matplotlib'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+    assert out.is_file()

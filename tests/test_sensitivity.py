@@ -9,14 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from graftlab.analysis.sensitivity import (
-    KINDS,
-    collect_sensitivity,
-    plot_sensitivity,
-    sensitivity_table,
-    top_threshold,
-    write_update_sensitivity,
-)
+from graftlab.analysis.sensitivity import collect_sensitivity, plot_sensitivity
+from graftlab.analysis.sensitivity_shares import KINDS, sensitivity_table, top_threshold, write_update_sensitivity
 from graftlab.errors import GraftlabError
 
 SFT = "sft/post/lr~1e-3/epoch~2"
@@ -103,6 +97,25 @@ def test_shares_equal_an_independent_sort_over_all_parameters(pico_model, post, 
     assert table.filter(pl.col("run") == SFT)["method"].item() == "sft"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_models_are_widened_exactly(pico_model, tmp_path, dtype):
+    """Real models are stored in bf16, which numpy lacks: read as raw bits and widened, the measures equal
+    the independent sort over the same values widened by torch."""
+    post = pico_model("post", dtype=dtype)
+    fisher = random_fisher(post, tmp_path)
+    sft = pico_model("sft", seed=1, base=post, noise=0.01, dtype=dtype)
+    graft = pico_model("graft", seed=2, base=post, noise=0.003, dtype=dtype)
+    assert {t.dtype for m in (post, sft, graft) for t in weights(m).values()} == {dtype}
+    table = sensitivity_table(fisher, post, {SFT: sft, GRAFT: graft}, top=0.1)
+    for run, model in ((SFT, sft), (GRAFT, graft)):
+        row = table.filter(pl.col("run") == run).row(0, named=True)
+        want = reference(fisher, post, model, 0.1, keep=lambda n: "mlp" in n)
+        assert row["top_count"] == want["top_count"]
+        for col in ("fisher_share", "sq_share", "predicted_rise", "update_norm", "fisher_top_mass"):
+            assert row[col] == pytest.approx(want[col], rel=1e-5), col
+        assert row["fisher_share_mlp"] == pytest.approx(want["kept_share"], rel=1e-5)
+
+
 def placed_update(post, tmp_path, name, fisher_dir, inside: bool, seed=0):
     """post + a random update exactly on the top-1% Fisher coordinates (or exactly off them)."""
     F, p = load_file(fisher_dir / "diag.safetensors"), weights(post)
@@ -173,13 +186,17 @@ def test_ties_at_the_threshold_count_fractionally(pico_model, post, tmp_path):
     weight = (k - n_pos) / (f.size - n_pos)
     assert row["fisher_share"] == pytest.approx(1.0)
     assert row["sq_share"] == pytest.approx((u2[f > 0].sum() + weight * u2[f == 0].sum()) / u2.sum(), rel=1e-6)
+    # -0.0 ties with +0.0, though its bit pattern, as an int32, is the most negative one.
+    negative_zeros = {n: torch.where(t == 0, -0.0, t) for n, t in sparse.items()}
+    negzero = save_fisher(tmp_path / "negzero", negative_zeros)
+    assert sensitivity_table(negzero, post, {SFT: sft}).row(0, named=True) == row
 
 
 @pytest.mark.parametrize("k", [1, 7, 500, 999, 1000])
 def test_top_threshold_is_the_kth_largest_with_its_ties(k):
     gen = torch.Generator().manual_seed(k)
     values = torch.randint(0, 50, (1000,), generator=gen).float() / 7  # many duplicates, zeros included
-    parts = {"a": values[:300].reshape(30, 10), "b": values[300:]}
+    parts = {"a": values[:300].reshape(30, 10).numpy(), "b": values[300:].numpy()}
     threshold, above, tied = top_threshold(parts, k)
     want = np.sort(values.numpy())[::-1][k - 1]
     assert threshold == want
@@ -216,6 +233,14 @@ def test_a_model_of_another_architecture_is_refused_naming_it(pico_model, post, 
     negative = save_fisher(tmp_path / "neg", {n: -torch.ones_like(t) for n, t in weights(post).items()})
     with pytest.raises(GraftlabError, match="negative"):
         sensitivity_table(negative, post, {SFT: post})
+    nan = save_fisher(tmp_path / "nan", {n: torch.full_like(t, math.nan) for n, t in weights(post).items()})
+    with pytest.raises(GraftlabError, match="NaN or Inf"):
+        sensitivity_table(nan, post, {SFT: post})
+    other = save_fisher(tmp_path / "other", {n: torch.ones(3) for n in weights(post)})
+    with pytest.raises(GraftlabError, match="another architecture.*shapes differ"):
+        sensitivity_table(other, post, {SFT: post})
+    with pytest.raises(GraftlabError, match="no diagonal Fisher"):
+        sensitivity_table(tmp_path / "absent", post, {SFT: post})
 
 
 def test_collected_sensitivity_writes_the_table_and_a_png(pico_model, post, tmp_path):
@@ -236,7 +261,7 @@ def test_collected_sensitivity_writes_the_table_and_a_png(pico_model, post, tmp_
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert sorted(p.name for p in out.iterdir()) == ["sensitivity.parquet", "sensitivity.png"]  # no temporaries
     with pytest.raises(ValueError, match="unknown method"):
-        plot_sensitivity(table.with_columns(method=pl.lit("sdpo")), out / "bad.png")
+        plot_sensitivity(table.with_columns(method=pl.lit("no_such_method")), out / "bad.png")
 
 
 def test_rows_written_one_update_at_a_time_collect_into_the_whole_table(pico_model, post, tmp_path):

@@ -1,10 +1,14 @@
-"""The sensitive-weight table of an experiment, one row per update, and its figure."""
+"""The sensitive-weight table of an experiment, one row per update, and its figure.
+
+Torch-free (polars and matplotlib): no thread count is passed to job_log, which would import torch only to
+pin its threads.
+"""
 
 from graftlab.analysis.sensitivity import collect_sensitivity
 from graftlab.joblog import job_log
 
 out = snakemake.output
-with job_log(snakemake.log[0], snakemake.threads):
+with job_log(snakemake.log[0]):
     collect_sensitivity(
         list(snakemake.input),
         out.parquet,
