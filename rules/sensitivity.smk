@@ -17,7 +17,7 @@ rule sensitivity_update:
         "benchmarks/jobs/{exp}/sensitivity/{run}.tsv"
     conda:
         "../envs/cpu.yaml"
-    threads: config["threads"]["sample"]
+    threads: 1  # numpy, one thread (graftlab.analysis.sensitivity_shares)
     resources:
         **sized("sensitivity_update"),
     params:
