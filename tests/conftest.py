@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -9,6 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+
+# One torch thread in the tests and in the processes they start (os.environ is inherited): the whole
+# workflow runs go on beside them (`background`), and torch processes that spin on more threads than
+# the cores left to them run several times slower (docs/methods.md#jobs-threads-and-start-up).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def build_pico_model(
@@ -87,19 +94,103 @@ def world_pico(tmp_path_factory) -> Path:
     return path
 
 
-def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> subprocess.CompletedProcess:
+def snakemake_cmd(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> list[str]:
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
     cmd += ["--configfile", *map(str, configs)] if configs else []
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, cwd=workdir)
+    return cmd + list(args)
+
+
+def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> subprocess.CompletedProcess:
+    return subprocess.run(snakemake_cmd(workdir, *args, configs=configs), capture_output=True, text=True, cwd=workdir)
+
+
+# Whole workflow runs are most of the suite's time, and a run's jobs are mostly process start-up and tiny
+# models on one thread: they are started in the background when the session starts and run beside the
+# other tests, each test that reads one waiting for it (`Background.wait`). Every job gets one thread
+# (--max-threads 1) so that no torch process spins on a core another process holds.
+WHOLE_RUN = ("--cores", "2", "--max-threads", "1", "--quiet")
+# fixture name -> (module file that defines the fixture, or None for conftest's; prepare(workdir) -> the
+# snakemake arguments after the workdir, as `snakemake` takes them).
+BACKGROUND: dict[str, tuple[str | None, Callable[[Path], tuple[tuple[str, ...], tuple[Path, ...]]]]] = {}
+
+
+def in_background(fixture: str, module: str | None = None):
+    """Register ``prepare(workdir) -> (args, configs)`` as the whole run behind ``fixture``: started when
+    the session starts if a selected test uses that fixture (of that module: its ``__file__``)."""
+
+    def register(prepare):
+        BACKGROUND[fixture] = (module, prepare)
+        return prepare
+
+    return register
+
+
+@in_background("smoke")
+def _smoke_run(workdir: Path) -> tuple[tuple[str, ...], tuple[Path, ...]]:
+    return WHOLE_RUN, (SMOKE,)
+
+
+class Background:
+    """The whole runs some selected test needs, each started once, at the start of the session."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self.factory = tmp_path_factory
+        self.runs: dict[str, tuple[Path, subprocess.Popen, Path]] = {}
+        self.done: dict[str, Path] = {}
+
+    def start(self, fixture: str) -> None:
+        if fixture in self.runs:
+            return
+        workdir = self.factory.mktemp(fixture)
+        args, configs = BACKGROUND[fixture][1](workdir)
+        err = self.factory.mktemp(f"{fixture}-stderr") / "stderr.txt"
+        with open(err, "w") as stderr:
+            proc = subprocess.Popen(
+                snakemake_cmd(workdir, *args, configs=configs),
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                cwd=workdir,
+                start_new_session=True,
+            )
+        self.runs[fixture] = (workdir, proc, err)
+
+    def wait(self, fixture: str) -> Path:
+        """The run's workdir once it has finished, asserting that it succeeded."""
+        self.start(fixture)  # not started at the session's start (a fixture of another module): now
+        workdir, proc, err = self.runs[fixture]
+        proc.wait()
+        assert proc.returncode == 0, err.read_text()[-3000:]
+        return workdir
+
+    def stop(self) -> None:
+        for _, proc, _ in self.runs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+def _uses(item: pytest.Item, fixture: str, module: str | None) -> bool:
+    defs = item._fixtureinfo.name2fixturedefs.get(fixture)
+    if not defs:
+        return False
+    return Path(defs[-1].func.__code__.co_filename).resolve() == Path(module or __file__).resolve()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def background(request, tmp_path_factory):
+    """Starts, before the first test, every registered whole run that a selected test uses."""
+    runs = Background(tmp_path_factory)
+    for fixture, (module, _) in BACKGROUND.items():
+        if any(_uses(item, fixture, module) for item in request.session.items):
+            runs.start(fixture)
+    yield runs
+    runs.stop()
 
 
 @pytest.fixture(scope="session")
-def smoke(tmp_path_factory) -> Path:
+def smoke(background) -> Path:
     """configs/smoke.yaml run once, whole, for every workflow test module."""
-    workdir = tmp_path_factory.mktemp("smoke")
-    proc = snakemake(workdir, "--cores", "2", "--quiet")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return workdir
+    return background.wait("smoke")
 
 
 def graft_args(post: Path, donor: Path, tuned: Path, scale: str, out: Path) -> list[str]:

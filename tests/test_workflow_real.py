@@ -7,7 +7,7 @@ import json
 import polars as pl
 import pytest
 import yaml
-from conftest import build_pico_model, snakemake
+from conftest import WHOLE_RUN, build_pico_model, in_background
 
 from graftlab.analysis.pareto import data_title
 
@@ -69,15 +69,18 @@ def real_config(root) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    root = tmp_path_factory.mktemp("real")
+@in_background("real", __file__)
+def real_run(root):
     write_data(root)
     write_models(root)
     (root / "config.yaml").write_text(yaml.safe_dump(real_config(root)))
-    proc = snakemake(root, "--cores", "2", "--quiet", configs=(root / "config.yaml",))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return root
+    return WHOLE_RUN, (root / "config.yaml",)
+
+
+@pytest.fixture(scope="module")
+def real(background):
+    """The run above, started in the background when the session started."""
+    return background.wait("real")
 
 
 def test_real_models_and_data_run_every_stage_without_the_tiny_world(real):
