@@ -169,9 +169,9 @@ def test_knowledge_task_forgives_only_case_spacing_and_a_final_full_stop():
 
 
 def test_unknown_task_names_the_known_ones():
-    with pytest.raises(GraftlabError, match=r"unknown task 'maths'.*\['arith', 'knowledge', 'math'\]"):
+    with pytest.raises(GraftlabError, match=r"unknown task 'maths'.*\['arith', 'knowledge', 'math', 'math_instruct'\]"):
         get_task("maths")
-    assert set(TASKS) == {"arith", "knowledge", "math"}
+    assert set(TASKS) == {"arith", "knowledge", "math", "math_instruct"}
     assert find_task("maths") is None
 
 

@@ -115,8 +115,8 @@ def test_missing_intervals_are_refused_not_scored_as_a_loss():
     assert reproduces(ok)["reproduces"]
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['old_lo', 'old_hi'\].*re-run the evaluations"):
         reproduces(ok.drop("old_lo", "old_hi"))
-    with pytest.raises(ValueError, match=r"unknown method\(s\) \['sdpo'\]"):
-        reproduces(ok.with_columns(method=pl.when(pl.col("run") == "post").then(pl.lit("sdpo")).otherwise("method")))
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['ppo'\]"):
+        reproduces(ok.with_columns(method=pl.when(pl.col("run") == DONOR_SFT).then(pl.lit("ppo")).otherwise("method")))
     with pytest.raises(TypeError, match="polars DataFrame"):
         reproduces({"run": ["post"]})
 
