@@ -51,7 +51,7 @@ rule opsd:
     # On-policy: it samples with vLLM inside the training process, so it needs vLLM's environment.
     conda:
         "../envs/sample-vllm.yaml"
-    threads: config["threads"]["train"]
+    threads: config["threads"]["on_policy"]
     resources:
         **sized("opsd"),
     params:
@@ -85,7 +85,7 @@ rule grpo:
         "benchmarks/jobs/{exp}/grpo/post/lr~{lr}.tsv"
     conda:
         "../envs/sample-vllm.yaml"
-    threads: config["threads"]["train"]
+    threads: config["threads"]["on_policy"]
     resources:
         **sized("grpo"),
     params:
@@ -116,7 +116,7 @@ rule sdpo:
         "benchmarks/jobs/{exp}/{sdpo}/post/teacher~{teacher}/lr~{lr}.tsv"
     conda:
         "../envs/sample-vllm.yaml"
-    threads: config["threads"]["train"]
+    threads: config["threads"]["on_policy"]
     resources:
         **sized("sdpo"),
     params:
