@@ -60,8 +60,9 @@ def test_smoke_run_writes_summary_and_plot(smoke):
     exp = smoke / "results" / "expert"
     summary = pl.read_parquet(exp / "summary.parquet")
     # post; donor step~50 as it is; SFT of post and of the donor at 2 epochs; graft lam 1 and merge lam 0.5
-    # at 2 epochs; diag-masked at rho 0.1: the grafts at both epochs, the merge at epoch 2 (merge.masks.epochs).
-    assert summary.height == 1 + 1 + 4 + 4 + 3 + 3
+    # at 2 epochs; diag-masked at rho 0.1: the grafts at both epochs, the merge at epoch 2 (merge.masks.epochs);
+    # OPSD at 3 alphas, GRPO, SDPO under 3 teacher schedules and SDPO-CoT.
+    assert summary.height == 1 + 1 + 4 + 4 + 3 + 3 + 5
     assert Counter(summary["method"]) == {
         "post": 1,
         "donor": 1,
@@ -70,6 +71,9 @@ def test_smoke_run_writes_summary_and_plot(smoke):
         "graft": 4,
         "merge": 3,
         "opsd": 3,
+        "grpo": 1,
+        "sdpo": 3,
+        "sdpo_cot": 1,
     }
     assert set(summary.filter(pl.col("method") == "opsd")["alpha"]) == {"0", "0.5", "1"}
     masked = summary.filter(pl.col("mask") == "diag")
@@ -144,15 +148,18 @@ def test_latency_charges_every_run_its_timed_work(smoke):
     exp = smoke / "results/expert"
     runs, summary = pl.read_parquet(exp / "latency.parquet"), pl.read_parquet(exp / "summary.parquet")
     assert runs["run"].to_list() == summary["run"].to_list()
-    assert sorted(runs.filter("best")["method"]) == ["graft", "merge", "opsd", "sft"]
-    assert (runs.filter(method="opsd")["sample_s"] > 0).all() and (runs.filter(method="sft")["sample_s"] == 0).all()
+    assert sorted(runs.filter("best")["method"]) == ["graft", "grpo", "merge", "opsd", "sdpo", "sdpo_cot", "sft"]
+    on_policy = runs.filter(pl.col("method").is_in(["opsd", "grpo", "sdpo", "sdpo_cot"]))
+    assert (on_policy["sample_s"] > 0).all() and (runs.filter(method="sft")["sample_s"] == 0).all()
     fisher = json.loads((exp / "fisher/post/rollouts.json").read_text())["sample_s"]
     fisher += json.loads((exp / "fisher/post/diag/seconds.json").read_text())["fisher_s"]
     masked = runs.filter(mask="diag")["fisher_s"].to_list()
     assert masked == pytest.approx([fisher] * 3)  # 2 grafts and a merge ranked by the diag Fisher
     steps = pl.read_parquet(exp / "latency_steps.parquet")
-    assert steps["what"].to_list() == ["OPSD", "SFT of post", "donor SFT (grafting)", "graft (once)"]
-    assert 0 < steps["sampling_share"][0] < 1 and steps["sampling_share"][1:].to_list() == [0, 0, 0]
+    on_policy = ["OPSD", "GRPO", "SDPO", "SDPO-CoT"]
+    assert steps["what"].to_list() == [*on_policy, "SFT of post", "donor SFT (grafting)", "graft (once)"]
+    assert steps["sampling_share"][:4].is_between(0, 1, closed="none").all()
+    assert steps["sampling_share"][4:].to_list() == [0, 0, 0]
 
 
 def test_drift_and_the_study_cover_every_tiny_world_experiment(smoke):
@@ -241,10 +248,11 @@ def test_fisher_settings_rerun_the_fisher_they_shape_and_never_the_rollouts(smok
     # The batch size is memory, not results: nothing re-runs.
     assert planned_jobs(smoke, overlay(tmp_path, "batch", {"fisher": {"batch_size": 4}})) == Counter()
     # More rollouts: new rollouts, a new Fisher, its masked grafts, and every update's sensitivity (the
-    # temporary grafts are rebuilt for it, and so re-evaluated): 2 SFT epochs, 7 grafts, 3 OPSD runs.
+    # temporary grafts are rebuilt for it, and so re-evaluated): 2 SFT epochs, 7 grafts, 3 OPSD, 1 GRPO and
+    # 4 SDPO runs.
     jobs = planned_jobs(smoke, overlay(tmp_path, "more", {"fisher": {"rollouts": 30}}))
-    assert jobs["rollouts"] == 1 and jobs["fisher"] == 1 and jobs["sensitivity_update"] == 12 and jobs["graft"] == 7
-    assert "opsd" not in jobs  # the runs themselves are kept
+    assert jobs["rollouts"] == 1 and jobs["fisher"] == 1 and jobs["sensitivity_update"] == 17 and jobs["graft"] == 7
+    assert not {"opsd", "grpo", "sdpo"} & set(jobs)  # the runs themselves are kept
 
 
 def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
@@ -348,8 +356,8 @@ def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
         tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}), targets=("results/expert/summary.parquet",)
     )
     # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2;
-    # evaluated with post, the donor as it is, the 4 SFT checkpoints and the 3 OPSD runs.
-    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 1 + 4 + 5 + 3
+    # evaluated with post, the donor as it is, the 4 SFT checkpoints, the 3 OPSD runs, GRPO and 4 SDPO runs.
+    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 1 + 4 + 5 + 3 + 5
 
 
 @pytest.mark.parametrize(
