@@ -83,3 +83,23 @@ def load_loop_state(resume, name: str, optimizer, **modules) -> tuple[list[dict]
     rs.set_rng_state(state["rng"])
     print(f"resume: {name} continues after step {state['step']} from {resume.dir}", flush=True)
     return state["log"], state["step"]
+
+
+def load_pair(post_dir, cfg):
+    """The tokenizer, the student and its teacher (a second copy of the post model), both in fp32 master
+    weights on the device, and the precision the loop runs in: the start of our own loops (OPSD, SDPO),
+    with torch's threads and seed set from `cfg`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftlab.train.precision import WEIGHTS_DTYPE, announce, checkpointing
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    precision = announce(cfg.precision)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tok = AutoTokenizer.from_pretrained(post_dir)
+    student, teacher = (AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device) for _ in "st")
+    if checkpointing(cfg.gradient_checkpointing):
+        student.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return tok, student, teacher, precision

@@ -32,10 +32,8 @@ from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt
 from graftlab.train.precision import (
-    WEIGHTS_DTYPE,
     Precision,
     accumulation,
-    announce,
     checkpointing,
     micro_batch,
     save_dtype,
@@ -254,21 +252,12 @@ def train_opsd(
 def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None, resume, work: Path) -> list[dict]:
     """The training loop: kept checkpoints into `work`; with `resume`, its state saved when due and the
     end of training marked. Returns the step log."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graftlab.train import resume as rs
-    from graftlab.train.onpolicy import load_loop_state, save_checkpoint, save_loop_state
+    from graftlab.train.onpolicy import load_loop_state, load_pair, save_checkpoint, save_loop_state
 
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    precision = announce(cfg.precision)
+    tok, student, teacher, precision = load_pair(post_dir, cfg)
     dtype = save_dtype(cfg.save_dtype, post_dir)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tok = AutoTokenizer.from_pretrained(post_dir)
-    student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
-    teacher = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
-    if checkpointing(cfg.gradient_checkpointing):
-        student.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     run = Opsd(student, teacher, tok, cfg, precision, _micro(cfg, examples, tok, student))
     recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
     accumulated = accumulation(cfg.batch_size, run.micro)

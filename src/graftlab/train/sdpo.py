@@ -48,7 +48,7 @@ from graftlab.errors import GraftlabError
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, extract_answer, get_task
-from graftlab.train.precision import WEIGHTS_DTYPE, Precision, accumulation, announce, checkpointing, save_dtype
+from graftlab.train.precision import Precision, accumulation, checkpointing, save_dtype
 from graftlab.train.teacher import parse_schedule, update_teacher
 
 
@@ -426,17 +426,9 @@ def _train(post_dir, problems: list[dict], cfg: SdpoConfig, inputs: dict | None,
 
 def _setup(post_dir, cfg: SdpoConfig, problems: list[dict]) -> Sdpo:
     """The student, the teacher (a second copy of the post model) and the optimizer, on the device."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from graftlab.train.onpolicy import load_pair
 
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    precision = announce(cfg.precision)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tok = AutoTokenizer.from_pretrained(post_dir)
-    student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
-    teacher = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device)
-    if checkpointing(cfg.gradient_checkpointing):
-        student.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    tok, student, teacher, precision = load_pair(post_dir, cfg)
     micro = _micro(cfg, student, tok, problems)
     run = Sdpo(student, teacher, tok, cfg, precision, micro)
     if not cfg.cot and run.close_id is None:
