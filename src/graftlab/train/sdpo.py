@@ -48,6 +48,7 @@ from graftlab.errors import GraftlabError
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, extract_answer, get_task
+from graftlab.train.curves import mean_entropy
 from graftlab.train.precision import Precision, accumulation, checkpointing, save_dtype
 from graftlab.train.teacher import parse_schedule, update_teacher
 
@@ -261,8 +262,9 @@ class Sdpo:
 
         with self.autocast():
             s_logits, every = response_logits(self.student, [r.prompt for r in part], [r.response for r in part])
-        stats["entropy_sum"] += _entropy_sum(s_logits, every)
-        stats["tokens"] += int(every.sum().item())
+        tokens = int(every.sum().item())
+        stats["entropy_sum"] += mean_entropy(s_logits, every) * tokens  # pooled over the update's micro-batches
+        stats["tokens"] += tokens
         rows = [i for i, r in enumerate(part) if r.teacher_prompt is not None and sum(r.mask)]
         if not rows or not total:
             return
@@ -324,13 +326,6 @@ def _token_logprobs(logits: torch.Tensor, rollouts: list[Rollout]) -> torch.Tens
     for i, r in enumerate(rollouts):
         ids[i, : len(r.response)] = torch.tensor(r.response, device=logits.device)
     return torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-
-
-def _entropy_sum(logits: torch.Tensor, mask: torch.Tensor) -> float:
-    with torch.no_grad():
-        lp = torch.log_softmax(logits.float(), -1)
-        h = -(lp.exp() * lp).sum(-1)
-        return float((h * mask).sum())
 
 
 def step_record(step: int, rollouts: list[Rollout], update: dict, sample_s: float, update_s: float) -> dict:
