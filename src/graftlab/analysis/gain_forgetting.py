@@ -110,21 +110,32 @@ def gain_forgetting(summary: pl.DataFrame, roles: dict[str, str] | None = None) 
     ids = [c for c in ("exp", "run", "method") if c in summary.columns] + key_columns(summary)
     runs = summary.filter(~pl.col("method").is_in(EXCLUDED))
     base_acc = pl.col("benchmark").replace_strict(base, return_dtype=pl.Float64)
-    rel = pl.col("rel_delta")
     return (
         _long(runs, roles, ids)
         .with_columns(base_acc.alias("base_acc"))
-        .with_columns((pl.col("acc") - pl.col("base_acc")).alias("delta"))
-        .with_columns(pl.when(pl.col("base_acc") > 0).then(pl.col("delta") / pl.col("base_acc")).alias("rel_delta"))
-        # when/otherwise, not clip: an exact 0.0 where nothing changed, never a -0.0 forgetting.
+        .pipe(relative_change)
         .with_columns(
-            pl.when(rel > 0).then(rel).otherwise(pl.when(rel.is_not_null()).then(0.0)).alias("gain"),
-            pl.when(rel < 0).then(-rel).otherwise(pl.when(rel.is_not_null()).then(0.0)).alias("forgetting"),
             pl.when(pl.col("base_acc").is_null())
             .then(pl.lit(NO_BASE))
             .when(pl.col("base_acc") == 0)
             .then(pl.lit(ZERO_BASE))
             .alias("note"),
+        )
+    )
+
+
+def relative_change(frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame`, which holds `acc` and `base_acc` (acc₀), with `delta` (Δ), `rel_delta` (δ, null where acc₀
+    is 0 or null), `gain` and `forgetting` (null where δ is) added after its columns, in that order: the
+    arithmetic of the module docstring, shared with the staged tables of `graftlab.analysis.continual`."""
+    rel = pl.col("rel_delta")
+    return (
+        frame.with_columns((pl.col("acc") - pl.col("base_acc")).alias("delta"))
+        .with_columns(pl.when(pl.col("base_acc") > 0).then(pl.col("delta") / pl.col("base_acc")).alias("rel_delta"))
+        # when/otherwise, not clip: an exact 0.0 where nothing changed, never a -0.0 forgetting.
+        .with_columns(
+            pl.when(rel > 0).then(rel).otherwise(pl.when(rel.is_not_null()).then(0.0)).alias("gain"),
+            pl.when(rel < 0).then(-rel).otherwise(pl.when(rel.is_not_null()).then(0.0)).alias("forgetting"),
         )
     )
 
