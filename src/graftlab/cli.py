@@ -136,6 +136,32 @@ def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_cmd_fisher)
 
 
+def _cmd_drift(args: argparse.Namespace) -> None:
+    _set_threads(args.threads)
+    from graftlab.analysis.param_drift import write_model_drift
+
+    out = write_model_drift(args.base, args.model, args.out, k=args.k, share=args.share)
+    print(f"graftlab: wrote {out}")
+
+
+def _add_drift(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "drift",
+        help="per weight matrix, how far a model's parameters moved from a base's",
+        description="Parameter drift of MODEL against BASE for every 2-D floating tensor, in float64, one "
+        "tensor at a time: spectral shift, largest principal angle between the top-k left singular "
+        "subspaces, IoU of the top-share magnitude masks, share of unchanged entries and relative update "
+        "norm, written as DIR/drift.parquet (docs/cli.md).",
+    )
+    p.add_argument("--base", required=True, help="base model directory (W)")
+    p.add_argument("--model", required=True, help="model directory compared with it (W')")
+    p.add_argument("--out", required=True, help="output directory; drift.parquet is written atomically")
+    p.add_argument("--k", type=int, default=16, help="singular vectors spanning each subspace (clipped to the rank)")
+    p.add_argument("--share", type=float, default=0.01, help="share of entries in each top-magnitude mask")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.set_defaults(run=_cmd_drift)
+
+
 def _cmd_plan(args: argparse.Namespace) -> None:
     from graftlab.config import ConfigError
     from graftlab.errors import GraftlabError
@@ -190,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_graft(subparsers)
     _add_fisher(subparsers)
+    _add_drift(subparsers)
     _add_plan(subparsers)
     sft_cli.add_parser(subparsers)
     return parser
