@@ -15,6 +15,7 @@ include: "rules/fisher.smk"
 include: "rules/graft.smk"
 include: "rules/evaluate.smk"
 include: "rules/analysis.smk"
+include: "rules/continual.smk"
 include: "rules/sensitivity.smk"
 include: "rules/moe.smk"
 
@@ -30,3 +31,7 @@ rule all:
         expand("results/{exp}/gain_forgetting.png", exp=EXPERIMENTS),
         expand("results/{exp}/gain_forgetting.parquet", exp=EXPERIMENTS),
         "results/study/study.png",
+        expand("results/{exp}/continual.parquet", exp=CONTINUAL),
+        expand("results/{exp}/continual_accuracy.png", exp=CONTINUAL),
+        expand("results/{exp}/param_drift.png", exp=CONTINUAL),
+        expand("results/{exp}/response_drift.png", exp=CONTINUAL),

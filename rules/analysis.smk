@@ -24,6 +24,9 @@ rule summary:
         "results/{exp}/summary.parquet",
     log:
         "logs/{exp}/summary.log",
+    wildcard_constraints:
+        # A continual experiment's summary is rules/continual.smk's.
+        exp="|".join(EXPERIMENTS) or "(?!)",
     benchmark:
         "benchmarks/jobs/{exp}/summary.tsv"
     conda:

@@ -4,9 +4,10 @@ from pathlib import Path
 from graftlab.config import ConfigError, load_schema, resolve
 from graftlab.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
-from graftlab.layout import Experiment, kept_steps, study_experiments, worlds
+from graftlab.chains import Chain, Continual, is_continual, stage_data_kind
+from graftlab.layout import Experiment, kept_steps, section_of, study_experiments, worlds
 from graftlab.resources import classify, job_resources
-from graftlab.work import job_work, world_work
+from graftlab.work import continual_work, job_work, world_work
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
 # leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).
@@ -25,12 +26,18 @@ except ConfigError as err:
 # Every job starts offline (graftlab.fetch.hub_offline); the local fetch rules switch the hub back on.
 hub_offline()
 
-EXPERIMENTS = list(config["experiments"])
+# Continual experiments (with `stages`, rules/continual.smk) apart from the single-domain ones.
+CONTINUAL = [e for e, x in config["experiments"].items() if is_continual(x)]
+EXPERIMENTS = [e for e in config["experiments"] if e not in CONTINUAL]
 MODELS = config["models"]
 # Every tiny world by its directory under results/ (the `{world}` wildcard of rules/world.smk).
 WORLDS = worlds(config)
-# Which runs each experiment evaluates and where their inputs lie: graftlab.layout, unit-tested there.
-LAYOUTS = {exp: Experiment.of(config, exp) for exp in EXPERIMENTS}
+# Which runs each experiment evaluates and where their inputs lie: graftlab.layout and graftlab.chains,
+# unit-tested there.
+LAYOUTS = {exp: Experiment.of(config, exp) for exp in EXPERIMENTS} | {
+    exp: Continual.of(config, exp) for exp in CONTINUAL
+}
+CONTINUAL_PATTERN = "|".join(CONTINUAL) or "(?!)"
 
 MINED = (
     "expert",
@@ -48,7 +55,7 @@ def experiments_with(*kinds):
 
 
 wildcard_constraints:
-    exp="|".join(EXPERIMENTS),
+    exp="|".join(EXPERIMENTS + CONTINUAL),
     world="|".join(WORLDS),
     donor="|".join(["post", "step~[0-9]+"] + list(MODELS)),
     lr="[^/]+",
@@ -125,6 +132,8 @@ def work_of(rule_name, exp, wildcards):
         return world_work(rule_name, WORLDS[w["world"]])
     if exp is None:
         return None
+    if exp in CONTINUAL:
+        return continual_work(rule_name, config, LAYOUTS[exp], w)
     return job_work(rule_name, config, LAYOUTS[exp], w)
 
 

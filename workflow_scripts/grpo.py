@@ -8,6 +8,8 @@ from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume, resume_dir
 
 p, inp = snakemake.params, snakemake.input
+# A continual stage starts from a checkpoint inside its previous stage's output (params.model).
+model = p.get("model") or inp.model
 g = {k: v for k, v in p.grpo.items() if k not in ("lr", "checkpoints")}
 with job_log(snakemake.log[0], snakemake.threads):
     cfg = GrpoConfig(
@@ -23,4 +25,4 @@ with job_log(snakemake.log[0], snakemake.threads):
     )
     problems = rl_problems(pl.read_parquet(inp.data))
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
-    train_grpo(inp.model, problems, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data}, resume)
+    train_grpo(model, problems, cfg, snakemake.output[0], {"post": model, "data": inp.data}, resume)

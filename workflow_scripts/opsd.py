@@ -7,6 +7,8 @@ from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
 from graftlab.train.resume import Resume, resume_dir
 
 p, inp = snakemake.params, snakemake.input
+# A continual stage starts from a checkpoint inside its previous stage's output (params.model).
+model = p.get("model") or inp.model
 o = {k: v for k, v in p.opsd.items() if k != "checkpoints"}
 with job_log(snakemake.log[0], snakemake.threads):
     cfg = OpsdConfig(
@@ -24,4 +26,4 @@ with job_log(snakemake.log[0], snakemake.threads):
     facts = pl.read_parquet(inp.facts) if inp.facts else None
     examples = opsd_examples(pl.read_parquet(inp.data), facts)
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
-    train_opsd(inp.model, examples, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data}, resume)
+    train_opsd(model, examples, cfg, snakemake.output[0], {"post": model, "data": inp.data}, resume)

@@ -9,6 +9,8 @@ from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.sdpo import SdpoConfig, train_sdpo
 
 p, inp = snakemake.params, snakemake.input
+# A continual stage starts from a checkpoint inside its previous stage's output (params.model).
+model = p.get("model") or inp.model
 with job_log(snakemake.log[0], snakemake.threads):
     cfg = SdpoConfig(
         lr=p.lr,
@@ -25,4 +27,5 @@ with job_log(snakemake.log[0], snakemake.threads):
     )
     problems = rl_problems(pl.read_parquet(inp.data))
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
-    train_sdpo(inp.model, problems, cfg, snakemake.output[0], {"post": inp.model, "data": inp.data}, resume)
+    teacher = {"teacher_dir": p.get("teacher_dir"), "keep_teacher": bool(p.get("keep_teacher"))}
+    train_sdpo(model, problems, cfg, snakemake.output[0], {"post": model, "data": inp.data}, resume, **teacher)

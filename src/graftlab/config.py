@@ -166,7 +166,7 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
     (world, wkey), models = _world_of(config, exp, key), set(config["models"])
     ladder = world["pretrain"]["ladder"]
     checks = []
-    if exp["data"] != "knowledge" and exp["problems"] is None:
+    if exp["data"] != "knowledge" and exp["problems"] is None and not exp["stages"]:
         checks.append(
             (
                 exp["mining"]["heldout"] < world["candidates"],
@@ -243,7 +243,64 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
             )
         )
         checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
+    checks += _stage_checks(world, exp, key) if exp["stages"] else []
     return checks + _rl_checks(exp, key) + _micro_batch_checks(exp, key)
+
+
+def _stage_checks(world: dict, exp: dict, key: str) -> list[tuple[bool, str, str]]:
+    """A continual experiment's stages: distinct domains, each one the tiny world can pose (or a data set
+    with written solutions for SFT), none an old benchmark."""
+    from graftlab.world.arith import SOLVERS, distinct_problems
+
+    domains = [s["domain"] for s in exp["stages"]]
+    old = list(exp["benchmarks"] or world["old_tasks"])
+    checks = [(len(set(domains)) == len(domains), f"{key}.stages", f"domains {domains} repeat one")]
+    for i, stage in enumerate(exp["stages"]):
+        where, domain = f"{key}.stages.{i}", stage["domain"]
+        kind = stage["data"] or ("knowledge" if domain == "knowledge" else "expert")
+        checks.append((domain not in old, f"{where}.domain", f"{domain!r} is an old benchmark {old}"))
+        checks.append(
+            (
+                (kind == "knowledge") == (domain == "knowledge"),
+                f"{where}.data",
+                "knowledge data is the knowledge domain's",
+            )
+        )
+        if kind == "knowledge":
+            checks += _knowledge_checks(stage["knowledge"], f"{where}.knowledge")
+            checks.append(
+                (
+                    not (stage["knowledge"]["replay"] and exp["benchmarks"]),
+                    f"{where}.knowledge.replay",
+                    "replays the tiny world's old tasks, but benchmarks replace them: set it to 0",
+                )
+            )
+        elif stage["problems"]:
+            checks.append(
+                (
+                    "solution" in stage["problems"]["columns"],
+                    f"{where}.problems.columns",
+                    "needs a `solution` column: the SFT chains and the donors learn from its written solutions",
+                )
+            )
+        else:
+            known = domain in SOLVERS
+            checks.append(
+                (
+                    known,
+                    f"{where}.domain",
+                    f"{domain!r} is no tiny-world task {sorted(SOLVERS)} and no data set is given",
+                )
+            )
+            wanted = stage["train"] + stage["heldout"]
+            checks.append(
+                (
+                    not known or wanted <= distinct_problems(domain),
+                    f"{where}.train",
+                    f"train + heldout = {wanted} exceed the {domain} problems there are",
+                )
+            )
+    return checks
 
 
 def _rl_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:

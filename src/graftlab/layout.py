@@ -184,7 +184,7 @@ def study_experiments(config: dict) -> list[dict]:
             "takeover": f"results/{name}/takeover.parquet" if shows_takeover(x) else None,
         }
         for name, x in config["experiments"].items()
-        if name in chosen
+        if name in chosen and not x.get("stages")  # a continual experiment has no single-domain summary
     ]
 
 

@@ -25,15 +25,42 @@ from __future__ import annotations
 import math
 
 # Every rule of the workflow by what it needs; tests/test_resources.py fails on a rule missing here.
-TRAIN = ("world_pretrain", "world_posttrain", "sft", "opsd", "grpo", "sdpo", "pedagogical_teacher")
-SAMPLE = ("mine", "teacher_traces", "star", "pedagogical_traces", "rollouts", "evaluate")
-FISHER = ("fisher",)
+# A continual experiment's chain rules (rules/continual.smk) are sized as the rule each one runs
+# (`sized("sft")` for chain_sft): they are listed beside it.
+TRAIN = (
+    "world_pretrain",
+    "world_posttrain",
+    "sft",
+    "opsd",
+    "grpo",
+    "sdpo",
+    "pedagogical_teacher",
+    "chain_sft",
+    "chain_opsd",
+    "chain_grpo",
+    "chain_sdpo",
+)
+SAMPLE = (
+    "mine",
+    "teacher_traces",
+    "star",
+    "pedagogical_traces",
+    "rollouts",
+    "evaluate",
+    "chain_rollouts",
+    "response_kl",
+)
+FISHER = ("fisher", "chain_fisher")
 GPU_KINDS = TRAIN + SAMPLE + FISHER
 # Host-memory bytes per parameter of the CPU rules that hold whole models.
 CPU_BYTES_PER_PARAM = {"graft": 16, "sensitivity_update": 8}
 CPU_MEM_MB = {"dataset": 8000, "fetch_model": 4000}
 CPU_KINDS = (
     "all",
+    "chain_graft",
+    "continual",
+    "param_drift",
+    "stage_data",
     "dataset",
     "drift",
     "expert_traces",

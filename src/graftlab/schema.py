@@ -27,7 +27,12 @@ def schema_default(section: str, key: str):
     top-level `key` when `section` is empty. A key without a default is an error: the caller's field
     would have none either."""
     schema = _schema()
-    props = schema["properties"] if not section else schema["$defs"]["experiment"]["properties"][section]["properties"]
+    if section:
+        sub = schema["$defs"]["experiment"]["properties"][section]
+        # A section kept in $defs (`knowledge`, which stages share) is named by its $ref.
+        props = (schema["$defs"][sub["$ref"].rsplit("/", 1)[1]] if "$ref" in sub else sub)["properties"]
+    else:
+        props = schema["properties"]
     if key not in props or "default" not in props[key]:
         where = f"experiments.<name>.{section}.{key}" if section else key
         raise KeyError(f"the schema has no default for {where}")

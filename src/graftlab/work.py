@@ -283,3 +283,36 @@ def job_work(
         model = model_of(config, layout, wildcards["name"], root)
         return Work(model, written=model.bytes)
     return Work(post)
+
+
+# The rules of a continual experiment (rules/continual.smk) are sized as the single-domain rule each one
+# runs, on the stage it trains in (`graftlab.chains.Continual.stage_view`).
+def continual_work(rule: str, config: dict, layout, wildcards: dict, a: Assumptions = Assumptions()) -> Work:
+    """One job of a continual experiment, `layout` a `graftlab.chains.Continual`."""
+    if rule == "evaluate":
+        return continual_eval_work(config, layout, a)
+    if "k" not in wildcards:  # the stage-1 retention Fisher of the post model, data sets, tables
+        return job_work(rule, config, layout.stage_view(1), wildcards, a)
+    k = int(wildcards["k"]) + (1 if rule in ("rollouts", "fisher") else 0)
+    view = layout.stage_view(min(k, len(layout.stages)))
+    if rule == "graft":
+        return Work(
+            model_of(config, view, POST), written=model_of(config, view, POST).bytes
+        )  # kept: the next stage's start
+    return job_work(rule, config, view, wildcards, a)
+
+
+def continual_eval_work(config: dict, layout, a: Assumptions) -> Work:
+    """An evaluation on the old benchmarks and every stage's: each stage's problems times its samples."""
+    post = model_of(config, layout.stage_view(1), POST)
+    x, samples = layout.x, layout.x["eval"]["samples"]
+    old = {n: _limit(s, a.benchmark_problems) for n, s in (x["benchmarks"] or {}).items()}
+    sequences = sum(old.values()) * samples or len(layout.world["old_tasks"]) * layout.world["benchmark_size"] * samples
+    for k, stage in enumerate(layout.stages, 1):
+        name, _, task = layout.stage_benchmark(k)
+        if stage["domain"] == "knowledge":
+            problems = stage["knowledge"]["facts"] * stage["knowledge"]["heldout_phrasings"]
+        else:
+            problems = _limit(stage["benchmark"], a.benchmark_problems) if stage["benchmark"] else stage["heldout"]
+        sequences += problems * (1 if get_task(task).greedy else samples)
+    return Work(post, generate=2 * post.params * sequences * (a.prompt_tokens + x["eval"]["max_new_tokens"]))

@@ -200,3 +200,19 @@ def plot_drift(table, out_png) -> None:
     fig.tight_layout(rect=(0, 0.6 / fig.get_figheight(), 1, 1))
     with atomic_file(out_png) as tmp:
         fig.savefig(tmp, dpi=150, format="png")
+
+
+def write_chain_drift(pairs: list[dict], out_table, out_png, k: int = 16, share: float = 0.01) -> pl.DataFrame:
+    """Drift of every model of a continual experiment (`graftlab.chains.Continual.drift_pairs`: method, chain,
+    stage, against, base, model), tensor by tensor, in one table with those keys, and its figure."""
+    frames = [
+        model_drift(p["base"], p["model"], k, share).with_columns(
+            method=pl.lit(p["method"]), chain=pl.lit(p["chain"]), stage=pl.lit(p["stage"]), against=pl.lit(p["against"])
+        )
+        for p in pairs
+    ]
+    table = pl.concat(frames)
+    with atomic_file(Path(out_table)) as tmp:
+        table.write_parquet(tmp)
+    plot_drift(table, out_png)
+    return table

@@ -30,7 +30,7 @@ from graftlab.tasks.chat import (
 )
 from graftlab.tasks.exact import is_correct, knowledge_grade, plain_reference
 from graftlab.tasks.math import math_grade, math_prompt, math_reference
-from graftlab.world.arith import NEW_TASKS, OLD_TASKS
+from graftlab.world.arith import CHAIN_TASKS, NEW_TASKS, OLD_TASKS
 
 __all__ = [
     "EMPTY_THINK",
@@ -109,7 +109,7 @@ TASKS: dict[str, Task] = {
     ),
 }
 # The tiny world's problems name their operation; each is graded as arithmetic.
-ALIASES = dict.fromkeys(OLD_TASKS + NEW_TASKS, "arith")
+ALIASES = dict.fromkeys(OLD_TASKS + NEW_TASKS + CHAIN_TASKS, "arith")
 
 
 def find_task(name: str) -> Task | None:

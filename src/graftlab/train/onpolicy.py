@@ -19,11 +19,17 @@ from pathlib import Path
 
 
 def publish_run(
-    out_dir, checkpoints: tuple[int, ...], resume, fingerprint: dict, train: Callable[[Path], list[dict]]
+    out_dir,
+    checkpoints: tuple[int, ...],
+    resume,
+    fingerprint: dict,
+    train: Callable[[Path], list[dict]],
+    extras: tuple[str, ...] = (),
 ) -> list[dict]:
-    """Run `train(work)` (which saves the kept checkpoints `work/step~N` and returns the step log), unless a
-    killed job already ended training, then write the run to `out_dir`. With `resume` (a
-    `graftlab.train.resume.Resume`) its directory is opened under `fingerprint` and removed at the end."""
+    """Run `train(work)` (which saves the kept checkpoints `work/step~N`, and any `extras` such as `teacher`,
+    and returns the step log), unless a killed job already ended training, then write the run to `out_dir`.
+    With `resume` (a `graftlab.train.resume.Resume`) its directory is opened under `fingerprint` and removed
+    at the end."""
     from graftlab.atomic import atomic_dir
     from graftlab.train import resume as rs
     from graftlab.train.curves import plot_training
@@ -36,8 +42,8 @@ def publish_run(
         done = rs.trained(resume)
         log = done["log"] if done is not None else train(work)
         with atomic_dir(out_dir) as tmp:
-            for step in checkpoints:
-                rs.link_tree(work / f"step~{step}", tmp / f"step~{step}")
+            for name in [f"step~{step}" for step in checkpoints] + list(extras):
+                rs.link_tree(work / name, tmp / name)
             (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
             plot_training(log, tmp / "training.png")
     finally:
@@ -85,10 +91,11 @@ def load_loop_state(resume, name: str, optimizer, **modules) -> tuple[list[dict]
     return state["log"], state["step"]
 
 
-def load_pair(post_dir, cfg):
-    """The tokenizer, the student and its teacher (a second copy of the post model), both in fp32 master
-    weights on the device, and the precision the loop runs in: the start of our own loops (OPSD, SDPO),
-    with torch's threads and seed set from `cfg`."""
+def load_pair(post_dir, cfg, teacher_dir=None):
+    """The tokenizer, the student and its teacher (a second copy of the post model, or the model at
+    `teacher_dir`: a continual stage's carried-over teacher), both in fp32 master weights on the device, and
+    the precision the loop runs in: the start of our own loops (OPSD, SDPO), with torch's threads and seed
+    set from `cfg`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -99,7 +106,10 @@ def load_pair(post_dir, cfg):
     precision = announce(cfg.precision)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(post_dir)
-    student, teacher = (AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE).to(device) for _ in "st")
+    student, teacher = (
+        AutoModelForCausalLM.from_pretrained(d, dtype=WEIGHTS_DTYPE).to(device)
+        for d in (post_dir, teacher_dir or post_dir)
+    )
     if checkpointing(cfg.gradient_checkpointing):
         student.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return tok, student, teacher, precision

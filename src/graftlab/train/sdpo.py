@@ -360,28 +360,49 @@ def batches(problems: list[dict], cfg: SdpoConfig):
         yield [problems[i] for i in order[start : start + cfg.batch_size]]
 
 
-def train_sdpo(post_dir, problems: list[dict], cfg: SdpoConfig, out_dir, inputs: dict | None = None, resume=None):
+def train_sdpo(
+    post_dir,
+    problems: list[dict],
+    cfg: SdpoConfig,
+    out_dir,
+    inputs: dict | None = None,
+    resume=None,
+    teacher_dir=None,
+    keep_teacher: bool = False,
+):
     """SDPO of the model at `post_dir` on `problems` ([{prompt, answer, task}],
     `graftlab.train.problems.rl_problems`); writes `out_dir/step~N` for every kept checkpoint,
     `steps.jsonl` and `training.png` at once when the run ends. With `resume`, the state (the teacher's
-    included) is saved at batch boundaries every `resume.minutes` and a rerun continues from it."""
+    included) is saved at batch boundaries every `resume.minutes` and a rerun continues from it.
+
+    A continual stage (`graftlab.chains`) starts the teacher from `teacher_dir` (the post model for a frozen
+    teacher, the previous stage's for an EMA one) instead of a copy of the student, and with `keep_teacher`
+    writes the final teacher to `out_dir/teacher` for the next stage."""
     from graftlab.train import resume as rs
     from graftlab.train.onpolicy import publish_run
 
     if not problems:
         raise GraftlabError("SDPO: no training problems")
-    mark = rs.fingerprint(cfg, post=str(post_dir), problems=len(problems))
+    mark = rs.fingerprint(cfg, post=str(post_dir), problems=len(problems), teacher=str(teacher_dir))
+    setup = {"teacher_dir": teacher_dir, "keep_teacher": keep_teacher}
     return publish_run(
-        out_dir, cfg.checkpoints(), resume, mark, lambda work: _train(post_dir, problems, cfg, inputs, resume, work)
+        out_dir,
+        cfg.checkpoints(),
+        resume,
+        mark,
+        lambda work: _train(post_dir, problems, cfg, inputs, resume, work, **setup),
+        extras=("teacher",) if keep_teacher else (),
     )
 
 
-def _train(post_dir, problems: list[dict], cfg: SdpoConfig, inputs: dict | None, resume, work: Path) -> list[dict]:
+def _train(
+    post_dir, problems: list[dict], cfg: SdpoConfig, inputs: dict | None, resume, work: Path, teacher_dir, keep_teacher
+) -> list[dict]:
     """The loop: kept checkpoints into `work`, the state saved when due. Returns the step log."""
     from graftlab.train import resume as rs
     from graftlab.train.onpolicy import load_loop_state, save_checkpoint, save_loop_state
 
-    run = _setup(post_dir, cfg, problems)
+    run = _setup(post_dir, cfg, problems, teacher_dir)
     dtype = save_dtype(cfg.save_dtype, post_dir)
     keep = set(cfg.checkpoints())
     modules = {"model": run.student, "teacher": run.teacher}  # an EMA or refreshed teacher is state too
@@ -414,16 +435,20 @@ def _train(post_dir, problems: list[dict], cfg: SdpoConfig, inputs: dict | None,
                 )
         if resume is not None and step < cfg.steps and resume.due():
             save_loop_state(resume, "SDPO", step, log, run.optimizer, **modules)
+    if keep_teacher:
+        extra = {"step": step, "teacher": cfg.teacher}
+        save_checkpoint(run.teacher, run.tok, work / "teacher", dtype, inputs or {"post": str(post_dir)}, cfg, extra)
     if resume is not None:
         rs.mark_trained(resume, {"log": log})
     return log
 
 
-def _setup(post_dir, cfg: SdpoConfig, problems: list[dict]) -> Sdpo:
-    """The student, the teacher (a second copy of the post model) and the optimizer, on the device."""
+def _setup(post_dir, cfg: SdpoConfig, problems: list[dict], teacher_dir=None) -> Sdpo:
+    """The student, the teacher (a second copy of the post model, or `teacher_dir`) and the optimizer, on the
+    device."""
     from graftlab.train.onpolicy import load_pair
 
-    tok, student, teacher, precision = load_pair(post_dir, cfg)
+    tok, student, teacher, precision = load_pair(post_dir, cfg, teacher_dir)
     micro = _micro(cfg, student, tok, problems)
     run = Sdpo(student, teacher, tok, cfg, precision, micro)
     if not cfg.cot and run.close_id is None:

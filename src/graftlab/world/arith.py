@@ -19,6 +19,11 @@ OLD_TASKS = ("add", "sub", "compare")
 # `times` is `mul` in a format of its own ("product(47,8)?"), like no old task's: the fidelity study asks
 # whether a new task that shares the old tasks' format is what routes its update into their machinery.
 NEW_TASKS = ("mul", "times")
+# Domains of the continual chain (issue 17), learnt after post-training like the new tasks: `sum` is
+# addition posed in a format of its own, a neighbour that reuses add's procedure; `muln` is `mul` whose
+# final answer is written in another format ("n=376"), so a stage can change the answer format as the
+# second paper's tool-use stage did.
+CHAIN_TASKS = ("sum", "muln")
 
 
 def _digits(n: int, width: int) -> list[int]:
@@ -69,19 +74,33 @@ def times(a: int, b: int) -> tuple[str, str, str]:
     return f"product({a},{b})?", thinking, answer
 
 
+def sum_(a: int, b: int) -> tuple[str, str, str]:
+    """`add` posed as "sum(6,39)?": the same column steps and answer."""
+    _, thinking, answer = add(a, b)
+    return f"sum({a},{b})?", thinking, answer
+
+
+def muln(a: int, b: int) -> tuple[str, str, str]:
+    """`mul` whose final answer has a prefix no other task writes ("n=376")."""
+    prompt, thinking, answer = mul(a, b)
+    return prompt.replace("=", "=?"), thinking, f"n={answer}"
+
+
 SOLVERS: dict[str, Callable[[int, int], tuple[str, str, str]]] = {
     "add": add,
     "sub": sub,
     "compare": compare,
     "mul": mul,
     "times": times,
+    "sum": sum_,
+    "muln": muln,
 }
 
 
 # The operator a task's thinking steps are written with ("7+8+1=16", "13-5=8", "7<8", "7*8=56+5=61");
 # mul first, since its steps hold a "+" too. `times` thinks exactly as mul does.
 STEP_OPERATORS = {"mul": "*", "sub": "-", "compare": "<>", "add": "+"}
-THINKING_FORM = {"times": "mul"}
+THINKING_FORM = {"times": "mul", "sum": "add", "muln": "mul"}
 
 
 def thinking_form(thinking: str) -> str | None:
@@ -95,15 +114,19 @@ def thinking_form(thinking: str) -> str | None:
     return ranked[0][0]
 
 
+# Tasks whose second operand is one digit.
+ONE_DIGIT = ("mul", "times", "muln")
+
+
 def operands(task: str, rng: random.Random) -> tuple[int, int]:
-    if task in NEW_TASKS:
+    if task in ONE_DIGIT:
         return rng.randint(10, 99), rng.randint(2, 9)
     return rng.randint(0, 99), rng.randint(0, 99)
 
 
 def distinct_problems(task: str) -> int:
     """How many different problems `task` has (subtraction is canonicalised larger-first)."""
-    a_range, b_range = (range(10, 100), range(2, 10)) if task in NEW_TASKS else (range(100), range(100))
+    a_range, b_range = (range(10, 100), range(2, 10)) if task in ONE_DIGIT else (range(100), range(100))
     return len({SOLVERS[task](a, b)[0] for a in a_range for b in b_range})
 
 

@@ -1,0 +1,459 @@
+# Continual experiments (`stages:`, docs/continual.md): every method as one chain of cached jobs, its stage k
+# trained from its own stage k-1 model (graftlab.chains, unit-tested there). Each rule's params hold only
+# stage k's settings, so a change to stage k re-runs that stage and, through its new output, every later
+# one: nothing before it. Evaluation is rules/evaluate.smk's, keyed `chain/<chain>/stage~k`.
+
+
+def chains(w):
+    """The continual layout of the job's experiment (graftlab.chains.Continual)."""
+    return LAYOUTS[w.exp]
+
+
+def stage_of(w):
+    return int(w.k)
+
+
+def wchain(w, kind):
+    """The chain a job's wildcards name: its kind, base model and keys (no stage)."""
+    keys = {
+        name: getattr(w, name)
+        for name in ("alpha", "teacher", "lr", "lam", "mask", "rho")
+        if hasattr(w, name)
+    }
+    base = getattr(w, "donor", "post")
+    return Chain(kind, base, keys)
+
+
+def previous(w, kind):
+    """(input, model) of the chain's model before the job's stage."""
+    return chains(w).stage_model(wchain(w, kind), stage_of(w) - 1)
+
+
+def stage_file(name):
+    return lambda w: chains(w).stage_data(stage_of(w), name)
+
+
+def knowledge_facts(w):
+    """A knowledge stage's facts, which OPSD's teacher reads with each question."""
+    stage = chains(w).stage(stage_of(w))
+    return stage_file("facts.parquet")(w) if stage_data_kind(stage) == "knowledge" else []
+
+
+wildcard_constraints:
+    k="[0-9]+",
+    tune="sft|tune",
+    form="graft_chain|graft_cumulative",
+
+
+rule stage_data:
+    input:
+        # Old benchmarks: no stage draws a problem of them (stages' own domains never overlap).
+        benchmarks=lambda w: [f for f, _ in chains(w).old_benchmarks().values()],
+        problems=lambda w: (
+            f"results/{w.exp}/data/sources/stage~{chains(w).domain(stage_of(w))}~problems.parquet"
+            if chains(w).stage(stage_of(w))["problems"]
+            else []
+        ),
+    output:
+        sft="results/{exp}/stage~{k}/data/sft.parquet",
+        heldout="results/{exp}/stage~{k}/data/heldout.parquet",
+        facts="results/{exp}/stage~{k}/data/facts.parquet",
+        stats="results/{exp}/stage~{k}/data/sft.json",
+    log:
+        "logs/{exp}/stage~{k}/data.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/stage~{k}/data.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        stage=lambda w: chains(w).stage(stage_of(w)),
+        old_tasks=lambda w: chains(w).world["old_tasks"],
+        seed=lambda w: xcfg(w, "seed"),
+    script:
+        "../workflow_scripts/stage_data.py"
+
+
+# SFT from the chain's previous stage (`sft`: base post is the SFT method, base a donor the cumulative
+# donor's chain), or of the fixed donor on the stage's data alone (`tune`: graft_chain's update).
+rule chain_sft:
+    input:
+        model=lambda w: (
+            chains(w).model_input(w.donor)
+            if w.tune == "tune"
+            else previous(w, "sft")[0]
+        ),
+        data=stage_file("sft.parquet"),
+    output:
+        directory("results/{exp}/chain/{tune}/{donor}/lr~{lr}/stage~{k}"),
+    log:
+        "logs/{exp}/chain/{tune}/{donor}/lr~{lr}/stage~{k}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/chain/{tune}/{donor}/lr~{lr}/stage~{k}.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/train.yaml"
+    threads: config["threads"]["train"]
+    resources:
+        **sized("sft"),
+    params:
+        model=lambda w: (
+            chains(w).model_dir(w.donor) if w.tune == "tune" else previous(w, "sft")[1]
+        ),
+        lr=lambda w: float(w.lr),
+        epochs=lambda w: chains(w).epochs(stage_of(w)),
+        batch_size=lambda w: xcfg(w, "sft", "batch_size"),
+        micro_batch_size=lambda w: xcfg(w, "sft", "micro_batch_size"),
+        seed=lambda w: xcfg(w, "seed"),
+        precision=config["precision"],
+        gradient_checkpointing=config["gradient_checkpointing"],
+        save_dtype=config["save_dtype"],
+        resume_minutes=config["resume_minutes"],
+    script:
+        "../workflow_scripts/sft.py"
+
+
+def graft_inputs(w):
+    """The current model, the donor before and after its update of this stage, and the current model's
+    retention Fisher for a masked graft: the post model's at stage 1, else the chain's own."""
+    c, k = chains(w), stage_of(w)
+    chain = wchain(w, w.form)
+    (donor_in, donor), (tuned_in, tuned) = c.donor_pair(chain, k)
+    fisher = []
+    if w.mask != "none":
+        fisher = (
+            f"{c.root}/fisher/post/{w.mask}"
+            if k == 1
+            else f"{c.stage_dir(chain, k - 1)}/fisher/{w.mask}"
+        )
+    return {
+        "post": c.stage_model(chain, k - 1)[0],
+        "donor": donor_in,
+        "tuned": tuned_in,
+        "fisher": fisher,
+    }
+
+
+rule chain_graft:
+    input:
+        unpack(graft_inputs),
+    output:
+        model=directory(
+            "results/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/model"
+        ),
+        seconds="results/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/seconds.json",
+    log:
+        "logs/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("graft"),
+    params:
+        donor=lambda w: chains(w).donor_pair(wchain(w, w.form), stage_of(w))[0][1],
+        epoch=lambda w: chains(w).epochs(stage_of(w)),
+        lam=lambda w: w.lam,
+        mask=lambda w: w.mask,
+        rho=lambda w: w.rho,
+        mask_settings=lambda w: (
+            {}
+            if w.mask == "none"
+            else {k: xcfg(w, "graft", "masks", k) for k in ("scope", "score")}
+        ),
+    script:
+        "../workflow_scripts/graft.py"
+
+
+# The retention Fisher of a graft chain's model after stage k, for its masked graft at stage k+1: its own
+# rollouts on fresh problems of the old tasks and of the tiny-world stages up to k.
+rule chain_rollouts:
+    input:
+        model="results/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/model",
+        benchmarks=lambda w: chains(w).retention(stage_of(w) + 1)[1],
+        prompts=lambda w: chains(w).retention_prompts(),
+    output:
+        rollouts="results/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/fisher/rollouts.parquet",
+        stats="results/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/fisher/rollouts.json",
+    log:
+        "logs/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/rollouts.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/rollouts.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("rollouts"),
+    params:
+        tasks=lambda w: chains(w).retention(stage_of(w) + 1)[0],
+        rollouts=lambda w: {
+            k: xcfg(w, "fisher", k)
+            for k in ("rollouts", "temperature", "max_new_tokens")
+        },
+        seed=lambda w: xcfg(w, "seed"),
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
+    script:
+        "../workflow_scripts/rollouts.py"
+
+
+rule chain_fisher:
+    input:
+        model="results/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/model",
+        rollouts="results/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/fisher/rollouts.parquet",
+    output:
+        directory(
+            "results/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/fisher/{kind}"
+        ),
+    log:
+        "logs/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/fisher-{kind}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/chain/{form}/{donor}/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/fisher-{kind}.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+        kind="|".join(FISHER_KINDS),
+    conda:
+        "../envs/train.yaml"
+    threads: config["threads"]["train"]
+    resources:
+        **sized("fisher"),
+    params:
+        kind=lambda w: w.kind,
+        options=lambda w: (
+            {
+                "ekfac": xcfg(w, "fisher", "ekfac"),
+                "positions": xcfg(w, "fisher", "kfac_positions"),
+            }
+            if w.kind == "kfac"
+            else {}
+        ),
+    script:
+        "../workflow_scripts/fisher.py"
+
+
+def on_policy_params(kind, exclude):
+    """The params every on-policy stage passes its trainer: the stage's section without the swept keys."""
+    return {
+        "model": lambda w: previous(w, kind)[1],
+        "lr": lambda w: float(w.lr),
+        "save_steps": lambda w: kept_steps(chains(w).section(kind, stage_of(w))),
+        "seed": lambda w: xcfg(w, "seed"),
+        "precision": config["precision"],
+        "gradient_checkpointing": config["gradient_checkpointing"],
+        "save_dtype": config["save_dtype"],
+        "resume_minutes": config["resume_minutes"],
+        "backend": {"backend": config["sampling_backend"], **config["vllm"]},
+        section_of(kind): lambda w: {
+            k: v
+            for k, v in chains(w).section(kind, stage_of(w)).items()
+            if k not in exclude
+        },
+    }
+
+
+rule chain_opsd:
+    input:
+        model=lambda w: previous(w, "opsd")[0],
+        data=stage_file("sft.parquet"),
+        facts=knowledge_facts,
+    output:
+        directory("results/{exp}/chain/opsd/post/alpha~{alpha}/lr~{lr}/stage~{k}"),
+    log:
+        "logs/{exp}/chain/opsd/post/alpha~{alpha}/lr~{lr}/stage~{k}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/chain/opsd/post/alpha~{alpha}/lr~{lr}/stage~{k}.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["on_policy"]
+    resources:
+        **sized("opsd"),
+    params:
+        alpha=lambda w: float(w.alpha),
+        **on_policy_params("opsd", ("alpha", "lr")),
+    script:
+        "../workflow_scripts/opsd.py"
+
+
+rule chain_grpo:
+    input:
+        model=lambda w: previous(w, "grpo")[0],
+        data=stage_file("sft.parquet"),
+    output:
+        directory("results/{exp}/chain/grpo/post/lr~{lr}/stage~{k}"),
+    log:
+        "logs/{exp}/chain/grpo/post/lr~{lr}/stage~{k}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/chain/grpo/post/lr~{lr}/stage~{k}.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["on_policy"]
+    resources:
+        **sized("grpo"),
+    params:
+        **on_policy_params("grpo", ("lr", "checkpoints")),
+    script:
+        "../workflow_scripts/grpo.py"
+
+
+# A frozen teacher stays the post model through every stage; an EMA teacher carries on from the one the
+# previous stage left; a refresh schedule (S-SDPO0 at refresh:1) starts each stage from the student.
+rule chain_sdpo:
+    input:
+        model=lambda w: previous(w, w.sdpo)[0],
+        data=stage_file("sft.parquet"),
+        # A frozen teacher is the post model; an EMA one lies in the previous stage, the `model` input.
+        teacher=lambda w: (
+            post_dir(w)
+            if chains(w).teacher_start(wchain(w, w.sdpo), stage_of(w)) == post_dir(w)
+            else []
+        ),
+    output:
+        directory("results/{exp}/chain/{sdpo}/post/teacher~{teacher}/lr~{lr}/stage~{k}"),
+    log:
+        "logs/{exp}/chain/{sdpo}/post/teacher~{teacher}/lr~{lr}/stage~{k}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/chain/{sdpo}/post/teacher~{teacher}/lr~{lr}/stage~{k}.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["on_policy"]
+    resources:
+        **sized("sdpo"),
+    params:
+        cot=lambda w: w.sdpo == "sdpo_cot",
+        teacher=lambda w: w.teacher,
+        teacher_dir=lambda w: chains(w).teacher_start(
+            wchain(w, w.sdpo), stage_of(w)
+        ),
+        keep_teacher=lambda w: chains(w).keeps_teacher(wchain(w, w.sdpo)),
+        **on_policy_params(
+            "sdpo", ("lr", "checkpoints", "teachers", "cot_teachers")
+        ),
+    script:
+        "../workflow_scripts/sdpo.py"
+
+
+# What every chain became: accuracy, gain and forgetting per stage and benchmark, collapse, and drift.
+rule continual:
+    input:
+        metrics=lambda w: chains(w).eval_metrics(),
+    output:
+        table="results/{exp}/continual.parquet",
+        summary="results/{exp}/summary.parquet",
+        accuracy=report(
+            "results/{exp}/continual_accuracy.png",
+            caption="../report/continual_accuracy.rst",
+            category="Continual",
+            labels={"experiment": "{exp}", "figure": "accuracy by stage"},
+        ),
+        heatmap=report(
+            "results/{exp}/continual_heatmap.png",
+            caption="../report/continual_heatmap.rst",
+            category="Continual",
+            labels={"experiment": "{exp}", "figure": "stage x benchmark"},
+        ),
+    log:
+        "logs/{exp}/continual.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/continual.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        # Training logs (steps.jsonl) lie in the stage directories, inputs of the evaluations above.
+        chains=lambda w: chains(w).results_spec(),
+        base=lambda w: f"{chains(w).root}/eval/post/metrics.json",
+        domains=lambda w: [s["domain"] for s in chains(w).stages],
+    script:
+        "../workflow_scripts/continual.py"
+
+
+rule param_drift:
+    input:
+        lambda w: chains(w).model_inputs(),
+    output:
+        table="results/{exp}/param_drift.parquet",
+        png=report(
+            "results/{exp}/param_drift.png",
+            caption="../report/param_drift.rst",
+            category="Continual",
+            labels={"experiment": "{exp}", "figure": "parameter drift"},
+        ),
+    log:
+        "logs/{exp}/param_drift.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/param_drift.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("param_drift"),
+    params:
+        pairs=lambda w: chains(w).drift_pairs(),
+        k=lambda w: xcfg(w, "continual", "drift_k"),
+        share=lambda w: xcfg(w, "continual", "drift_share"),
+    script:
+        "../workflow_scripts/param_drift.py"
+
+
+# Output drift: each model's responses against the post model's (embedded by the post model), and KL from
+# the post model on each stage's prompts against old-task forgetting.
+rule response_kl:
+    input:
+        table="results/{exp}/continual.parquet",
+        metrics=lambda w: chains(w).eval_metrics(),
+    output:
+        responses="results/{exp}/response_drift.parquet",
+        quantiles="results/{exp}/response_quantiles.parquet",
+        responses_png=report(
+            "results/{exp}/response_drift.png",
+            caption="../report/response_drift.rst",
+            category="Continual",
+            labels={"experiment": "{exp}", "figure": "response drift"},
+        ),
+        kl="results/{exp}/kl_forgetting.parquet",
+        kl_png=report(
+            "results/{exp}/kl_forgetting.png",
+            caption="../report/kl_forgetting.rst",
+            category="Continual",
+            labels={"experiment": "{exp}", "figure": "KL against forgetting"},
+        ),
+    log:
+        "logs/{exp}/response_kl.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/response_kl.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("evaluate"),
+    params:
+        post=post_dir,
+        post_eval=lambda w: f"{chains(w).root}/eval/post",
+        benchmarks=lambda w: chains(w).probe_benchmarks(),
+        chains=lambda w: chains(w).results_spec(),
+        cfg=lambda w: {
+            "response_prompts": xcfg(w, "continual", "response_prompts"),
+            "kl_prompts": xcfg(w, "continual", "kl_prompts"),
+            "samples": xcfg(w, "continual", "kl_samples"),
+            "max_new_tokens": xcfg(w, "eval", "max_new_tokens"),
+            "seed": xcfg(w, "seed"),
+        },
+    script:
+        "../workflow_scripts/response_kl.py"

@@ -1,0 +1,78 @@
+"""How far each model of a continual experiment moved in its outputs (`graftlab.chains`): response drift,
+and KL from the starting model set against forgetting.
+
+    results/{exp}/response_drift.parquet   cosine between the post model's and each model's response to the
+                                           same prompt, both embedded by the post model (per run, benchmark,
+                                           problem), `graftlab.analysis.response_drift`
+    results/{exp}/response_quantiles.parquet  its mean and 5% / 10% quantiles per run and benchmark
+    results/{exp}/response_drift.png       their distributions, a violin per run
+    results/{exp}/kl_forgetting.parquet    per model: KL(model || post) on its stage's new-task prompts (Monte
+                                           Carlo from its own samples), its mean old-task forgetting, and the
+                                           residual of the fit forgetting = a + b KL (`graftlab.analysis.kl_forgetting`)
+    results/{exp}/kl_forgetting.png        forgetting against KL with the fit, and the residuals
+
+A run is `method@stage` (`sdpo:frozen@2`). The post model itself enters the fit at KL 0 and no forgetting.
+"""
+
+from pathlib import Path
+
+import polars as pl
+
+from graftlab.analysis.continual_results import method_names
+from graftlab.analysis.kl_forgetting import fit_kl_forgetting, mc_kl, plot_kl_forgetting
+from graftlab.analysis.response_drift import plot_similarity, response_similarity, similarity_quantiles
+from graftlab.atomic import atomic_file
+
+
+def _write(frame: pl.DataFrame, path) -> None:
+    with atomic_file(Path(path)) as tmp:
+        frame.write_parquet(tmp)
+
+
+def old_forgetting(table: pl.DataFrame) -> pl.DataFrame:
+    """Mean forgetting over the old benchmarks per method and stage, from continual.parquet."""
+    return table.filter(pl.col("role") == "old").group_by("method", "stage").agg(forgetting=pl.col("forgetting").mean())
+
+
+def kl_frame(post_dir: str, models: list[dict], prompts: dict[int, tuple[list[str], str]], cfg: dict) -> pl.DataFrame:
+    """KL(model || post) of each model on its stage's prompts ({stage: (prompts, task)}); cfg: samples,
+    max_new_tokens, seed."""
+    rows = [{"method": "post", "stage": 0, "kl": 0.0, "kl_se": 0.0}]
+    for m in models:
+        texts, task = prompts[m["stage"]]
+        kl = mc_kl(m["model"], post_dir, texts, task, cfg["samples"], cfg["max_new_tokens"], cfg["seed"])
+        rows.append({"method": m["method"], "stage": m["stage"], "kl": kl["kl"], "kl_se": kl["kl_se"]})
+        print(f"KL {m['method']} stage {m['stage']}: {kl['kl']:.4f} +- {kl['kl_se']:.4f}", flush=True)
+    return pl.DataFrame(rows)
+
+
+def write_probes(
+    post_dir, post_eval_dir, benchmarks: list[dict], chains: list[dict], table_path, cfg: dict, out: dict
+) -> None:
+    """`benchmarks`: [{name, path, task, stage}] (stage None for an old benchmark); `chains`: as
+    `graftlab.analysis.continual_results.write_continual_results` takes them, each stage with its `model`;
+    `cfg`: response_prompts, kl_prompts, samples, max_new_tokens, seed; `out`: paths `responses`,
+    `quantiles`, `responses_png`, `kl`, `kl_png`."""
+    models = [
+        {"method": name, "stage": s["stage"], "eval_dir": s["eval_dir"], "model": s["model"]}
+        for chain, name in zip(chains, method_names(chains))
+        for s in chain["stages"]
+    ]
+    runs = {f"{m['method']}@{m['stage']}": m["eval_dir"] for m in models}
+    similarity = response_similarity(post_dir, benchmarks, post_eval_dir, runs, cfg["response_prompts"])
+    _write(similarity, out["responses"])
+    _write(similarity_quantiles(similarity), out["quantiles"])
+    plot_similarity(similarity, out["responses_png"], order=list(runs))
+    prompts = {
+        b["stage"]: (pl.read_parquet(b["path"])["prompt"].head(cfg["kl_prompts"]).to_list(), b["task"])
+        for b in benchmarks
+        if b["stage"] is not None
+    }
+    frame = kl_frame(post_dir, models, prompts, cfg).join(
+        old_forgetting(pl.read_parquet(table_path)), on=["method", "stage"], how="left"
+    )
+    # The post model forgets nothing by definition; any other null stays (no old benchmark had a base).
+    frame = frame.with_columns(forgetting=pl.when(pl.col("method") == "post").then(0.0).otherwise(pl.col("forgetting")))
+    fit = fit_kl_forgetting(frame)
+    _write(fit["frame"], out["kl"])
+    plot_kl_forgetting(fit["frame"], fit, out["kl_png"])

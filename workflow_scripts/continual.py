@@ -1,0 +1,9 @@
+"""A continual experiment's tables and figures: accuracy, gain and forgetting per method, stage and benchmark;
+average accuracy and forgetting with collapse per method and stage."""
+
+from graftlab.analysis.continual_results import write_continual_results
+from graftlab.joblog import job_log
+
+p, out = snakemake.params, snakemake.output
+with job_log(snakemake.log[0]):
+    write_continual_results(p.chains, p.base, p.domains, dict(out.items()))

@@ -1,0 +1,8 @@
+"""Parameter drift of every chain's model after every stage, against its stage's start and the post model."""
+
+from graftlab.analysis.param_drift import write_chain_drift
+from graftlab.joblog import job_log
+
+p, out = snakemake.params, snakemake.output
+with job_log(snakemake.log[0], snakemake.threads):
+    write_chain_drift(p.pairs, out.table, out.png, p.k, p.share)

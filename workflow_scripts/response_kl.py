@@ -1,0 +1,8 @@
+"""Response drift of every continual model against the post model, and KL from it against forgetting."""
+
+from graftlab.analysis.continual_probes import write_probes
+from graftlab.joblog import job_log
+
+p, inp, out = snakemake.params, snakemake.input, snakemake.output
+with job_log(snakemake.log[0], snakemake.threads):
+    write_probes(p.post, p.post_eval, p.benchmarks, p.chains, inp.table, p.cfg, dict(out.items()))
