@@ -442,7 +442,8 @@ rule response_kl:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     resources:
-        **sized("evaluate"),
+        # It samples every model (KL) and embeds their answers: graftlab.work.response_kl_work.
+        **sized("response_kl"),
     params:
         post=post_dir,
         post_eval=lambda w: f"{chains(w).root}/eval/post",

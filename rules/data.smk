@@ -19,7 +19,8 @@ rule dataset:
     benchmark:
         "benchmarks/jobs/{exp}/data/sources/{source}.tsv"
     wildcard_constraints:
-        source="problems|retention|benchmark~[A-Za-z0-9_-]+",
+        # A continual experiment's stage data sets: stage~<domain>~problems, stage~<domain>~benchmark.
+        source="problems|retention|benchmark~[A-Za-z0-9_-]+|stage~[A-Za-z0-9_]+~(problems|benchmark)",
     conda:
         "../envs/cpu.yaml"
     resources:

@@ -103,3 +103,117 @@ def test_a_greedy_task_is_charged_one_answer_per_question():
     old = layout.world["benchmark_size"] * len(layout.world["old_tasks"]) * x["eval"]["samples"]
     new = x["knowledge"]["facts"] * x["knowledge"]["heldout_phrasings"]
     assert x["eval"]["samples"] > 1 and eval_sequences(layout, Assumptions()) == old + new
+
+
+# A continual experiment on the 1B model: a data-set stage of 40 training problems (10 held out, 2 epochs), then
+# a knowledge stage of 10 facts x 3 training phrasings (1 epoch); one graft chain, one SDPO chain with an EMA
+# teacher. Every sequence is 256 prompt + 744 generated = 1,000 tokens.
+SOLVED = {"prompt": "problem", "answer": "answer", "solution": "solution"}
+CONTINUAL = {
+    "models": HAND["models"],
+    "experiments": {
+        "c": {
+            "post": "m",
+            "donors": ["d"],
+            "benchmarks": {"b": {"source": "org/bench", "limit": 50}},
+            "stages": [
+                {
+                    "domain": "algebra",
+                    "problems": {"source": "org/algebra", "limit": 100, "columns": SOLVED},
+                    "train": 40,
+                    "heldout": 10,
+                    "epochs": 2,
+                },
+                {
+                    "domain": "knowledge",
+                    "knowledge": {
+                        "entities": 5,
+                        "facts": 10,
+                        "train_phrasings": 3,
+                        "heldout_phrasings": 2,
+                        "replay": 0,
+                    },
+                },
+            ],
+            "sft": {"lr": ["1e-5"], "epochs": 1},
+            "graft": {"lam": ["1"]},
+            "fisher": {"prompts": {"source": "org/old", "limit": 100}},
+            "opsd": {"alpha": []},
+            "sdpo": {"teachers": ["ema:0.05"], "lr": ["1e-5"], "steps": 10, "checkpoints": 2, "max_new_tokens": 744},
+            "continual": {"graft_forms": ["chain"], "response_prompts": 4, "kl_prompts": 4, "kl_samples": 2},
+            "eval": {"samples": 2, "max_new_tokens": 744},
+        }
+    },
+}
+
+
+def test_hand_computed_continual_plan(tmp_path):
+    from graftlab.chains import Continual
+    from graftlab.work import job_work
+
+    a = Assumptions(prompt_tokens=256)
+    config = resolve(copy.deepcopy(CONTINUAL))
+    plan = estimate(config, a, root=tmp_path)
+    c = plan.costs
+    # The SFT chain and the donor tuned on each stage alone (graft_chain's update): stage 1 trains on its 40
+    # problems for 2 epochs, 6 x 1e9 x 2 x 40 x 1,000; stage 2 on 30 phrasings for 1, 6 x 1e9 x 1 x 30 x 1,000.
+    stage1, stage2 = 6e9 * 2 * 40e3, 6e9 * 1 * 30e3
+    assert (c["chain_sft"].jobs, c["chain_sft"].flops) == (4, pytest.approx(2 * (stage1 + stage2)))
+    # The knowledge stage is what the single-domain formula gives for the stage's view; the data-set stage
+    # counts the stage's `train` problems, not the view's mined candidates.
+    layout = Continual.of(config, "c")
+    assert job_work("sft", config, layout.stage_view(2), {}, a).compute == pytest.approx(stage2)
+    # One fp32 checkpoint (4 GB) per epoch, all kept: 3 epochs in all, twice.
+    assert c["chain_sft"].written == c["chain_sft"].kept == 2 * 3 * 4e9
+    # Chain grafts are kept, the next stage starts from them: 2 GB each in bf16, no temporary graft.
+    assert (c["chain_graft"].jobs, c["chain_graft"].kept, plan.temp_peak) == (2, 4e9, 0)
+    # SDPO keeps steps 5 and 10 of each stage and its EMA teacher: 3 fp32 copies per stage.
+    assert (c["chain_sdpo"].jobs, c["chain_sdpo"].written) == (2, 2 * 3 * 4e9)
+    # Post, and 3 chains after 2 stages: 7 evaluations of 50 x 2 (b) + 10 x 2 (algebra's held-out problems)
+    # + 10 x 2 knowledge questions answered once, greedily.
+    assert (c["evaluate"].jobs, c["evaluate"].flops) == (7, pytest.approx(7 * 2e9 * 140 * 1000))
+    # Drift embeds 4 answers per benchmark of post and the 6 models; KL samples 2 answers to 4 prompts of
+    # each stage per chain, scored by the model and by post.
+    embedded, sampled = 7 * 3 * 4, 3 * 2 * (4 + 4)
+    assert c["response_kl"].generate == pytest.approx(2e9 * sampled * 1000)
+    assert c["response_kl"].compute == pytest.approx(2e9 * (embedded + 2 * sampled) * 1000)
+    # b and the algebra problems; no masked graft, so no retention prompts, rollouts nor Fisher.
+    assert c["dataset"].jobs == 2 and c["stage_data"].jobs == 2 and "rollouts" not in c and "fisher" not in c
+    assert not {"sft", "graft", "summary", "pareto", "sensitivity", "drift", "takeover"} & set(c)
+    assert (c["continual"].jobs, c["param_drift"].jobs, c["study"].jobs) == (1, 1, 1)
+
+
+def test_continual_rules_are_sized_as_the_plan_says():
+    """Each continual rule's `sized(...)` in rules/continual.smk is the rule the plan sizes it as."""
+    import re
+
+    from graftlab.plan import SIZED_AS
+
+    text = (ROOT / "rules" / "continual.smk").read_text()
+    sized = dict(re.findall(r"^rule (\w+):(?:(?!^rule ).)*?\*\*sized\(\"(\w+)\"\)", text, flags=re.M | re.S))
+    assert sized and {rule: SIZED_AS.get(rule, rule) for rule in sized} == sized
+
+
+def test_continual_jobs_match_snakemake_dag(tmp_path, capsys, monkeypatch):
+    """A continual experiment with data-set stages, a benchmark stage, retention prompts and two mask kinds."""
+    import yaml
+
+    config = copy.deepcopy(CONTINUAL)
+    x = config["experiments"]["c"]
+    x["stages"].insert(
+        1,
+        {
+            "domain": "geometry",
+            "problems": {"source": "org/geo", "columns": SOLVED},
+            "benchmark": {"source": "org/geo-test", "limit": 40},
+            "steps": 4,
+        },
+    )
+    x["graft"] = {"lam": ["1"], "masks": {"kinds": ["diag", "kfac"], "rho": ["0.1"], "lam": ["1"]}}
+    x["continual"]["graft_forms"] = ["chain", "cumulative"]
+    path = tmp_path / "continual.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", "--configfile", str(path), "--dag"]) == 0
+    out = capsys.readouterr().out
+    assert "| chain_fisher | 8 |" in out and "Snakemake's DAG has the same jobs per rule." in out

@@ -3,8 +3,9 @@
 Each job's work (its model, FLOPs and bytes written) comes from `graftlab.work`, the same count the
 scheduler's limits are sized from (`graftlab.resources`). GPU time is FLOPs / (GPU peak FLOP/s x
 utilisation), with decoding at a lower utilisation than whole-sequence passes, since it is memory-bound.
-Data set sizes are assumptions (the flags of `graftlab plan`), printed beside the table. Standard
-library only: planning needs no torch.
+Data set sizes are assumptions (the flags of `graftlab plan`), printed beside the table. A continual
+experiment's jobs come from its chains (`graftlab.chains`, `continual_jobs`), each sized as the rule it runs
+(`SIZED_AS`). Standard library only: planning needs no torch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graftlab import work
-from graftlab.layout import POST, Experiment, on_tiny_world, section_of, shows_takeover, study_experiments, world_key
+from graftlab.chains import GRAFT_FORMS, ON_POLICY, Chain, Continual, is_continual, parse_chain
+from graftlab.layout import POST, Experiment, section_of, study_experiments, world_key
 from graftlab.work import MINED, Work
 
 
@@ -78,6 +80,85 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     return jobs + [(rule, {}) for rule in ("summary", "pareto", "latency", "sensitivity", "gain_forgetting")]
 
 
+# The rule each continual rule is sized as: its `sized(...)` in rules/continual.smk (tests/test_plan.py
+# reads them there). A rule not listed is sized under its own name.
+SIZED_AS = {
+    "chain_sft": "sft",
+    "chain_graft": "graft",
+    "chain_rollouts": "rollouts",
+    "chain_fisher": "fisher",
+    "chain_opsd": "opsd",
+    "chain_grpo": "grpo",
+    "chain_sdpo": "sdpo",
+}
+# The rule of each kind of chain directory (`chain/<kind>/...`), and the wildcard naming the kind in it.
+CHAIN_RULES = {"sft": "chain_sft", "tune": "chain_sft", **dict.fromkeys(GRAFT_FORMS.values(), "chain_graft")}
+CHAIN_RULES |= {"opsd": "chain_opsd", "grpo": "chain_grpo", "sdpo": "chain_sdpo", "sdpo_cot": "chain_sdpo"}
+KIND_WILDCARD = {"sft": "tune", "tune": "tune", "sdpo": "sdpo", "sdpo_cot": "sdpo"}
+KIND_WILDCARD |= dict.fromkeys(GRAFT_FORMS.values(), "form")
+
+
+def chain_wildcards(chain: Chain, k: int) -> dict:
+    """The wildcards of a chain's job at stage k, as rules/continual.smk names them: its keys, the stage, the
+    kind where the rule serves several (tune, form, sdpo) and the base model where the path names it (donor)."""
+    w = {**chain.keys, "k": str(k)}
+    if chain.kind in KIND_WILDCARD:
+        w[KIND_WILDCARD[chain.kind]] = chain.kind
+    return w if chain.kind in ON_POLICY else w | {"donor": chain.base}
+
+
+def _sft_stages(c: Continual) -> list[tuple[Chain, int]]:
+    """Every SFT stage a continual experiment trains (chain_sft): the SFT chains' stages, and the donor
+    stages each graft chain's update is taken between (`donor_pair`): the donor tuned on stage k alone, or
+    the cumulative donor's own SFT chain."""
+    dirs = [c.stage_model(ch, k)[0] for ch in c.chains() if ch.kind == "sft" for k in c.stage_numbers()]
+    dirs += [
+        side[0]
+        for ch in c.chains()
+        if ch.kind in GRAFT_FORMS.values()
+        for k in c.stage_numbers()
+        for side in c.donor_pair(ch, k)
+    ]
+    prefix = f"{c.root}/"
+    return [parse_chain(d.removeprefix(prefix)) for d in dict.fromkeys(dirs) if d.startswith(f"{prefix}chain/")]
+
+
+def _stage_jobs(c: Continual, chain: Chain, k: int) -> list[tuple[str, dict]]:
+    """A method chain's jobs at stage k. A masked graft chain's model after stage k < last also gets its
+    retention Fisher, which its graft at stage k+1 reads (rules/continual.smk, `graft_inputs`)."""
+    w = chain_wildcards(chain, k)
+    jobs = [(CHAIN_RULES[chain.kind], w)]
+    if chain.kind in GRAFT_FORMS.values() and chain.keys["mask"] != "none" and k < len(c.stages):
+        jobs += [("chain_rollouts", w), ("chain_fisher", w | {"kind": chain.keys["mask"]})]
+    return jobs
+
+
+def _continual_sources(c: Continual, fisher: bool) -> list[str]:
+    """The data sets (the `dataset` rule's `source`) a continual experiment reads: its old benchmarks, each
+    stage's problems and benchmark, and the retention prompts where a Fisher is computed."""
+    prefix = f"{c.root}/data/sources/"
+    files = [f for _, f, _, _ in c.eval_benchmarks()]
+    files += [f"{prefix}stage~{s['domain']}~problems.parquet" for s in c.stages if s["problems"]]
+    files += [c.retention_prompts()] if fisher and c.retention_prompts() else []
+    kept = [f.removeprefix(prefix).removesuffix(".parquet") for f in files if f.startswith(prefix)]
+    return list(dict.fromkeys(kept))
+
+
+def continual_jobs(c: Continual) -> list[tuple[str, dict]]:
+    """Every job of a continual experiment (rules/continual.smk, and the shared dataset, rollouts, fisher and
+    evaluate), as (rule, wildcards) under the workflow's rule names."""
+    masks = sorted({ch.keys["mask"] for ch in c.chains() if ch.keys.get("mask", "none") != "none"})
+    jobs = [("stage_data", {"k": str(k)}) for k in c.stage_numbers()]
+    jobs += [("dataset", {"source": s}) for s in _continual_sources(c, bool(masks))]
+    # The post model's retention Fisher, read by each masked graft chain at stage 1.
+    jobs += ([("rollouts", {})] if masks else []) + [("fisher", {"mask": m}) for m in masks]
+    jobs += [("chain_sft", chain_wildcards(ch, k)) for ch, k in _sft_stages(c)]
+    methods = [ch for ch in c.chains() if ch.kind != "sft"]
+    jobs += [job for ch in methods for k in c.stage_numbers() for job in _stage_jobs(c, ch, k)]
+    jobs += [("evaluate", {"run": key}) for key in c.eval_keys()]
+    return jobs + [(rule, {}) for rule in ("continual", "param_drift", "response_kl")]
+
+
 def _world(costs: dict, world: dict, uses: list[dict]) -> None:
     """The tiny world's jobs, for the parts its experiments use: pretraining (the ladder) and
     post-training when one runs on its models, its benchmarks, its mining candidates."""
@@ -85,7 +166,7 @@ def _world(costs: dict, world: dict, uses: list[dict]) -> None:
     benchmarks = models or any(not x["benchmarks"] for x in uses)
     if benchmarks:
         costs["world_benchmarks"].add(jobs=len(world["old_tasks"]))
-    if any(x["data"] in MINED and not x["problems"] for x in uses):
+    if any(x["data"] in MINED and not x["problems"] and not is_continual(x) for x in uses):
         costs["world_candidates"].add()
     if not models:
         return
@@ -94,15 +175,16 @@ def _world(costs: dict, world: dict, uses: list[dict]) -> None:
 
 
 def _analysis(costs: dict, config: dict) -> None:
-    for x in config["experiments"].values():
-        if on_tiny_world(x):
+    """The analyses over experiments: the study (which `all` asks for even when it holds no experiment)
+    with the drift and takeover tables of its experiments, and the MoE model. A continual experiment is
+    no part of the study; its own analyses are among its jobs (`continual_jobs`)."""
+    for e in study_experiments(config):
+        if e["drift"]:
             costs["drift"].add()
-        if shows_takeover(x):
+        if e["takeover"]:
             costs["takeover"].add()
-    if study_experiments(config):
-        costs["study"].add()
-    costs["moe"].add()
-    costs["all"].add()
+    for rule in ("study", "moe", "all"):
+        costs[rule].add()
 
 
 @dataclass
@@ -130,10 +212,29 @@ class Plan:
         return self.total.kept + self.temp_peak
 
 
-def _fetched(config: dict, layout: Experiment) -> set[str]:
-    x = layout.x
-    named = {x["post"], *x["donors"]} | ({x["teacher"]["model"]} if x["data"] == "teacher" else set())
+def _fetched(config: dict, x: dict) -> set[str]:
+    """The models an experiment fetches: its post model, donors and (teacher traces) teacher; a continual
+    experiment reads no `data` setting."""
+    teacher = x["data"] == "teacher" and not is_continual(x)
+    named = {x["post"], *x["donors"]} | ({x["teacher"]["model"]} if teacher else set())
     return {n for n in named if n in config["models"]}
+
+
+def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root: Path) -> list[float]:
+    """Add an experiment's jobs to `costs`; returns the bytes of its temp() grafts. A continual experiment's
+    jobs are sized as the rule each one runs (`SIZED_AS`), by `graftlab.work.continual_work`."""
+    if is_continual(config["experiments"][name]):
+        c = Continual.of(config, name)
+        for rule, wildcards in continual_jobs(c):
+            costs[rule].add(work.continual_work(SIZED_AS.get(rule, rule), config, c, wildcards, a, root))
+        return []  # a chain's grafts are kept: the next stage starts from them
+    layout, grafts = Experiment.of(config, name), []
+    for rule, wildcards in experiment_jobs(layout):
+        job = work.job_work(rule, config, layout, wildcards, a, root)
+        costs[rule].add(job)
+        if rule == "graft":
+            grafts.append(job.written)
+    return grafts
 
 
 def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path(".")) -> Plan:
@@ -146,14 +247,9 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     costs = _Costs()
     grafts: list[float] = []
     fetched: set[str] = set()
-    for name in config["experiments"]:
-        layout = Experiment.of(config, name)
-        for rule, wildcards in experiment_jobs(layout):
-            job = work.job_work(rule, config, layout, wildcards, a, root)
-            costs[rule].add(job)
-            if rule == "graft":
-                grafts.append(job.written)
-        fetched |= _fetched(config, layout)
+    for name, x in config["experiments"].items():
+        grafts += _experiment_costs(costs, config, name, a, root)
+        fetched |= _fetched(config, x)
     notes = []
     for name in sorted(fetched):
         layout = next(Experiment.of(config, e) for e in config["experiments"])
@@ -181,9 +277,10 @@ class _Costs(dict):
 # Pipeline order for the table; a rule not listed here goes last.
 ORDER = (
     "fetch_model world_tokenizer world_corpus world_pretrain world_posttrain world_benchmarks world_candidates "
-    "dataset mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces sft "
-    "opsd grpo sdpo rollouts fisher graft evaluate sensitivity_update summary pareto latency sensitivity "
-    "gain_forgetting drift takeover study moe all"
+    "dataset stage_data mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces "
+    "sft chain_sft opsd grpo sdpo chain_opsd chain_grpo chain_sdpo rollouts fisher graft chain_graft "
+    "chain_rollouts chain_fisher evaluate sensitivity_update summary pareto latency sensitivity gain_forgetting "
+    "continual param_drift response_kl drift takeover study moe all"
 ).split()
 GB = 1e9
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from graftlab.chains import KNOWLEDGE, Chain
 from graftlab.layout import POST, Experiment, kept_steps, parse_run
 from graftlab.tasks import get_task
 
@@ -208,6 +209,13 @@ def world_work(rule: str, world: dict) -> Work:
     return Work(model)
 
 
+def sft_work(model: Model, x: dict, examples: int, a: Assumptions) -> Work:
+    """SFT of `model` on `examples` traces for `x`'s epochs: 6 x params per token, a checkpoint per epoch."""
+    epochs = x["sft"]["epochs"]
+    flops = 6 * model.params * epochs * examples * (a.prompt_tokens + trace_tokens(x))
+    return Work(model, compute=flops, written=epochs * model.params * a.checkpoint_bytes)
+
+
 def job_work(
     rule: str, config: dict, layout: Experiment, wildcards: dict, a: Assumptions = Assumptions(), root: Path = Path(".")
 ) -> Work:
@@ -235,10 +243,7 @@ def job_work(
         per_token = (6 + (2 if g["kl"] else 0)) * P
         return Work(post, 2 * P * samples * tokens, per_token * samples * tokens, written=P * a.checkpoint_bytes)
     if rule == "sft":
-        model = model_of(config, layout, wildcards.get("donor", POST), root)
-        epochs = x["sft"]["epochs"]
-        flops = 6 * model.params * epochs * train * (p + trace_tokens(x))
-        return Work(model, compute=flops, written=epochs * model.params * a.checkpoint_bytes)
+        return sft_work(model_of(config, layout, wildcards.get("donor", POST), root), x, train, a)
     if rule == "opsd":
         o = x["opsd"]
         sampled, samples = p + o["max_new_tokens"], o["steps"] * o["batch_size"]
@@ -286,33 +291,84 @@ def job_work(
 
 
 # The rules of a continual experiment (rules/continual.smk) are sized as the single-domain rule each one
-# runs, on the stage it trains in (`graftlab.chains.Continual.stage_view`).
-def continual_work(rule: str, config: dict, layout, wildcards: dict, a: Assumptions = Assumptions()) -> Work:
-    """One job of a continual experiment, `layout` a `graftlab.chains.Continual`."""
+# runs (chain_sft as `sft`, chain_rollouts as `rollouts`, ...), on the stage it trains in
+# (`graftlab.chains.Continual.stage_view`); evaluate and response_kl score every stage's benchmark.
+def continual_work(
+    rule: str, config: dict, layout, wildcards: dict, a: Assumptions = Assumptions(), root: Path = Path(".")
+) -> Work:
+    """One job of a continual experiment, `layout` a `graftlab.chains.Continual`, `rule` the name it is
+    sized as (`sized(...)` in rules/continual.smk) and `wildcards` the job's."""
     if rule == "evaluate":
-        return continual_eval_work(config, layout, a)
+        return continual_eval_work(config, layout, a, root)
+    if rule == "response_kl":
+        return response_kl_work(config, layout, a, root)
     if "k" not in wildcards:  # the stage-1 retention Fisher of the post model, data sets, tables
-        return job_work(rule, config, layout.stage_view(1), wildcards, a)
-    k = int(wildcards["k"]) + (1 if rule in ("rollouts", "fisher") else 0)
-    view = layout.stage_view(min(k, len(layout.stages)))
+        return job_work(rule, config, layout.stage_view(1), wildcards, a, root)
+    k = int(wildcards["k"])
+    # A chain's retention Fisher after stage k is read by its graft at stage k+1.
+    view = layout.stage_view(min(k + 1 if rule in ("rollouts", "fisher") else k, len(layout.stages)))
+    if rule == "sft":
+        return sft_work(model_of(config, view, wildcards["donor"], root), view.x, stage_examples(layout, k, a), a)
     if rule == "graft":
-        return Work(
-            model_of(config, view, POST), written=model_of(config, view, POST).bytes
-        )  # kept: the next stage's start
-    return job_work(rule, config, view, wildcards, a)
+        post = model_of(config, view, POST, root)
+        return Work(post, written=post.bytes)  # kept: the chain's next stage starts from it
+    job = job_work(rule, config, view, wildcards, a, root)
+    if rule == "sdpo" and layout.keeps_teacher(Chain(wildcards["sdpo"], POST, {"teacher": wildcards["teacher"]})):
+        return replace(job, written=job.written + job.model.params * a.checkpoint_bytes)  # the EMA teacher
+    return job
 
 
-def continual_eval_work(config: dict, layout, a: Assumptions) -> Work:
-    """An evaluation on the old benchmarks and every stage's: each stage's problems times its samples."""
-    post = model_of(config, layout.stage_view(1), POST)
-    x, samples = layout.x, layout.x["eval"]["samples"]
-    old = {n: _limit(s, a.benchmark_problems) for n, s in (x["benchmarks"] or {}).items()}
-    sequences = sum(old.values()) * samples or len(layout.world["old_tasks"]) * layout.world["benchmark_size"] * samples
+def stage_examples(layout, k: int, a: Assumptions) -> int:
+    """Examples SFT trains on in stage k (`graftlab.synth.stage_data`): a knowledge stage's training phrasings
+    plus its replay; else the stage's `train` problems, at most what its data set holds after the held-out ones."""
+    stage = layout.stage(k)
+    if stage["domain"] == KNOWLEDGE:
+        knowledge = stage["knowledge"]
+        return knowledge["facts"] * knowledge["train_phrasings"] + knowledge["replay"]
+    if not stage["problems"]:
+        return stage["train"]
+    held = 0 if stage["benchmark"] else stage["heldout"]
+    return max(0, min(stage["train"], _limit(stage["problems"], a.problems) - held))
+
+
+def continual_benchmarks(layout, a: Assumptions) -> list[tuple[int, str]]:
+    """(problems, task) of every benchmark a continual model is scored on: the old ones, then each stage's (a
+    knowledge stage's held-out phrasings, its benchmark data set, or its held-out problems)."""
+    x, world = layout.x, layout.world
+    old = [
+        (_limit(x["benchmarks"][n], a.benchmark_problems) if x["benchmarks"] else world["benchmark_size"], task)
+        for n, (_, task) in layout.old_benchmarks().items()
+    ]
+    new = []
     for k, stage in enumerate(layout.stages, 1):
-        name, _, task = layout.stage_benchmark(k)
-        if stage["domain"] == "knowledge":
+        if stage["domain"] == KNOWLEDGE:
             problems = stage["knowledge"]["facts"] * stage["knowledge"]["heldout_phrasings"]
         else:
             problems = _limit(stage["benchmark"], a.benchmark_problems) if stage["benchmark"] else stage["heldout"]
-        sequences += problems * (1 if get_task(task).greedy else samples)
+        new.append((problems, layout.stage_benchmark(k)[2]))
+    return old + new
+
+
+def continual_eval_work(config: dict, layout, a: Assumptions, root: Path = Path(".")) -> Work:
+    """An evaluation on the old benchmarks and every stage's: each one's problems times the samples its task
+    draws (one answer for a greedy task)."""
+    post = model_of(config, layout.stage_view(1), POST, root)
+    x, samples = layout.x, layout.x["eval"]["samples"]
+    sequences = sum(n * (1 if get_task(task).greedy else samples) for n, task in continual_benchmarks(layout, a))
     return Work(post, generate=2 * post.params * sequences * (a.prompt_tokens + x["eval"]["max_new_tokens"]))
+
+
+def response_kl_work(config: dict, layout, a: Assumptions, root: Path = Path(".")) -> Work:
+    """Response drift and KL (`graftlab.analysis.continual_probes`) over every chain's model after every stage.
+    Drift: the post model embeds the first `response_prompts` answers of each benchmark of the post model and
+    of each model (2P per token). KL: each model samples `kl_samples` answers to the first `kl_prompts`
+    problems of its stage's benchmark (2P per token, decoded), scored by itself and by the post model (2 x 2P)."""
+    post = model_of(config, layout.stage_view(1), POST, root)
+    c, P = layout.x["continual"], post.params
+    tokens = a.prompt_tokens + layout.x["eval"]["max_new_tokens"]
+    chains, benchmarks = len(layout.chains()), continual_benchmarks(layout, a)
+    models = chains * len(layout.stages)  # every chain's model after every stage
+    embedded = (models + 1) * sum(min(c["response_prompts"], n) for n, _ in benchmarks)
+    new = benchmarks[len(benchmarks) - len(layout.stages) :]  # each stage's, whose models sample on it
+    sampled = chains * c["kl_samples"] * sum(min(c["kl_prompts"], n) for n, _ in new)
+    return Work(post, generate=2 * P * sampled * tokens, compute=2 * P * (embedded + 2 * sampled) * tokens)
