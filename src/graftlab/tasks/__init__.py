@@ -12,6 +12,13 @@ the text after the last `</think>`: a completion that never closes its thinking 
 - `math`: the last `\\boxed{...}`, compared with the reference by math-verify (`graftlab.tasks.math`);
 - `math_instruct`: the same for an instruct model that writes no think block (posed with thinking off).
 
+The instruct tasks of the second paper's continual chain (SDPO-CL), all posed with thinking off:
+- `mcq_instruct`: multiple choice, the letter in the last `<answer>...</answer>` (`graftlab.tasks.mcq`);
+- `tooluse_instruct`: tool calls as `Action:` / `Action Input:` lines, the action names compared as a
+  multiset and the merged inputs as JSON (`graftlab.tasks.tooluse`);
+- `code_instruct`: the last fenced Python block, run against the problem's unit tests in a subprocess
+  (`graftlab.tasks.code`).
+
 Light to import (no torch, no polars at import time): the workflow parse imports the registry.
 """
 
@@ -28,8 +35,11 @@ from graftlab.tasks.chat import (
     extract_answer,
     extract_thinking,
 )
+from graftlab.tasks.code import code_grade, code_prompt, code_reference
 from graftlab.tasks.exact import is_correct, knowledge_grade, plain_reference
 from graftlab.tasks.math import math_grade, math_prompt, math_reference
+from graftlab.tasks.mcq import mcq_grade, mcq_prompt, mcq_reference
+from graftlab.tasks.tooluse import tooluse_grade, tooluse_prompt, tooluse_reference
 from graftlab.world.arith import CHAIN_TASKS, NEW_TASKS, OLD_TASKS
 
 __all__ = [
@@ -106,6 +116,13 @@ TASKS: dict[str, Task] = {
     # graded after the empty think block it is taken to have (`Task.turn`).
     "math_instruct": Task(
         "math_instruct", prompt=math_prompt, grade=math_grade, reference=math_reference, thinking=False
+    ),
+    "mcq_instruct": Task("mcq_instruct", prompt=mcq_prompt, grade=mcq_grade, reference=mcq_reference, thinking=False),
+    "tooluse_instruct": Task(
+        "tooluse_instruct", prompt=tooluse_prompt, grade=tooluse_grade, reference=tooluse_reference, thinking=False
+    ),
+    "code_instruct": Task(
+        "code_instruct", prompt=code_prompt, grade=code_grade, reference=code_reference, thinking=False
     ),
 }
 # The tiny world's problems name their operation; each is graded as arithmetic.
