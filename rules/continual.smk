@@ -68,7 +68,12 @@ rule stage_data:
     conda:
         "../envs/cpu.yaml"
     params:
-        stage=lambda w: chains(w).stage(stage_of(w)),
+        # What the data is made of, not how long it is trained: new steps or epochs keep the data.
+        stage=lambda w: {
+            k: v
+            for k, v in chains(w).stage(stage_of(w)).items()
+            if k not in ("epochs", "steps")
+        },
         old_tasks=lambda w: chains(w).world["old_tasks"],
         seed=lambda w: xcfg(w, "seed"),
     script:
@@ -240,7 +245,8 @@ rule chain_fisher:
 def on_policy_params(kind, exclude):
     """The params every on-policy stage passes its trainer: the stage's section without the swept keys."""
     return {
-        "model": lambda w: previous(w, kind)[1],
+        # `sdpo` and `sdpo_cot` share a rule: the job's own kind names its chain.
+        "model": lambda w: previous(w, getattr(w, "sdpo", kind))[1],
         "lr": lambda w: float(w.lr),
         "save_steps": lambda w: kept_steps(chains(w).section(kind, stage_of(w))),
         "seed": lambda w: xcfg(w, "seed"),

@@ -307,8 +307,13 @@ def test_library_config_classes_take_their_defaults_from_the_schema():
     from graftlab.train.sft import TrainConfig
     from graftlab.world.knowledge import KnowledgeConfig
 
-    experiment = load_schema()["$defs"]["experiment"]["properties"]
-    top = load_schema()["properties"]
+    schema = load_schema()
+    # A section kept in $defs (knowledge, which stages share) is named by its $ref.
+    experiment = {
+        name: schema["$defs"][sub["$ref"].rsplit("/", 1)[1]] if "$ref" in sub else sub
+        for name, sub in schema["$defs"]["experiment"]["properties"].items()
+    }
+    top = schema["properties"]
     # TrainConfig also pretrains the tiny world: its epochs/steps choose a mode, they are no sft defaults.
     classes = {
         StarConfig: "star",

@@ -420,6 +420,8 @@ def _rows(schema: dict, defs: dict, prefix: str):
         ]
         kind = " or ".join(kinds)
         yield prefix, kind, schema.get("default", _NO_DEFAULT), schema.get("description", item.get("description", ""))
+        if "properties" in item:  # a list of sections (stages): the keys of each entry
+            yield from _rows(item, defs, f"{prefix}[]")
         return
     for key, sub in props.items():
         yield from _rows(sub, defs, f"{prefix}.{key}" if prefix else key)

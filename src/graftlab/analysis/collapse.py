@@ -174,6 +174,20 @@ def _own_accuracy(eval_dir: str | Path, bench: str) -> float:
     return scores["acc@n"]
 
 
+def domain_collapse(
+    eval_dirs: Sequence[str | Path], own_benchmarks: Sequence[str], floor: float = ACC_FLOOR, peak: float = ACC_PEAK
+) -> int | None:
+    """The first index i at which the domain of some stage j <= i, once at `peak` or above in a model j..i-1,
+    has fallen to `floor` or below in model i: a capability learnt and then lost (each domain followed
+    from its own stage on, so a later domain that was never learnt does not count)."""
+    found = [
+        j + hit
+        for j, bench in enumerate(own_benchmarks)
+        if (hit := accuracy_collapse([_own_accuracy(d, bench) for d in eval_dirs[j:]], floor, peak)) is not None
+    ]
+    return min(found, default=None)
+
+
 def detect_stages(
     eval_dirs: Sequence[str | Path],
     own_benchmarks: Sequence[str],
@@ -194,7 +208,8 @@ def detect_stages(
     the benchmark of that stage's domain; `logs[i]`: its training log (steps.jsonl) or None where the
     method keeps none (sft, grafts), `logs` None for all; `stages`: the stage numbers, 1..K unless given.
     Within a stage the log's rules come first (training precedes evaluation), then `repeated_tail`
-    (share above `repeated_threshold`), then `accuracy_collapse` (`floor`, `peak`). `log_thresholds`:
+    (share above `repeated_threshold`), then `accuracy_collapse` of any domain learnt so far
+    (`domain_collapse`: `floor`, `peak`). `log_thresholds`:
     keyword arguments of `log_collapse`."""
     k = len(eval_dirs)
     logs = [None] * k if logs is None else list(logs)
@@ -203,8 +218,7 @@ def detect_stages(
         raise ValueError(
             f"collapse: {k} eval dirs, {len(own_benchmarks)} own benchmarks, {len(logs)} logs, {len(stages)} stages"
         )
-    accs = [_own_accuracy(d, b) for d, b in zip(eval_dirs, own_benchmarks)]
-    fallen = accuracy_collapse(accs, floor, peak)
+    fallen = domain_collapse(eval_dirs, own_benchmarks, floor, peak)
     first: dict = {"collapsed": False, "collapse_reason": None, "collapse_stage": None, "collapse_step": None}
     records = []
     for i, (eval_dir, bench, log, stage) in enumerate(zip(eval_dirs, own_benchmarks, logs, stages)):

@@ -19,11 +19,12 @@ OLD_TASKS = ("add", "sub", "compare")
 # `times` is `mul` in a format of its own ("product(47,8)?"), like no old task's: the fidelity study asks
 # whether a new task that shares the old tasks' format is what routes its update into their machinery.
 NEW_TASKS = ("mul", "times")
-# Domains of the continual chain (issue 17), learnt after post-training like the new tasks: `sum` is
-# addition posed in a format of its own, a neighbour that reuses add's procedure; `muln` is `mul` whose
-# final answer is written in another format ("n=376"), so a stage can change the answer format as the
-# second paper's tool-use stage did.
-CHAIN_TASKS = ("sum", "muln")
+# Domains of the continual chain (issue 17), learnt after post-training like the new tasks. `order` is
+# compare posed in a format of its own ("order 12 34"), a neighbour on compare's machinery that the post
+# model already solves now and then (about 0.2 Acc@4 on the default world), so the RL methods see reward;
+# `muln` is `mul` whose final answer is written in another format ("n=376"), so a stage can change the
+# answer format as the second paper's tool-use stage did.
+CHAIN_TASKS = ("order", "muln")
 
 
 def _digits(n: int, width: int) -> list[int]:
@@ -74,10 +75,10 @@ def times(a: int, b: int) -> tuple[str, str, str]:
     return f"product({a},{b})?", thinking, answer
 
 
-def sum_(a: int, b: int) -> tuple[str, str, str]:
-    """`add` posed as "sum(6,39)?": the same column steps and answer."""
-    _, thinking, answer = add(a, b)
-    return f"sum({a},{b})?", thinking, answer
+def order(a: int, b: int) -> tuple[str, str, str]:
+    """`compare` posed as "order 12 34": the same thinking and answer."""
+    _, thinking, answer = compare(a, b)
+    return f"order {a:02d} {b:02d}", thinking, answer
 
 
 def muln(a: int, b: int) -> tuple[str, str, str]:
@@ -92,7 +93,7 @@ SOLVERS: dict[str, Callable[[int, int], tuple[str, str, str]]] = {
     "compare": compare,
     "mul": mul,
     "times": times,
-    "sum": sum_,
+    "order": order,
     "muln": muln,
 }
 
@@ -100,7 +101,7 @@ SOLVERS: dict[str, Callable[[int, int], tuple[str, str, str]]] = {
 # The operator a task's thinking steps are written with ("7+8+1=16", "13-5=8", "7<8", "7*8=56+5=61");
 # mul first, since its steps hold a "+" too. `times` thinks exactly as mul does.
 STEP_OPERATORS = {"mul": "*", "sub": "-", "compare": "<>", "add": "+"}
-THINKING_FORM = {"times": "mul", "sum": "add", "muln": "mul"}
+THINKING_FORM = {"times": "mul", "order": "compare", "muln": "mul"}
 
 
 def thinking_form(thinking: str) -> str | None:
