@@ -30,7 +30,8 @@ rule all:
         expand("results/{exp}/latency.png", exp=EXPERIMENTS),
         expand("results/{exp}/gain_forgetting.png", exp=EXPERIMENTS),
         expand("results/{exp}/gain_forgetting.parquet", exp=EXPERIMENTS),
-        "results/study/study.png",
+        # The study spans the single-domain experiments: none, no study.
+        "results/study/study.png" if STUDY else [],
         expand("results/{exp}/continual.parquet", exp=CONTINUAL),
         expand("results/{exp}/continual_accuracy.png", exp=CONTINUAL),
         expand("results/{exp}/param_drift.png", exp=CONTINUAL),

@@ -75,9 +75,40 @@ rule stage_data:
             if k not in ("epochs", "steps")
         },
         old_tasks=lambda w: chains(w).world["old_tasks"],
+        star=lambda w: stage_data_kind(chains(w).stage(stage_of(w))) == "star",
         seed=lambda w: xcfg(w, "seed"),
     script:
         "../workflow_scripts/stage_data.py"
+
+
+# A `data: star` stage's traces: the post model's own first verified sample of up to `star.attempts` per
+# training problem (the same traces for every chain: the off-policy data each method learns from).
+rule stage_star:
+    input:
+        model=post_dir,
+        problems="results/{exp}/stage~{k}/data/sft.parquet",
+    output:
+        sft="results/{exp}/stage~{k}/data/star.parquet",
+        stats="results/{exp}/stage~{k}/data/star.json",
+    log:
+        "logs/{exp}/stage~{k}/star.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/stage~{k}/star.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+    conda:
+        "../envs/sample-vllm.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("star"),
+    params:
+        model=post_dir,
+        sampling=lambda w: xcfg(w, "star"),
+        task=lambda w: chains(w).stage_benchmark(stage_of(w))[2],
+        seed=lambda w: xcfg(w, "seed"),
+        backend={"backend": config["sampling_backend"], **config["vllm"]},
+    script:
+        "../workflow_scripts/star.py"
 
 
 # SFT from the chain's previous stage (`sft`: base post is the SFT method, base a donor the cumulative
@@ -89,7 +120,7 @@ rule chain_sft:
             if w.tune == "tune"
             else previous(w, "sft")[0]
         ),
-        data=stage_file("sft.parquet"),
+        data=lambda w: chains(w).sft_data(stage_of(w)),
     output:
         directory("results/{exp}/chain/{tune}/{donor}/lr~{lr}/stage~{k}"),
     log:

@@ -80,8 +80,12 @@ def test_plan_prints_every_config(path, capsys, monkeypatch):
     assert "| **total** |" in out and "Peak disk:" in out
 
 
-# Every config but fidelity.yaml, whose dry-run alone takes 40 s.
-@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name != "fidelity.yaml"], ids=lambda p: p.name)
+# Every config but fidelity.yaml, whose dry-run alone takes 40 s, and qwen3-4b-continual.yaml, whose local
+# data files exist only once copied (tests/test_presets.py compares its plan with a dry-run on stand-ins).
+SKIP_DAG = ("fidelity.yaml", "qwen3-4b-continual.yaml")
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name not in SKIP_DAG], ids=lambda p: p.name)
 def test_jobs_match_snakemake_dag(path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["plan", "--configfile", str(path.relative_to(ROOT)), "--dag"]) == 0

@@ -15,14 +15,32 @@ PRESETS = {
     "qwen3-8b-star.yaml": 150,
     "olmo3-7b-knowledge.yaml": 508,
     "qwen3-4b-sdpo.yaml": 185,
+    "qwen3-4b-continual.yaml": 152,
 }
+
+
+def local_sources(preset: str) -> list[str]:
+    """The local data files a preset names (copied by hand before a run, as its comments say)."""
+    from graftlab.fetch import looks_local
+
+    text = (REPO / "configs" / preset).read_text()
+    return [s for s in re.findall(r"source: (\S+?)[,}\s]", text) if looks_local(s)]
+
+
+def dry_run(preset: str, workdir) -> str:
+    """The dry-run's output of `preset` in `workdir`, its local data files stood in for (the dry-run reads no
+    data, but needs its inputs to exist)."""
+    for path in local_sources(preset):
+        (workdir / path).parent.mkdir(parents=True, exist_ok=True)
+        (workdir / path).write_text('{"prompt": "q", "answer": "A", "idx": 1}\n')
+    proc = snakemake(workdir, "-n", configs=(REPO / "configs" / preset,))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_preset_dry_run_job_count(preset, tmp_path):
-    proc = snakemake(tmp_path, "-n", configs=(REPO / "configs" / preset,))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    total = re.search(r"^total\s+(\d+)$", proc.stdout + proc.stderr, re.M)
+    total = re.search(r"^total\s+(\d+)$", dry_run(preset, tmp_path), re.M)
     assert total and int(total.group(1)) == PRESETS[preset]
 
 
@@ -36,3 +54,22 @@ def test_olmo_pretraining_donors_take_the_post_models_rope():
     models = yaml.safe_load((REPO / "configs" / "olmo3-7b-knowledge.yaml").read_text())["models"]
     assert {n for n, m in models.items() if m.get("rope_from")} == {"olmo3-7b-stage1", "olmo3-7b-base"}
     assert all(m["rope_from"] == "olmo3-7b" for m in models.values() if m.get("rope_from"))
+
+
+def test_the_continual_preset_is_planned_stage_by_stage(tmp_path):
+    from graftlab.plan import estimate, load_config
+
+    plan = estimate(load_config([str(REPO / "configs" / "qwen3-4b-continual.yaml")], []))
+    table = re.search(r"^job\s+count\n-+\s+-+\n(.*?)^total", dry_run("qwen3-4b-continual.yaml", tmp_path), re.M | re.S)
+    dag = {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", table.group(1), re.M)}
+    assert local_sources("qwen3-4b-continual.yaml") == [
+        "data/continual/sciknoweval_chemistry_train.jsonl",
+        "data/continual/sciknoweval_chemistry_test.jsonl",
+        "data/continual/tooluse_train.jsonl",
+        "data/continual/tooluse_test.jsonl",
+    ]
+    jobs = {rule: cost.jobs for rule, cost in plan.costs.items() if cost.jobs}
+    assert jobs == dag  # the plan counts the dry-run's jobs, rule by rule
+    # 4 stages x (GRPO, OPSD; SDPO under 3 teachers and SDPO-CoT; the post model's own traces each stage).
+    assert (jobs["chain_grpo"], jobs["chain_opsd"], jobs["chain_sdpo"], jobs["stage_star"]) == (4, 4, 16, 4)
+    assert 100 < plan.gpu_hours(plan.total) < 1000

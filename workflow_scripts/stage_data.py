@@ -14,4 +14,5 @@ with job_log(snakemake.log[0]):
         p.old_tasks,
         exclude_files=list(inp.benchmarks),
         problems_file=inp.problems or None,
+        star=p.star,
     )

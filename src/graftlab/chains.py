@@ -4,7 +4,9 @@ An experiment with `stages` (issue 17, `docs/continual.md`) trains each method a
 the model after stage k is trained from the same chain's model after stage k-1 (stage 0 is the post
 model), so changing stage k's settings re-runs stages k and later of every chain, and nothing before.
 
-    results/{exp}/stage~{k}/data/                           the stage's SFT data, held-out problems, facts
+    results/{exp}/stage~{k}/data/                           the stage's problems with their traces (SFT data;
+                                                            `star.parquet` for a star stage), held-out
+                                                            problems, facts
     results/{exp}/chain/sft/{base}/lr~L/stage~{k}/          SFT from the chain's stage k-1 (`epoch~e` inside);
                                                             base `post` is the SFT method, a donor the
                                                             graft_cumulative donor's own chain
@@ -123,6 +125,11 @@ class Continual:
         """The stage's data directory, or a file in it (`sft.parquet`, `heldout.parquet`, `facts.parquet`)."""
         root = f"{self.root}/stage~{k}/data"
         return f"{root}/{name}" if name else root
+
+    def sft_data(self, k: int) -> str:
+        """What SFT learns in stage k: the stage's traces, or for a `star` stage the post model's own."""
+        name = "star.parquet" if stage_data_kind(self.stage(k)) == "star" else "sft.parquet"
+        return self.stage_data(k, name)
 
     def epochs(self, k: int) -> int:
         return self.stage(k)["epochs"] or self.x["sft"]["epochs"]

@@ -275,15 +275,16 @@ def _stage_checks(world: dict, exp: dict, key: str) -> list[tuple[bool, str, str
                     "replays the tiny world's old tasks, but benchmarks replace them: set it to 0",
                 )
             )
-        elif stage["problems"]:
+        elif stage["problems"] and kind == "expert":
             checks.append(
                 (
                     "solution" in stage["problems"]["columns"],
                     f"{where}.problems.columns",
-                    "needs a `solution` column: the SFT chains and the donors learn from its written solutions",
+                    "needs a `solution` column: the SFT chains and the donors learn from its written solutions "
+                    "(or `data: star`: the post model's own verified traces)",
                 )
             )
-        else:
+        elif not stage["problems"]:
             known = domain in SOLVERS
             checks.append(
                 (

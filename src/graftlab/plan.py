@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graftlab import work
-from graftlab.chains import GRAFT_FORMS, ON_POLICY, Chain, Continual, is_continual, parse_chain
+from graftlab.chains import GRAFT_FORMS, ON_POLICY, Chain, Continual, is_continual, parse_chain, stage_data_kind
 from graftlab.layout import POST, Experiment, section_of, study_experiments, world_key
 from graftlab.work import MINED, Work
 
@@ -90,6 +90,7 @@ SIZED_AS = {
     "chain_opsd": "opsd",
     "chain_grpo": "grpo",
     "chain_sdpo": "sdpo",
+    "stage_star": "star",
 }
 # The rule of each kind of chain directory (`chain/<kind>/...`), and the wildcard naming the kind in it.
 CHAIN_RULES = {"sft": "chain_sft", "tune": "chain_sft", **dict.fromkeys(GRAFT_FORMS.values(), "chain_graft")}
@@ -149,6 +150,7 @@ def continual_jobs(c: Continual) -> list[tuple[str, dict]]:
     evaluate), as (rule, wildcards) under the workflow's rule names."""
     masks = sorted({ch.keys["mask"] for ch in c.chains() if ch.keys.get("mask", "none") != "none"})
     jobs = [("stage_data", {"k": str(k)}) for k in c.stage_numbers()]
+    jobs += [("stage_star", {"k": str(k)}) for k in c.stage_numbers() if stage_data_kind(c.stage(k)) == "star"]
     jobs += [("dataset", {"source": s}) for s in _continual_sources(c, bool(masks))]
     # The post model's retention Fisher, read by each masked graft chain at stage 1.
     jobs += ([("rollouts", {})] if masks else []) + [("fisher", {"mask": m}) for m in masks]
@@ -175,15 +177,16 @@ def _world(costs: dict, world: dict, uses: list[dict]) -> None:
 
 
 def _analysis(costs: dict, config: dict) -> None:
-    """The analyses over experiments: the study (which `all` asks for even when it holds no experiment)
-    with the drift and takeover tables of its experiments, and the MoE model. A continual experiment is
+    """The analyses over experiments: the study, where it holds an experiment, with the drift and takeover
+    tables of its experiments, and the MoE model. A continual experiment is
     no part of the study; its own analyses are among its jobs (`continual_jobs`)."""
-    for e in study_experiments(config):
+    study = study_experiments(config)
+    for e in study:
         if e["drift"]:
             costs["drift"].add()
         if e["takeover"]:
             costs["takeover"].add()
-    for rule in ("study", "moe", "all"):
+    for rule in ("study", "moe", "all") if study else ("moe", "all"):
         costs[rule].add()
 
 

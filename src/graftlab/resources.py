@@ -49,6 +49,7 @@ SAMPLE = (
     "evaluate",
     "chain_rollouts",
     "response_kl",
+    "stage_star",
 )
 FISHER = ("fisher", "chain_fisher")
 GPU_KINDS = TRAIN + SAMPLE + FISHER

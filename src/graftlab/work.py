@@ -312,6 +312,11 @@ def continual_work(
     if rule == "graft":
         post = model_of(config, view, POST, root)
         return Work(post, written=post.bytes)  # kept: the chain's next stage starts from it
+    if rule == "star":  # a `data: star` stage: the post model samples its training problems
+        s, post = view.x["star"], model_of(config, view, POST, root)
+        attempts = s["attempts"] + (s["rationalize_attempts"] if s["rationalize"] else 0)
+        tokens = stage_examples(layout, k, a) * attempts * (a.prompt_tokens + s["max_new_tokens"])
+        return Work(post, generate=2 * post.params * tokens)
     job = job_work(rule, config, view, wildcards, a, root)
     if rule == "sdpo" and layout.keeps_teacher(Chain(wildcards["sdpo"], POST, {"teacher": wildcards["teacher"]})):
         return replace(job, written=job.written + job.model.params * a.checkpoint_bytes)  # the EMA teacher

@@ -9,7 +9,9 @@ methods take its prompts), `heldout.parquet` (the stage's benchmark; no rows whe
   experiment, held-out first; the world's solver writes the traces;
 - `knowledge`: the knowledge world's QA (`graftlab.world.knowledge`), the stage's own world by its seed;
 - a data set: its first `heldout` problems held out (none when the stage has a benchmark), the next
-  `train` taught by their written solutions.
+  `train` taught by their written solutions;
+- `data: star`: the problems as above, no traces: rule `stage_star` samples the post model's own into
+  `star.parquet` (`graftlab.synth.star`).
 """
 
 from pathlib import Path
@@ -47,11 +49,12 @@ def _set_problems(stage: dict, problems_file) -> tuple[pl.DataFrame | None, pl.D
 
 
 def write_stage_data(
-    stage: dict, out_dir, seed: int, old_tasks: list[str], exclude_files=(), problems_file=None
+    stage: dict, out_dir, seed: int, old_tasks: list[str], exclude_files=(), problems_file=None, star: bool = False
 ) -> dict:
     """Write stage `stage` (a resolved `stages` entry) under `out_dir`; returns its stats. `exclude_files`:
     benchmark parquets none of whose problems a tiny-world stage may draw; `problems_file`: the stage's
-    data set, read by the `dataset` rule."""
+    data set, read by the `dataset` rule. `star`: the stage's traces are the post model's (`data: star`),
+    written apart: `sft.parquet` then holds the problems and their answers, no completions."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if stage["domain"] == "knowledge":
@@ -61,7 +64,12 @@ def write_stage_data(
         heldout, train = _set_problems(stage, problems_file)
     else:
         heldout, train = _world_problems(stage, seed, _excluded(exclude_files))
-    traces, stats = expert_traces(train)
+    if star:
+        # The post model writes this stage's traces (rule stage_star); the problems carry their answers.
+        traces = train.with_columns(completion=pl.lit(None, dtype=pl.String))
+        stats = {"problems": train.height, "traces": 0, "skipped": 0}
+    else:
+        traces, stats = expert_traces(train)
     # Every stage writes the same files (the rule's outputs): empty where the stage has none.
     if heldout is None:
         heldout = pl.DataFrame(schema=dict.fromkeys(PROBLEM_COLUMNS, pl.String))
