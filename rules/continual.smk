@@ -131,7 +131,9 @@ rule chain_sft:
         exp=CONTINUAL_PATTERN,
     conda:
         "../envs/train.yaml"
-    threads: config["threads"]["train"]
+    # A stage's SFT is small, as an on-policy stage is: one thread, two side by side, rather than both cores
+    # held while the other jobs wait (benchmarks/README.md).
+    threads: config["threads"]["on_policy"]
     resources:
         **sized("sft"),
     params:
