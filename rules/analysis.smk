@@ -24,11 +24,11 @@ rule summary:
         "results/{exp}/summary.parquet",
     log:
         "logs/{exp}/summary.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/summary.tsv"
     wildcard_constraints:
         # A continual experiment's summary is rules/continual.smk's.
         exp="|".join(EXPERIMENTS) or "(?!)",
-    benchmark:
-        "benchmarks/jobs/{exp}/summary.tsv"
     conda:
         "../envs/cpu.yaml"
     params:

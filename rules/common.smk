@@ -5,7 +5,13 @@ from graftlab.config import ConfigError, load_schema, resolve
 from graftlab.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.chains import Chain, Continual, is_continual, stage_data_kind
-from graftlab.layout import Experiment, kept_steps, section_of, study_experiments, worlds
+from graftlab.layout import (
+    Experiment,
+    kept_steps,
+    section_of,
+    study_experiments,
+    worlds,
+)
 from graftlab.resources import classify, job_resources
 from graftlab.work import continual_work, job_work, world_work
 
@@ -166,3 +172,84 @@ def sized(rule_name):
     if PARTITIONS[classify(rule_name)]:
         keys.append("slurm_partition")
     return {key: get(key) for key in keys}
+
+
+# The continual experiments' chains (rules/continual.smk; graftlab.chains).
+def chains(w):
+    """The continual layout of the job's experiment (graftlab.chains.Continual)."""
+    return LAYOUTS[w.exp]
+
+
+def stage_of(w):
+    return int(w.k)
+
+
+def wchain(w, kind):
+    """The chain a job's wildcards name: its kind, base model and keys (no stage)."""
+    keys = {
+        name: getattr(w, name)
+        for name in ("alpha", "teacher", "lr", "lam", "mask", "rho")
+        if hasattr(w, name)
+    }
+    base = getattr(w, "donor", "post")
+    return Chain(kind, base, keys)
+
+
+def previous(w, kind):
+    """(input, model) of the chain's model before the job's stage."""
+    return chains(w).stage_model(wchain(w, kind), stage_of(w) - 1)
+
+
+def stage_file(name):
+    return lambda w: chains(w).stage_data(stage_of(w), name)
+
+
+def knowledge_facts(w):
+    """A knowledge stage's facts, which OPSD's teacher reads with each question."""
+    stage = chains(w).stage(stage_of(w))
+    return (
+        stage_file("facts.parquet")(w) if stage_data_kind(stage) == "knowledge" else []
+    )
+
+
+def graft_inputs(w):
+    """The current model, the donor before and after its update of this stage, and the current model's
+    retention Fisher for a masked graft: the post model's at stage 1, else the chain's own.
+    """
+    c, k = chains(w), stage_of(w)
+    chain = wchain(w, w.form)
+    (donor_in, donor), (tuned_in, tuned) = c.donor_pair(chain, k)
+    fisher = []
+    if w.mask != "none":
+        fisher = (
+            f"{c.root}/fisher/post/{w.mask}"
+            if k == 1
+            else f"{c.stage_dir(chain, k - 1)}/fisher/{w.mask}"
+        )
+    return {
+        "post": c.stage_model(chain, k - 1)[0],
+        "donor": donor_in,
+        "tuned": tuned_in,
+        "fisher": fisher,
+    }
+
+
+def on_policy_params(kind, exclude):
+    """The params every on-policy stage passes its trainer: the stage's section without the swept keys."""
+    return {
+        # `sdpo` and `sdpo_cot` share a rule: the job's own kind names its chain.
+        "model": lambda w: previous(w, getattr(w, "sdpo", kind))[1],
+        "lr": lambda w: float(w.lr),
+        "save_steps": lambda w: kept_steps(chains(w).section(kind, stage_of(w))),
+        "seed": lambda w: xcfg(w, "seed"),
+        "precision": config["precision"],
+        "gradient_checkpointing": config["gradient_checkpointing"],
+        "save_dtype": config["save_dtype"],
+        "resume_minutes": config["resume_minutes"],
+        "backend": {"backend": config["sampling_backend"], **config["vllm"]},
+        section_of(kind): lambda w: {
+            k: v
+            for k, v in chains(w).section(kind, stage_of(w)).items()
+            if k not in exclude
+        },
+    }

@@ -4,41 +4,6 @@
 # one: nothing before it. Evaluation is rules/evaluate.smk's, keyed `chain/<chain>/stage~k`.
 
 
-def chains(w):
-    """The continual layout of the job's experiment (graftlab.chains.Continual)."""
-    return LAYOUTS[w.exp]
-
-
-def stage_of(w):
-    return int(w.k)
-
-
-def wchain(w, kind):
-    """The chain a job's wildcards name: its kind, base model and keys (no stage)."""
-    keys = {
-        name: getattr(w, name)
-        for name in ("alpha", "teacher", "lr", "lam", "mask", "rho")
-        if hasattr(w, name)
-    }
-    base = getattr(w, "donor", "post")
-    return Chain(kind, base, keys)
-
-
-def previous(w, kind):
-    """(input, model) of the chain's model before the job's stage."""
-    return chains(w).stage_model(wchain(w, kind), stage_of(w) - 1)
-
-
-def stage_file(name):
-    return lambda w: chains(w).stage_data(stage_of(w), name)
-
-
-def knowledge_facts(w):
-    """A knowledge stage's facts, which OPSD's teacher reads with each question."""
-    stage = chains(w).stage(stage_of(w))
-    return stage_file("facts.parquet")(w) if stage_data_kind(stage) == "knowledge" else []
-
-
 wildcard_constraints:
     k="[0-9]+",
     tune="sft|tune",
@@ -153,27 +118,6 @@ rule chain_sft:
         "../workflow_scripts/sft.py"
 
 
-def graft_inputs(w):
-    """The current model, the donor before and after its update of this stage, and the current model's
-    retention Fisher for a masked graft: the post model's at stage 1, else the chain's own."""
-    c, k = chains(w), stage_of(w)
-    chain = wchain(w, w.form)
-    (donor_in, donor), (tuned_in, tuned) = c.donor_pair(chain, k)
-    fisher = []
-    if w.mask != "none":
-        fisher = (
-            f"{c.root}/fisher/post/{w.mask}"
-            if k == 1
-            else f"{c.stage_dir(chain, k - 1)}/fisher/{w.mask}"
-        )
-    return {
-        "post": c.stage_model(chain, k - 1)[0],
-        "donor": donor_in,
-        "tuned": tuned_in,
-        "fisher": fisher,
-    }
-
-
 rule chain_graft:
     input:
         unpack(graft_inputs),
@@ -275,27 +219,6 @@ rule chain_fisher:
         "../workflow_scripts/fisher.py"
 
 
-def on_policy_params(kind, exclude):
-    """The params every on-policy stage passes its trainer: the stage's section without the swept keys."""
-    return {
-        # `sdpo` and `sdpo_cot` share a rule: the job's own kind names its chain.
-        "model": lambda w: previous(w, getattr(w, "sdpo", kind))[1],
-        "lr": lambda w: float(w.lr),
-        "save_steps": lambda w: kept_steps(chains(w).section(kind, stage_of(w))),
-        "seed": lambda w: xcfg(w, "seed"),
-        "precision": config["precision"],
-        "gradient_checkpointing": config["gradient_checkpointing"],
-        "save_dtype": config["save_dtype"],
-        "resume_minutes": config["resume_minutes"],
-        "backend": {"backend": config["sampling_backend"], **config["vllm"]},
-        section_of(kind): lambda w: {
-            k: v
-            for k, v in chains(w).section(kind, stage_of(w)).items()
-            if k not in exclude
-        },
-    }
-
-
 rule chain_opsd:
     input:
         model=lambda w: previous(w, "opsd")[0],
@@ -315,8 +238,8 @@ rule chain_opsd:
     resources:
         **sized("opsd"),
     params:
-        alpha=lambda w: float(w.alpha),
         **on_policy_params("opsd", ("alpha", "lr")),
+        alpha=lambda w: float(w.alpha),
     script:
         "../workflow_scripts/opsd.py"
 
@@ -370,15 +293,11 @@ rule chain_sdpo:
     resources:
         **sized("sdpo"),
     params:
+        **on_policy_params("sdpo", ("lr", "checkpoints", "teachers", "cot_teachers")),
         cot=lambda w: w.sdpo == "sdpo_cot",
         teacher=lambda w: w.teacher,
-        teacher_dir=lambda w: chains(w).teacher_start(
-            wchain(w, w.sdpo), stage_of(w)
-        ),
+        teacher_dir=lambda w: chains(w).teacher_start(wchain(w, w.sdpo), stage_of(w)),
         keep_teacher=lambda w: chains(w).keeps_teacher(wchain(w, w.sdpo)),
-        **on_policy_params(
-            "sdpo", ("lr", "checkpoints", "teachers", "cot_teachers")
-        ),
     script:
         "../workflow_scripts/sdpo.py"
 
