@@ -372,7 +372,6 @@ rule param_drift:
 # the post model on each stage's prompts against old-task forgetting.
 rule response_kl:
     input:
-        table="results/{exp}/continual.parquet",
         metrics=lambda w: chains(w).eval_metrics(),
     output:
         responses="results/{exp}/response_drift.parquet",
@@ -407,6 +406,7 @@ rule response_kl:
         post_eval=lambda w: f"{chains(w).root}/eval/post",
         benchmarks=lambda w: chains(w).probe_benchmarks(),
         chains=lambda w: chains(w).results_spec(),
+        checkpoints=lambda w: chains(w).checkpoint_spec(),
         cfg=lambda w: {
             "response_prompts": xcfg(w, "continual", "response_prompts"),
             "kl_prompts": xcfg(w, "continual", "kl_prompts"),

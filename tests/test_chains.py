@@ -101,6 +101,17 @@ def test_evaluations_cover_every_chain_after_every_stage_on_every_benchmark():
     assert tasks["order"] == "arith" and tasks["knowledge"] == "knowledge"
 
 
+def test_earlier_checkpoints_of_on_policy_stages_are_scored_too():
+    c = continual(grpo={"lr": ["1e-4"], "steps": 8, "checkpoints": 2})
+    keys = c.checkpoint_keys()
+    # GRPO keeps 2 checkpoints a stage: the first of each (stage steps 3, 8, 5 -> steps 2, 4, 2) is scored too.
+    assert keys == [f"chain/grpo/post/lr~1e-4/stage~{k}/step~{s}" for k, s in ((1, 2), (2, 4), (3, 2))]
+    assert keys == c.eval_keys()[-3:]
+    stage = "results/c/chain/grpo/post/lr~1e-4/stage~1"
+    assert c.eval_model(keys[0]) == (stage, f"{stage}/step~2")
+    assert [s["step"] for s in c.checkpoint_spec()] == [2, 4, 2]
+
+
 def test_retention_of_a_later_stage_adds_the_earlier_tiny_world_domains():
     c = continual()
     assert c.retention(1)[0] == ["add", "sub", "compare"]

@@ -70,7 +70,11 @@ def test_drift_tables_cover_every_model(smoke):
     assert {r.split("@")[0] for r in responses["run"]} == METHODS
     kl = pl.read_parquet(root / "kl_forgetting.parquet")
     assert kl.filter(pl.col("method") == "post")["kl"].to_list() == [0.0]
-    assert kl.height == 1 + len(METHODS) * 2 and kl["residual"].null_count() <= kl["forgetting"].null_count()
+    # The post model, every chain after each stage, and OPSD's first of two checkpoints in each stage.
+    assert kl.height == 1 + len(METHODS) * 2 + 2 and kl.filter(pl.col("step").is_not_null())[
+        "method"
+    ].unique().to_list() == ["opsd"]
+    assert kl["residual"].null_count() <= kl["forgetting"].null_count()
     for png in ("continual_accuracy", "continual_heatmap", "param_drift", "response_drift", "kl_forgetting"):
         assert (root / f"{png}.png").stat().st_size > 10_000
 
@@ -81,7 +85,8 @@ def test_a_change_to_stage_2_reruns_stage_2_and_nothing_before(smoke, tmp_path):
 
     jobs = planned_jobs(smoke, stages_overlay(tmp_path, "steps", longer))
     # The on-policy chains' second stages (OPSD, GRPO, 4 SDPO) and their evaluations; SFT and grafts keep theirs.
-    assert jobs == {"chain_opsd": 1, "chain_grpo": 1, "chain_sdpo": 4, "evaluate": 6} | CONTINUAL_ANALYSES
+    # OPSD keeps two checkpoints a stage: both are scored.
+    assert jobs == {"chain_opsd": 1, "chain_grpo": 1, "chain_sdpo": 4, "evaluate": 7} | CONTINUAL_ANALYSES
 
 
 def test_a_change_to_stage_1_reruns_its_chains_from_stage_1_on(smoke, tmp_path):

@@ -3,6 +3,6 @@
 from graftlab.analysis.continual_probes import write_probes
 from graftlab.joblog import job_log
 
-p, inp, out = snakemake.params, snakemake.input, snakemake.output
+p, out = snakemake.params, snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):
-    write_probes(p.post, p.post_eval, p.benchmarks, p.chains, inp.table, p.cfg, dict(out.items()))
+    write_probes(p.post, p.post_eval, p.benchmarks, p.chains, p.checkpoints, p.cfg, dict(out.items()))

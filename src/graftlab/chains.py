@@ -66,6 +66,15 @@ def parse_chain(key: str) -> tuple[Chain, int]:
     return Chain(parts[1], parts[2], keys), int(parts[-1].split("~", 1)[1])
 
 
+def parse_eval_key(key: str) -> tuple[Chain, int, int | None]:
+    """(chain, stage, step) of an evaluation key: a stage's model `chain/.../stage~k` (step None), or an earlier
+    kept checkpoint of an on-policy stage, `chain/.../stage~k/step~s`."""
+    head, last = key.strip("/").rsplit("/", 1)
+    if last.startswith("step~"):
+        return (*parse_chain(head), int(last.split("~", 1)[1]))
+    return (*parse_chain(key), None)
+
+
 def stage_data_kind(stage: dict) -> str:
     """The stage's data setting: its `data`, else knowledge for the knowledge domain and expert otherwise."""
     return stage["data"] or (KNOWLEDGE if stage["domain"] == KNOWLEDGE else "expert")
@@ -231,8 +240,21 @@ class Continual:
         return tasks, files
 
     def eval_keys(self) -> list[str]:
-        """Every evaluated model: the post model (stage 0) and each chain after each stage."""
-        return [POST] + [f"chain/{c.key}/stage~{k}" for c in self.chains() for k in range(1, len(self.stages) + 1)]
+        """Every evaluated model: the post model (stage 0), each chain after each stage, then the earlier kept
+        checkpoints of the on-policy stages."""
+        stages = [f"chain/{c.key}/stage~{k}" for c in self.chains() for k in self.stage_numbers()]
+        return [POST, *stages, *self.checkpoint_keys()]
+
+    def checkpoint_keys(self) -> list[str]:
+        """The kept checkpoints before the last of every on-policy stage (`checkpoints` > 1 in its section):
+        scored too, for KL against forgetting across checkpoints."""
+        return [
+            f"chain/{c.key}/stage~{k}/step~{s}"
+            for c in self.chains()
+            if c.kind in ON_POLICY
+            for k in self.stage_numbers()
+            for s in kept_steps(self.section(c.kind, k))[:-1]
+        ]
 
     def eval_metrics(self) -> list[str]:
         return [f"{self.root}/eval/{key}/metrics.json" for key in self.eval_keys()]
@@ -240,8 +262,10 @@ class Continual:
     def eval_model(self, key: str) -> tuple[str, str]:
         if key == POST:
             return self.post_dir, self.post_dir
-        chain, k = parse_chain(key)
-        return self.stage_model(chain, k)
+        chain, k, step = parse_eval_key(key)
+        if step is None:
+            return self.stage_model(chain, k)
+        return self.stage_dir(chain, k), f"{self.stage_dir(chain, k)}/step~{step}"
 
     def stage_benchmark(self, k: int) -> tuple[str, str, str]:
         """(name, parquet, task) of stage k's benchmark: its data set's, else its held-out problems."""
@@ -306,6 +330,15 @@ class Continual:
             {"name": n, "path": f, "task": t, "stage": k}
             for k in self.stage_numbers()
             for n, f, t in [self.stage_benchmark(k)]
+        ]
+
+    def checkpoint_spec(self) -> list[dict]:
+        """Every scored checkpoint before a stage's last, for KL against forgetting: chain, stage, step, its
+        evaluation directory and model."""
+        return [
+            {"chain": chain.key, "stage": k, "step": step, "eval_dir": f"{self.root}/eval/{key}", "model": model}
+            for key in self.checkpoint_keys()
+            for (chain, k, step), (_, model) in [(parse_eval_key(key), self.eval_model(key))]
         ]
 
     def drift_pairs(self) -> list[dict]:

@@ -259,6 +259,8 @@ def _stage_checks(world: dict, exp: dict, key: str) -> list[tuple[bool, str, str
         where, domain = f"{key}.stages.{i}", stage["domain"]
         kind = stage["data"] or ("knowledge" if domain == "knowledge" else "expert")
         checks.append((domain not in old, f"{where}.domain", f"{domain!r} is an old benchmark {old}"))
+        many = [s for s in ("opsd", "grpo", "sdpo") if stage["steps"] and exp[s]["checkpoints"] > stage["steps"]]
+        checks.append((not many, f"{where}.steps", f"{stage['steps']} is fewer than the checkpoints of {many}"))
         checks.append(
             (
                 (kind == "knowledge") == (domain == "knowledge"),

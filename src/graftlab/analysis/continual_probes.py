@@ -6,14 +6,16 @@ and KL from the starting model set against forgetting.
                                            problem), `graftlab.analysis.response_drift`
     results/{exp}/response_quantiles.parquet  its mean and 5% / 10% quantiles per run and benchmark
     results/{exp}/response_drift.png       their distributions, a violin per run
-    results/{exp}/kl_forgetting.parquet    per model: KL(model || post) on its stage's new-task prompts (Monte
-                                           Carlo from its own samples), its mean old-task forgetting, and the
-                                           residual of the fit forgetting = a + b KL (`graftlab.analysis.kl_forgetting`)
+    results/{exp}/kl_forgetting.parquet    per model and kept checkpoint (`step`: an earlier one of an on-policy
+                                           stage): KL(model || post) on its stage's new-task prompts (Monte Carlo
+                                           from its own samples), its mean old-task forgetting, and the residual
+                                           of the fit forgetting = a + b KL (`graftlab.analysis.kl_forgetting`)
     results/{exp}/kl_forgetting.png        forgetting against KL with the fit, and the residuals
 
 A run is `method@stage` (`sdpo:frozen@2`). The post model itself enters the fit at KL 0 and no forgetting.
 """
 
+import json
 from pathlib import Path
 
 import polars as pl
@@ -29,33 +31,50 @@ def _write(frame: pl.DataFrame, path) -> None:
         frame.write_parquet(tmp)
 
 
-def old_forgetting(table: pl.DataFrame) -> pl.DataFrame:
-    """Mean forgetting over the old benchmarks per method and stage, from continual.parquet."""
-    return table.filter(pl.col("role") == "old").group_by("method", "stage").agg(forgetting=pl.col("forgetting").mean())
+def old_forgetting(metrics: dict, base: dict) -> float | None:
+    """Mean forgetting max(-(acc - acc0) / acc0, 0) over the old benchmarks where the post model scores
+    above 0 (`graftlab.analysis.continual`'s, from one model's metrics.json); None where there is none."""
+    values = [
+        max(-(m["acc@n"] - base[b]["acc@n"]) / base[b]["acc@n"], 0.0)
+        for b, m in metrics["benchmarks"].items()
+        if m["role"] == "old" and base.get(b, {}).get("acc@n")
+    ]
+    return sum(values) / len(values) if values else None
 
 
 def kl_frame(post_dir: str, models: list[dict], prompts: dict[int, tuple[list[str], str]], cfg: dict) -> pl.DataFrame:
-    """KL(model || post) of each model on its stage's prompts ({stage: (prompts, task)}); cfg: samples,
-    max_new_tokens, seed."""
-    rows = [{"method": "post", "stage": 0, "kl": 0.0, "kl_se": 0.0}]
+    """KL(model || post) of each model on its stage's prompts ({stage: (prompts, task)}) beside its old-task
+    forgetting; cfg: samples, max_new_tokens, seed."""
+    base = json.loads((Path(cfg["post_eval_dir"]) / "metrics.json").read_text())["benchmarks"]
+    rows = [{"method": "post", "stage": 0, "step": None, "kl": 0.0, "kl_se": 0.0, "forgetting": 0.0}]
     for m in models:
         texts, task = prompts[m["stage"]]
         kl = mc_kl(m["model"], post_dir, texts, task, cfg["samples"], cfg["max_new_tokens"], cfg["seed"])
-        rows.append({"method": m["method"], "stage": m["stage"], "kl": kl["kl"], "kl_se": kl["kl_se"]})
-        print(f"KL {m['method']} stage {m['stage']}: {kl['kl']:.4f} +- {kl['kl_se']:.4f}", flush=True)
-    return pl.DataFrame(rows)
+        metrics = json.loads((Path(m["eval_dir"]) / "metrics.json").read_text())
+        keys = {k: m[k] for k in ("method", "stage", "step")}
+        rows.append(keys | {"kl": kl["kl"], "kl_se": kl["kl_se"], "forgetting": old_forgetting(metrics, base)})
+        print(f"KL {m['method']} stage {m['stage']} step {m['step']}: {kl['kl']:.4f} +- {kl['kl_se']:.4f}", flush=True)
+    return pl.DataFrame(rows, schema_overrides={"step": pl.Int64, "forgetting": pl.Float64})
 
 
 def write_probes(
-    post_dir, post_eval_dir, benchmarks: list[dict], chains: list[dict], table_path, cfg: dict, out: dict
+    post_dir, post_eval_dir, benchmarks: list[dict], chains: list[dict], checkpoints: list[dict], cfg: dict, out: dict
 ) -> None:
     """`benchmarks`: [{name, path, task, stage}] (stage None for an old benchmark); `chains`: as
     `graftlab.analysis.continual_results.write_continual_results` takes them, each stage with its `model`;
-    `cfg`: response_prompts, kl_prompts, samples, max_new_tokens, seed; `out`: paths `responses`,
-    `quantiles`, `responses_png`, `kl`, `kl_png`."""
+    `checkpoints`: the earlier kept checkpoints of on-policy stages ([{chain, stage, step, eval_dir, model}]),
+    which enter KL against forgetting; `cfg`: response_prompts, kl_prompts, samples, max_new_tokens, seed;
+    `out`: paths `responses`, `quantiles`, `responses_png`, `kl`, `kl_png`."""
+    names = dict(zip((c["chain"] for c in chains), method_names(chains)))
     models = [
-        {"method": name, "stage": s["stage"], "eval_dir": s["eval_dir"], "model": s["model"]}
-        for chain, name in zip(chains, method_names(chains))
+        {
+            "method": names[chain["chain"]],
+            "stage": s["stage"],
+            "step": None,
+            "eval_dir": s["eval_dir"],
+            "model": s["model"],
+        }
+        for chain in chains
         for s in chain["stages"]
     ]
     runs = {f"{m['method']}@{m['stage']}": m["eval_dir"] for m in models}
@@ -68,11 +87,7 @@ def write_probes(
         for b in benchmarks
         if b["stage"] is not None
     }
-    frame = kl_frame(post_dir, models, prompts, cfg).join(
-        old_forgetting(pl.read_parquet(table_path)), on=["method", "stage"], how="left"
-    )
-    # The post model forgets nothing by definition; any other null stays (no old benchmark had a base).
-    frame = frame.with_columns(forgetting=pl.when(pl.col("method") == "post").then(0.0).otherwise(pl.col("forgetting")))
-    fit = fit_kl_forgetting(frame)
+    scored = models + [{"method": names[c["chain"]]} | c for c in checkpoints]
+    fit = fit_kl_forgetting(kl_frame(post_dir, scored, prompts, cfg | {"post_eval_dir": post_eval_dir}))
     _write(fit["frame"], out["kl"])
     plot_kl_forgetting(fit["frame"], fit, out["kl_png"])
