@@ -1,4 +1,5 @@
 import functools
+import json
 from pathlib import Path
 
 from graftlab.config import ConfigError, load_schema, resolve

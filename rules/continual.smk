@@ -34,11 +34,17 @@ rule stage_data:
         "../envs/cpu.yaml"
     params:
         # What the data is made of, not how long it is trained: new steps or epochs keep the data.
-        stage=lambda w: {
-            k: v
-            for k, v in chains(w).stage(stage_of(w)).items()
-            if k not in ("epochs", "steps")
-        },
+        # Keys sorted: Snakemake compares params with their order, and a config file may order them otherwise.
+        stage=lambda w: json.loads(
+            json.dumps(
+                {
+                    k: v
+                    for k, v in chains(w).stage(stage_of(w)).items()
+                    if k not in ("epochs", "steps")
+                },
+                sort_keys=True,
+            )
+        ),
         old_tasks=lambda w: chains(w).world["old_tasks"],
         star=lambda w: stage_data_kind(chains(w).stage(stage_of(w))) == "star",
         seed=lambda w: xcfg(w, "seed"),

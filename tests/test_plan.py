@@ -173,7 +173,8 @@ def test_hand_computed_continual_plan(tmp_path):
     assert (c["chain_graft"].jobs, c["chain_graft"].kept, plan.temp_peak) == (2, 4e9, 0)
     # SDPO keeps steps 5 and 10 of each stage and its EMA teacher: 3 fp32 copies per stage.
     assert (c["chain_sdpo"].jobs, c["chain_sdpo"].written) == (2, 2 * 3 * 4e9)
-    # Post, 3 chains after 2 stages and SDPO's first checkpoint in each stage: 9 evaluations of 50 x 2 (b) + 10 x 2 (algebra's held-out problems)
+    # Post, 3 chains after 2 stages and SDPO's first checkpoint in each stage: 9 evaluations of 50 x 2 (b)
+    # + 10 x 2 (algebra's held-out problems)
     # + 10 x 2 knowledge questions answered once, greedily.
     assert (c["evaluate"].jobs, c["evaluate"].flops) == (9, pytest.approx(9 * 2e9 * 140 * 1000))
     # Drift embeds 4 answers per benchmark of post and the 6 models; KL samples 2 answers to 4 prompts of

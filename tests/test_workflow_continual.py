@@ -95,7 +95,6 @@ def test_a_change_to_stage_1_reruns_its_chains_from_stage_1_on(smoke, tmp_path):
 
     jobs = planned_jobs(smoke, stages_overlay(tmp_path, "epochs", longer))
     # SFT from stage 1 on; the donor's tuning on stage 1 and its cumulative chain from stage 1 on; both
-    # graft chains from stage 1 on, with the Fisher of their stage-1 models. Stage 2's lone tuning and every
-    # on-policy chain stay.
-    expected = {"chain_sft": 2 + 1 + 2, "chain_graft": 4, "chain_rollouts": 2, "chain_fisher": 2, "evaluate": 6}
+    # graft chains from stage 1 on. Stage 2's lone tuning and every on-policy chain stay.
+    expected = {"chain_sft": 2 + 1 + 2, "chain_graft": 4, "evaluate": 6}
     assert jobs == expected | CONTINUAL_ANALYSES
