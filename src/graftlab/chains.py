@@ -219,9 +219,9 @@ class Continual:
         previous stage left (`teacher/`); refresh (StableSDPO, S-SDPO with refresh:1), None: the student at the
         stage's start, since a refresh point falls at every stage start."""
         schedule = chain.keys["teacher"]
-        if schedule.startswith("refresh:") or k == 1:
-            return None if schedule.startswith("refresh:") else self.post_dir
-        if schedule == "frozen":
+        if schedule.startswith("refresh:"):
+            return None
+        if schedule == "frozen" or k == 1:
             return self.post_dir
         return f"{self.stage_dir(chain, k - 1)}/teacher"
 
