@@ -11,6 +11,7 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 
+from graftlab import inspect_cli  # its parser only: polars and Snakemake load when it runs
 from graftlab.fisher import KINDS  # names only: the kinds' modules (torch) load when one runs
 from graftlab.train import sft_cli  # its parser only: training loads when `graftlab sft` runs
 
@@ -219,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_drift(subparsers)
     _add_plan(subparsers)
     sft_cli.add_parser(subparsers)
+    inspect_cli.add_parser(subparsers)
     return parser
 
 

@@ -1,0 +1,157 @@
+"""`graftlab inspect RESULTS_DIR`: the table a researcher wants first from a workflow run: per experiment
+and method its best frontier points (new, old, with intervals), what each cost, and which runs are
+missing or stale against the config (`graftlab.inspect_results` reads all of it; docs/cli.md).
+
+`--json` prints one object:
+
+    workdir, snakemake_args      the workdir inspected and the config arguments Snakemake was given
+    experiments: [               one per experiment
+      exp, continual, split      its name; whether it is a chain of stages; `test` (a validation share
+                                 scored apart, left out of old/new) or `all` (every problem)
+      points: [                  each method's frontier points (`--all`: every evaluated model)
+        method, run, stage?,     stage: continual experiments only
+        new, new_lo, new_hi, old, old_lo, old_hi,
+        on_front, exp_front,     on its method's frontier; on the experiment's
+        jobs, untimed, job_s, cpu_s, max_rss_mb,
+        state]                   ok, stale, missing or orphan (below)
+      counts: {state: runs}      over every run on disk or asked for by the config
+      stale: [{run, reasons}]    reasons: `status: output` of each changed output upstream
+      missing: [run], orphan: [run]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+STATES = ("ok", "stale", "missing", "orphan")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the `inspect` subcommand on the `graftlab` command's subparsers."""
+    p = subparsers.add_parser(
+        "inspect",
+        help="per experiment and method: best frontier points, their cost, missing and stale runs",
+        description="Read a workdir's results/: per experiment and method its Pareto frontier points (new- and "
+        "old-task Acc@n with 95% intervals), the wall and CPU seconds and peak memory of the jobs that made "
+        "each (benchmarks/jobs/), and which runs Snakemake would add or remake under the config "
+        "(snakemake --detailed-summary with the workflow's rerun triggers). See docs/cli.md.",
+    )
+    p.add_argument("results_dir", metavar="RESULTS_DIR", help="a workdir's results/ (the workdir is its parent)")
+    p.add_argument("--exp", nargs="+", help="only these experiments (default: every one)")
+    p.add_argument("--json", action="store_true", help="machine-readable output (keys: docs/cli.md)")
+    p.add_argument("--all", action="store_true", help="every evaluated model, not only the frontier points")
+    p.add_argument(
+        "--configfile",
+        nargs="+",
+        default=[],
+        help="the config files the workdir was run with, as given to snakemake (default: the workflow's "
+        "config.yaml, as snakemake without --configfile)",
+    )
+    p.add_argument("--config", nargs="+", default=[], help="KEY=VALUE overrides, as given to snakemake")
+    p.set_defaults(run=run)
+
+
+def snakemake_args(args: argparse.Namespace) -> list[str]:
+    """The config arguments for Snakemake; config files made absolute, since it runs in the workdir."""
+    from pathlib import Path
+
+    from graftlab.errors import GraftlabError
+
+    for path in args.configfile:
+        if not Path(path).is_file():
+            raise GraftlabError(f"--configfile {path}: no such file")
+    out = ["--configfile", *(str(Path(p).resolve()) for p in args.configfile)] if args.configfile else []
+    return out + (["--config", *args.config] if args.config else [])
+
+
+def run(args: argparse.Namespace) -> None:
+    from graftlab.inspect_results import inspect, workdir_of
+
+    config = snakemake_args(args)
+    report = inspect(args.results_dir, args.exp, config, every=args.all)
+    workdir = workdir_of(args.results_dir)
+    if args.json:
+        print(
+            json.dumps(
+                {"workdir": str(workdir), "snakemake_args": config, "experiments": [as_json(e) for e in report]},
+                indent=1,
+            )
+        )
+        return
+    given = " ".join(args.configfile) or "the workflow's config.yaml"
+    print(f"graftlab inspect: {workdir} against {given}")
+    for exp in report:
+        print("\n" + render(exp))
+
+
+def as_json(exp: dict) -> dict:
+    runs = exp["runs"]
+    return {
+        "exp": exp["exp"],
+        "continual": exp["continual"],
+        "split": exp["split"],
+        "points": exp["points"].to_dicts(),
+        "counts": {s: runs.filter(state=s).height for s in STATES},
+        "stale": runs.filter(state="stale").select("run", "reasons").to_dicts(),
+        "missing": runs.filter(state="missing")["run"].to_list(),
+        "orphan": runs.filter(state="orphan")["run"].to_list(),
+    }
+
+
+def _interval(row: dict, name: str) -> str:
+    if row[name] is None:
+        return "-"
+    if row[f"{name}_lo"] is None:
+        return f"{row[name]:.3f}"
+    return f"{row[name]:.3f} [{row[f'{name}_lo']:.3f}, {row[f'{name}_hi']:.3f}]"
+
+
+def _number(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(points) -> str:
+    """The points as an aligned text table, numbers right-aligned."""
+    head = ["method", "run", "new [95% CI]", "old [95% CI]", "exp front", "jobs", "job s", "cpu s", "peak MB", "state"]
+    rows = [
+        [
+            r["method"],
+            r["run"],
+            _interval(r, "new"),
+            _interval(r, "old"),
+            "yes" if r["exp_front"] else "",
+            f"{r['jobs']}" + (f" ({r['untimed']} untimed)" if r["untimed"] else "") if r["jobs"] is not None else "-",
+            _number(r["job_s"], ".1f"),
+            _number(r["cpu_s"], ".1f"),
+            _number(r["max_rss_mb"], ".0f"),
+            r["state"] or "-",
+        ]
+        for r in points.iter_rows(named=True)
+    ]
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
+    right = {5, 6, 7, 8}
+    lines = [
+        "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))).rstrip()
+        for line in [head, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def render(exp: dict) -> str:
+    """One experiment: a title saying what the points are, the table, and the runs' states."""
+    data = as_json(exp)
+    if exp["continual"]:
+        what = "each chain after its last stage; old: the old tasks, new: every stage's domain"
+    else:
+        what = "test split (validation problems left out)" if exp["split"] == "test" else "all problems"
+    lines = [f"== {exp['exp']}: each method's frontier points, Acc@n with 95% intervals; {what}"]
+    lines.append(table(exp["points"]) if exp["points"].height else "(nothing evaluated yet)")
+    lines.append("runs: " + ", ".join(f"{n} {s}" for s, n in data["counts"].items()))
+    for item in data["stale"]:
+        lines.append(f"  stale {item['run']}: " + "; ".join(item["reasons"][:3]))
+    for state in ("missing", "orphan"):
+        if data[state]:
+            note = " (not asked for by the config)" if state == "orphan" else ""
+            lines.append(f"  {state}{note}: " + ", ".join(data[state]))
+    return "\n".join(lines)
