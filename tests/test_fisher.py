@@ -126,6 +126,19 @@ def test_rho_zero_is_the_plain_graft_and_rho_one_keeps_post(trio, tmp_path):
         assert all(torch.equal(got[n], expected[n]) for n in expected), rho
 
 
+def _expected_global_mask(scores: dict[str, torch.Tensor], rho: float) -> tuple[dict[str, torch.Tensor], float]:
+    """The documented global ranking, by hand: every score above the k-th largest (k = round(rho * total))
+    masked, and of the scores equal to it the first ones in graft order (`scores`' order, then row-major)
+    until exactly k are masked. Returns the masks and the threshold."""
+    flat = torch.cat([s.flatten() for s in scores.values()])
+    k = round(rho * flat.numel())
+    threshold = flat.sort(descending=True).values[k - 1]
+    masked = flat > threshold
+    masked[(flat == threshold).nonzero()[:, 0][: k - int(masked.sum())]] = True
+    parts = masked.split([s.numel() for s in scores.values()])
+    return {n: m.view(s.shape) for (n, s), m in zip(scores.items(), parts)}, threshold.item()
+
+
 @pytest.mark.parametrize("score", ["fisher_delta", "fisher"])
 def test_global_mask_zeroes_exactly_round_rho_total_of_the_top_scores(trio, tmp_path, score):
     post, donor, tuned, fisher_dir, fisher = trio
@@ -134,17 +147,51 @@ def test_global_mask_zeroes_exactly_round_rho_total_of_the_top_scores(trio, tmp_
     total = sum(f.numel() for f in fisher.values())
     record = json.loads((tmp_path / "out" / "graftlab.json").read_text())["mask"]
     assert record["masked"] == round(0.3 * total) == sum(record["masked_per_tensor"].values())
-    if score == "fisher":  # the threshold falls inside the tied block: ties broken to the exact count
-        assert record["threshold"] == pytest.approx(0.9)
     out, p, d, t = (_weights(x) for x in (tmp_path / "out", post, donor, tuned))
-    kept, dropped = [], []
-    for name in fisher:
+    order = list(record["masked_per_tensor"])  # the order the graft visited the tensors in
+    scores = {n: fisher[n] * (t[n] - d[n]).square() if score == "fisher_delta" else fisher[n] for n in order}
+    expected, threshold = _expected_global_mask(scores, 0.3)
+    assert record["threshold"] == pytest.approx(threshold, rel=1e-6)
+    flat = torch.cat([s.flatten() for s in scores.values()])
+    if score == "fisher":  # the fixture's tied block straddles the threshold: some ties masked, some kept
+        assert 0 < round(0.3 * total) - int((flat > threshold).sum()) < int((flat == threshold).sum())
+    for name in order:
         delta = t[name] - d[name]
         masked = out[name] == p[name]  # the update was zeroed here (delta is never exactly 0 here)
+        assert torch.equal(masked, expected[name]), name
         assert torch.allclose(out[name][~masked], (p[name] + delta)[~masked], atol=1e-6)
-        s = fisher[name] * delta.square() if score == "fisher_delta" else fisher[name]
-        kept.append(s[~masked]), dropped.append(s[masked])
-    assert torch.cat(dropped).min() >= torch.cat(kept).max()
+
+
+def test_by_default_a_diag_mask_ranks_by_the_predicted_rise_of_the_retention_loss(trio, tmp_path):
+    """docs/methods.md#masks: unless `score: fisher` is asked for, the score is F * delta^2. Checked with a
+    Fisher without ties, whose F-only ranking differs, for the library's entry points and the command line."""
+    from graftlab.fisher.masks import DiagMask, load_diag_fisher, read_deltas
+
+    post, donor, tuned, _, _ = trio
+    gen = torch.Generator().manual_seed(4)
+    fisher = {n: torch.rand(w.shape, generator=gen) + 1e-3 for n, w in _weights(post).items()}
+    (tmp_path / "untied").mkdir()
+    save_file(fisher, tmp_path / "untied" / "diag.safetensors")
+    d, t = _weights(donor), _weights(tuned)
+    delta = {n: t[n] - d[n] for n in fisher}
+    expected, _ = _expected_global_mask({n: fisher[n] * delta[n].square() for n in fisher}, 0.3)
+    f_only, _ = _expected_global_mask(fisher, 0.3)
+    assert any(not torch.equal(expected[n], f_only[n]) for n in fisher)
+    masks = {
+        "make_mask": make_mask("diag", tmp_path / "untied", post, donor, tuned, 0.3),
+        "DiagMask": DiagMask(
+            load_diag_fisher(tmp_path / "untied", post), 0.3, deltas=read_deltas(donor, tuned, fisher)
+        ),
+    }
+    for how, mask in masks.items():
+        for name in fisher:
+            want = torch.where(expected[name], torch.zeros_like(delta[name]), delta[name])
+            assert torch.equal(mask(name, delta[name].clone()), want), (how, name)
+        assert mask.report()["score"] == "fisher_delta"
+    assert _cli(post, donor, tuned, tmp_path / "cli", tmp_path / "untied", rho="0.3") == 0
+    out, p = _weights(tmp_path / "cli"), _weights(post)
+    assert all(torch.equal(out[n] == p[n], expected[n]) for n in fisher)
+    assert json.loads((tmp_path / "cli" / "graftlab.json").read_text())["mask"]["score"] == "fisher_delta"
 
 
 def test_per_tensor_mask_zeroes_round_rho_of_each_tensor(trio, tmp_path):

@@ -91,10 +91,13 @@ def test_kfac_factors_equal_a_direct_computation(pico_model, tied):
 
 
 @pytest.fixture
-def kfac_trio(pico_model, tmp_path):
+def kfac_trio(pico_model, tmp_path, request):
     """post, donor and tuned pico models (tied embeddings: a diagonal entry in the KFAC file) and the
-    post model's KFAC Fisher, written by the CLI."""
+    post model's KFAC Fisher, written by the CLI; with EKFAC's re-fitted diagonal where the test's
+    indirect parameter says so."""
     import polars as pl
+
+    ekfac = ["--ekfac"] if getattr(request, "param", False) else []
 
     post = pico_model("post", seed=0, tie_word_embeddings=True)
     donor = pico_model("donor", seed=1, tie_word_embeddings=True)
@@ -115,6 +118,7 @@ def kfac_trio(pico_model, tmp_path):
                 "kfac",
                 "--out",
                 str(tmp_path / "fisher"),
+                *ekfac,
             ]
         )
         == 0
@@ -136,35 +140,111 @@ def test_kfac_rho_zero_is_the_plain_graft_and_rho_one_keeps_post(kfac_trio, tmp_
         assert all(torch.equal(got[n], expected[n]) for n in expected), rho
 
 
-@pytest.mark.parametrize("scope", ["global", "tensor"])
-def test_kfac_mask_zeroes_the_top_scored_eigen_directions(kfac_trio, tmp_path, scope):
+@pytest.mark.parametrize(
+    ("scope", "score", "kfac_trio"),
+    [
+        ("global", "fisher_delta", False),
+        ("tensor", "fisher_delta", False),
+        ("global", "fisher", False),  # ranked by curvature alone: the update is rotated only to be masked
+        ("global", "fisher_delta", True),  # EKFAC: the re-fitted diagonal is the curvature
+        ("tensor", "fisher", True),
+    ],
+    indirect=["kfac_trio"],
+    ids=["global", "tensor", "global-fisher", "global-ekfac", "tensor-fisher-ekfac"],
+)
+def test_kfac_mask_zeroes_the_top_scored_eigen_directions(kfac_trio, tmp_path, scope, score):
     post, donor, tuned, fisher = kfac_trio
-    mask = make_mask("kfac", fisher, post, donor, tuned, 0.3, scope=scope)
+    mask = make_mask("kfac", fisher, post, donor, tuned, 0.3, scope=scope, score=score)
     graft(post, donor, tuned, 1.0, tmp_path / "out", project=mask)
     report = json.loads((tmp_path / "out" / "graftlab.json").read_text())["mask"]
     out, p, d, t = (_weights(x) for x in (tmp_path / "out", post, donor, tuned))
     f = load_kfac_fisher(fisher, post)  # a shared A factor resolved to every layer reading it
-    kept, dropped, total = [], [], 0
+    assert report["ekfac"] == any("ekfac" in e for e in f.values())
+    kept, dropped, total, shapes = [], [], 0, set()
     for name in p:
         delta, applied, e = t[name] - d[name], out[name] - p[name], f[name]
         if "diag" in e:  # entry-wise, as the diagonal mask
-            score, zeroed = e["diag"] * delta.square(), applied == 0
+            curvature, rotated, zeroed = e["diag"], delta, applied == 0
         else:  # in the eigenbasis: the applied update has exactly the masked directions removed
             uG, uA = e["G_eigvecs"], e["A_eigvecs"]
             rotated, rotated_out = uG.T @ delta @ uA, uG.T @ applied @ uA
-            score = torch.outer(e["G_eigvals"], e["A_eigvals"]) * rotated.square()
+            curvature = e["ekfac"] if "ekfac" in e else torch.outer(e["G_eigvals"], e["A_eigvals"])
+            shapes.add(delta.shape[0] == delta.shape[1])
             zeroed = rotated_out.abs() <= 1e-5 * rotated.abs().max()
             assert torch.allclose(rotated_out[~zeroed], rotated[~zeroed], atol=1e-5 * rotated.abs().max())
+        score_ = curvature * rotated.square() if score == "fisher_delta" else curvature
         assert int(zeroed.sum()) == report["masked_per_tensor"][name], name
         if scope == "tensor":
-            assert report["masked_per_tensor"][name] == round(0.3 * score.numel())
-            assert score[zeroed].min() >= score[~zeroed].max()
-        kept.append(score[~zeroed]), dropped.append(score[zeroed])
-        total += score.numel()
-    assert report["total"] == total and report["kind"] == "kfac"
+            assert report["masked_per_tensor"][name] == round(0.3 * score_.numel())
+            assert score_[zeroed].min() >= score_[~zeroed].max()
+        kept.append(score_[~zeroed]), dropped.append(score_[zeroed])
+        total += score_.numel()
+    assert report["total"] == total and report["kind"] == "kfac" and report["score"] == score
+    assert shapes == {True, False}  # square layers, where a transposed rotation would not fail loudly, and others
     if scope == "global":
         assert report["masked"] == round(0.3 * total)
         assert torch.cat(dropped).min() >= torch.cat(kept).max()
+
+
+def _orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
+    return q.float()
+
+
+def synthetic_kfac(ekfac: bool) -> tuple[dict, dict]:
+    """KFAC entries of a square, a wide and a tall layer (random eigenbases, distinct eigenvalues, and with
+    `ekfac` a re-fitted diagonal unrelated to them) and a parameter with a diagonal; an update for each."""
+    gen = torch.Generator().manual_seed(7)
+    entries, deltas = {}, {}
+    for name, (rows, cols) in {"square": (6, 6), "wide": (4, 7), "tall": (7, 3)}.items():
+        e = {}
+        for factor, n in (("G", rows), ("A", cols)):
+            vecs, vals = _orthogonal(n, gen), torch.rand(n, generator=gen) + 0.1
+            e |= {factor: vecs @ torch.diag(vals) @ vecs.T, f"{factor}_eigvals": vals, f"{factor}_eigvecs": vecs}
+        if ekfac:
+            e["ekfac"] = torch.rand(rows, cols, generator=gen) + 0.1
+        entries[name], deltas[name] = e, torch.randn(rows, cols, generator=gen)
+    entries["norm"], deltas["norm"] = {"diag": torch.rand(5, generator=gen) + 0.1}, torch.randn(5, generator=gen)
+    return entries, deltas
+
+
+def direct_kfac_mask(entries: dict, deltas: dict, rho: float, score: str) -> dict[str, torch.Tensor]:
+    """docs/methods.md#masks written out for a global ranking without ties: D = U_G^T dW U_A scored by
+    l_G[i] l_A[j] D_ij^2 (the EKFAC diagonal in place of l_G l_A when present; the curvature alone with
+    `score: fisher`), a diagonal entry by F delta^2; the top round(rho * total) zeroed; dW' = U_G (M * D) U_A^T."""
+    rotated, scores = {}, {}
+    for name, e in entries.items():
+        if "diag" in e:
+            rotated[name], curvature = deltas[name], e["diag"]
+        else:
+            rotated[name] = e["G_eigvecs"].T @ deltas[name] @ e["A_eigvecs"]
+            curvature = e["ekfac"] if "ekfac" in e else torch.outer(e["G_eigvals"], e["A_eigvals"])
+        scores[name] = curvature * rotated[name].square() if score == "fisher_delta" else curvature
+    flat = torch.cat([s.flatten() for s in scores.values()])
+    k = round(rho * flat.numel())
+    threshold = flat.sort(descending=True).values[k - 1]
+    assert int((flat >= threshold).sum()) == k  # no ties: the masked set is unique
+    out = {}
+    for name, e in entries.items():
+        kept = torch.where(scores[name] >= threshold, torch.zeros_like(rotated[name]), rotated[name])
+        out[name] = kept if "diag" in e else e["G_eigvecs"] @ kept @ e["A_eigvecs"].T
+    return out
+
+
+@pytest.mark.parametrize("ekfac", [False, True], ids=["kfac", "ekfac"])
+@pytest.mark.parametrize("score", ["fisher_delta", "fisher"])
+def test_kfac_mask_equals_the_eigenbasis_definition_on_square_and_non_square_layers(score, ekfac):
+    from graftlab.fisher.kfac_mask import KfacMask
+
+    entries, deltas = synthetic_kfac(ekfac)
+    want = direct_kfac_mask(entries, deltas, 0.3, score)
+    if ekfac:  # the re-fitted diagonal ranks otherwise than l_G l_A: ignoring it would show
+        plain = {n: {p: v for p, v in e.items() if p != "ekfac"} for n, e in entries.items()}
+        assert any(not torch.allclose(want[n], w) for n, w in direct_kfac_mask(plain, deltas, 0.3, score).items())
+    mask = KfacMask(entries, 0.3, score=score, deltas=deltas if score == "fisher_delta" else None)
+    for name, delta in deltas.items():
+        torch.testing.assert_close(mask(name, delta.clone()), want[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert mask.report()["masked"] == round(0.3 * mask.total) and mask.report()["ekfac"] == ekfac
 
 
 def _kfac_cli(post, donor, tuned, out, fisher, rho="0.5"):

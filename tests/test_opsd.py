@@ -8,8 +8,16 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.errors import GraftlabError
-from graftlab.tasks import chat_completion
-from graftlab.train.opsd import Opsd, OpsdConfig, demonstration, opsd_examples, teacher_text, train_opsd
+from graftlab.tasks import chat_completion, chat_prompt
+from graftlab.train.opsd import (
+    Opsd,
+    OpsdConfig,
+    demonstration,
+    opsd_examples,
+    response_logits,
+    teacher_text,
+    train_opsd,
+)
 from graftlab.world import arith, build
 from graftlab.world import knowledge as kn
 from graftlab.world.tokenizer import build_tokenizer
@@ -89,3 +97,76 @@ def test_a_run_writes_its_checkpoints_and_the_latency_of_every_step(post, tmp_pa
     assert steps == log and [s["step"] for s in steps] == [1, 2, 3]
     AutoModelForCausalLM.from_pretrained(tmp_path / "run/step~3")
     assert json.loads((tmp_path / "run/step~2/graftlab.json").read_text())["step"] == 2
+
+
+def next_token_logits(model, context: list[int], response: list[int]) -> list[torch.Tensor]:
+    """The logits predicting each response token, one forward per token on exactly what precedes it: no
+    padding and no index arithmetic shared with `response_logits`."""
+    with torch.no_grad():
+        return [
+            model(input_ids=torch.tensor([context + response[:i]])).logits[0, -1].double() for i in range(len(response))
+        ]
+
+
+def teacher_topk_divergence(s: torch.Tensor, t: torch.Tensor, alpha: float, k: int) -> float:
+    """D_alpha of one token, both distributions restricted to the teacher's top-k ids and renormalised."""
+    ids = t.topk(k).indices
+    ps, pt = s[ids].softmax(-1), t[ids].softmax(-1)
+    m = alpha * pt + (1 - alpha) * ps
+    return float(alpha * (pt * (pt / m).log()).sum() + (1 - alpha) * (ps * (ps / m).log()).sum())
+
+
+def test_response_logits_predict_each_response_token_from_exactly_what_precedes_it(post):
+    model = AutoModelForCausalLM.from_pretrained(post).eval()
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, 80, (n,), generator=gen).tolist() for n in (7, 3, 5)]
+    responses = [torch.randint(5, 80, (n,), generator=gen).tolist() for n in (4, 9, 1)]
+    with torch.no_grad():
+        logits, mask = response_logits(model, prompts, responses)
+    for row, (p, r) in enumerate(zip(prompts, responses)):
+        assert mask[row].tolist() == [1] * len(r) + [0] * (9 - len(r))
+        for i, want in enumerate(next_token_logits(model, p, r)):
+            torch.testing.assert_close(logits[row, i].double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_the_teacher_reads_the_demonstration_and_the_loss_is_the_teacher_topk_divergence(post, monkeypatch):
+    """One step on fixed responses: the teacher's input is the problem and its demonstration, then the
+    response; the loss is D_alpha over the teacher's top-k on the tokens each model predicts, by hand."""
+    tok = AutoTokenizer.from_pretrained(post)
+    student, teacher = (AutoModelForCausalLM.from_pretrained(post) for _ in range(2))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # larger weights than at initialisation: a model whose predictions hang on the context
+        for s, t in zip(student.parameters(), teacher.parameters()):
+            s.add_(0.5 * torch.randn(s.shape, generator=gen)), t.copy_(s)
+    cfg = OpsdConfig(alpha=0.3, lr=1e-2, steps=1, top_k=5, max_new_tokens=12)
+    run = Opsd(student, teacher, tok, cfg)
+    batch = examples(3)
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    s_prompts = [enc(chat_prompt(tok, b["prompt"])) for b in batch]
+    responses = [enc(chat_completion("7*8+5=61", "61"))[:n] for n in (6, 11, 8)]
+    monkeypatch.setattr(run, "sample", lambda problems, step: list(zip(s_prompts, responses)))
+    # The teacher's context, written out here from the template: the problem and the demonstration.
+    contexts = [
+        enc(
+            chat_prompt(
+                tok, cfg.template.replace("{problem}", b["prompt"]).replace("{demonstration}", b["demonstration"])
+            )
+        )
+        for b in batch
+    ]
+    assert all(b["demonstration"] and b["demonstration"] in tok.decode(c) for b, c in zip(batch, contexts))
+    tokens = [
+        teacher_topk_divergence(s, t, cfg.alpha, cfg.top_k)
+        for p, c, r in zip(s_prompts, contexts, responses)
+        for s, t in zip(next_token_logits(student, p, r), next_token_logits(teacher, c, r))
+    ]
+    seen = []
+    teacher.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"], kwargs["attention_mask"])), with_kwargs=True
+    )
+    record = run.step(batch, step=1)
+    [(ids, attn)] = seen
+    assert [row[a == 1].tolist() for row, a in zip(ids, attn)] == [c + r for c, r in zip(contexts, responses)]
+    assert record["response_tokens"] == len(tokens) == 25
+    assert min(tokens) > 1e-4  # the demonstration changes what the teacher predicts at every token
+    assert record["loss"] == pytest.approx(sum(tokens) / len(tokens), rel=1e-5)

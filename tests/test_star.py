@@ -184,3 +184,22 @@ def test_bad_config_and_bad_sampler_are_clear_errors():
         star_traces(Scripted(solves_at), TOK, PROBLEMS.clear(), StarConfig())
     with pytest.raises(GraftlabError, match=r"star problems lacks columns \[.answer.\]"):
         star_traces(Scripted(solves_at), TOK, PROBLEMS.drop("answer"), StarConfig())
+
+
+def test_a_round_keeps_its_first_verified_sample_not_its_first_sample():
+    """Rounds of 4: a problem's first verified sample may sit anywhere in a round, after wrong ones and
+    before other verified ones; that one is kept, with its position as the attempts used."""
+    first_right = dict(zip(PROBLEMS["prompt"], [0, 1, 2, 3, 5, None]))  # 0-based sample of the first success
+
+    def policy(user, k):
+        at = first_right[user]
+        if at is None or k < at:
+            return wrong(user)
+        # Every sample from the first success on verifies; each says which sample it was.
+        return right(user, thinking=f"sample {k}")
+
+    traces, stats = star_traces(Scripted(policy), TOK, PROBLEMS, StarConfig(attempts=8, attempts_per_round=4))
+    solved = {p: at for p, at in first_right.items() if at is not None}
+    got = dict(zip(traces["prompt"], zip(traces["completion"], traces["attempts"])))
+    assert got == {p: (right(p, thinking=f"sample {at}"), at + 1) for p, at in solved.items()}
+    assert stats["attempts_histogram"] == {"1": 1, "2": 1, "3": 1, "4": 1, "6": 1}
