@@ -308,3 +308,29 @@ def test_sdpo_rows_carry_their_answer_share_and_say_when_sdpo_was_sdpo_cot(tmp_p
     out = distillation_columns(summary, tmp_path)
     assert out["answer_share"].to_list() == [None, 1.0, 1.0, 0.25]
     assert out["note"].to_list() == [None, "no think block: sdpo distilled every token, as sdpo_cot does", None, None]
+
+
+def test_the_pareto_figures_frontier_is_that_of_the_candidates_never_a_donors() -> None:
+    """Donors and their SFTs are ingredients of grafts, drawn faint: even where one dominates every
+    candidate, the frontier line runs through the candidates' own frontier, computed here by brute force."""
+    from graftlab.analysis.pareto import pareto_figure
+
+    scores = {
+        "post": (0.0, 0.9),
+        GRAFT: (0.4, 0.7),
+        MERGE: (0.3, 0.6),  # dominated by the graft
+        "sft/post/lr~1e-3/epoch~2": (0.6, 0.3),
+        "sft/post/lr~1e-3/epoch~1": (0.5, 0.2),  # dominated
+        "donor/step~400": (0.7, 0.95),  # dominates every candidate
+        "sft/step~400/lr~1e-3/epoch~2": (0.8, 0.5),  # beyond every candidate's new-task accuracy
+    }
+    df = pl.DataFrame([{"run": r} | parse_run(r) | {"new": n, "old": o} for r, (n, o) in scores.items()])
+    candidates = [p for r, p in scores.items() if parse_run(r)["method"] not in ("donor", "donor_sft")]
+    front = sorted(p for p in candidates if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in candidates))
+    assert front == [(0.0, 0.9), (0.4, 0.7), (0.6, 0.3)]
+    ax = pareto_figure(df).axes[0]
+    [line] = [ln for ln in ax.get_lines() if ln.get_label() == "Pareto frontier"]
+    assert sorted(zip(line.get_xdata().tolist(), line.get_ydata().tolist())) == front
+    # The donors are still drawn, faint, as points.
+    drawn = {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
+    assert drawn["donor as it is (faint)"] == [[0.7, 0.95]] and drawn["donor SFT (faint)"] == [[0.8, 0.5]]

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.errors import GraftlabError
-from graftlab.tasks import TASKS, THINK_CLOSE, Task, chat_completion
+from graftlab.tasks import TASKS, THINK_CLOSE, Task, chat_completion, extract_answer
 from graftlab.train.divergence import generalized_divergence
 from graftlab.train.opsd import response_logits
 from graftlab.train.sdpo import (
@@ -341,3 +341,66 @@ def test_the_smoke_run_trains_grpo_and_sdpo_and_reports_them(smoke):
     assert {"GRPO", "SDPO", "SDPO-CoT"} <= set(latency["what"])
     sensitivity = pl.read_parquet(results / "sensitivity.parquet")
     assert {"grpo", "sdpo", "sdpo_cot"} <= set(sensitivity["method"])
+
+
+def test_each_rollouts_teacher_reads_its_first_successful_siblings_answer_never_its_own(pair):
+    """Five rollouts with five different answers, a verifier that accepts three of them: each reprompt
+    holds the answer of the first successful rollout other than itself, thinking stripped, and no other
+    rollout's answer, its own included."""
+    tok, _ = pair
+    run = sdpo(pair)
+    accepted = {"11", "13", "14"}
+    task = Task("picky", prompt=str, grade=lambda turn, answer: extract_answer(turn) in accepted, reference=str)
+    texts = [chat_completion(f"think {i}", str(10 + i)) for i in range(5)]
+    prompt = tok("2+3=", add_special_tokens=False)["input_ids"]
+    samples = [(prompt, tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    rollouts = run._group({"prompt": "2+3=", "answer": "5"}, task, samples)
+    assert [r.correct for r in rollouts] == [False, True, False, True, True]
+    # Written out: rollout i's demonstration is the first j != i with a success.
+    expected = ["11", "13", "11", "11", "11"]
+    for i, (r, demo) in enumerate(zip(rollouts, expected)):
+        reprompt = tok.decode(r.teacher_prompt)
+        shown = [a for a in map(str, range(10, 15)) if f"A correct solution:\n{a}" in reprompt]
+        assert shown == [demo], i
+        assert "think" not in reprompt and str(10 + i) not in reprompt.replace(f"solution:\n{demo}", "")
+
+
+@pytest.mark.parametrize(
+    ("schedule", "steps"),
+    [("ema:0.5", 3), ("refresh:0.5", 4)],  # frozen: test_the_teacher_gets_no_gradient_and_a_frozen_teacher_stays
+)
+def test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps(
+    world_pico, tmp_path, monkeypatch, schedule, steps
+):
+    """The teacher a run writes, by hand from the student's checkpoint after every step: ema:R,
+    theta_T <- (1 - R) theta_T + R theta_S after every step; refresh:G, the student after each step that is
+    a multiple of round(G x steps) below the last (step 2 of 4), frozen in between."""
+    from safetensors.torch import load_file
+
+    coin = Task("coin", prompt=str, grade=lambda completion, answer: len(completion) % 2 == 0, reference=str)
+    monkeypatch.setitem(TASKS, "coin", coin)
+    problems = [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "task": "coin"} for i in range(4)]
+    cfg = SdpoConfig(
+        lr=1e-2,
+        steps=steps,
+        teacher=schedule,
+        cot=True,
+        batch_size=2,
+        generations=2,
+        save_steps=tuple(range(1, steps + 1)),
+    )
+    train_sdpo(world_pico, problems, cfg, tmp_path / "run", keep_teacher=True)
+    weights = lambda path: {k: v.double() for k, v in load_file(path / "model.safetensors").items()}  # noqa: E731
+    post = weights(world_pico)
+    students = [weights(tmp_path / "run" / f"step~{s}") for s in range(1, steps + 1)]
+    assert any(not torch.equal(students[-1][k], post[k]) for k in post)  # the student did learn
+    teacher = dict(post)
+    for step, student in enumerate(students, start=1):
+        if schedule.startswith("ema:"):
+            teacher = {k: 0.5 * teacher[k] + 0.5 * student[k] for k in teacher}
+        elif schedule.startswith("refresh:") and step == 2:
+            teacher = dict(student)
+    got = weights(tmp_path / "run" / "teacher")
+    assert got.keys() == post.keys()
+    for k in post:
+        torch.testing.assert_close(got[k], teacher[k], rtol=0, atol=1e-6, msg=k)

@@ -3,6 +3,7 @@ traces, none from a benchmark; the knowledge world; a data set's held-out and tr
 problems without traces."""
 
 import json
+import os
 
 import polars as pl
 import pytest
@@ -83,3 +84,50 @@ def test_too_few_data_set_problems_are_refused_by_name(tmp_path):
             problems_file=tmp_path / "s.parquet",
         )
     assert not (tmp_path / "d" / "sft.parquet").exists()
+
+
+@pytest.fixture
+def stats_first(monkeypatch):
+    """Watches the moments a file can appear under its final name (a rename, a parquet write): `watch(table,
+    stats)` registers a pair, and every such moment at which a table exists without its stats file is
+    recorded in the returned list. A table under its final name must always have its stats."""
+    pairs, late = [], []
+
+    def check():
+        late.extend(str(t) for t, s in pairs if t.exists() and not s.exists())
+
+    def after(real):
+        def call(*args, **kwargs):
+            out = real(*args, **kwargs)
+            check()
+            return out
+
+        return call
+
+    monkeypatch.setattr(os, "replace", after(os.replace))
+    monkeypatch.setattr(os, "rename", after(os.rename))
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", after(pl.DataFrame.write_parquet))
+    return lambda table, stats: pairs.append((table, stats)), late
+
+
+@pytest.mark.parametrize(
+    ("keys", "star"),
+    [
+        ({"domain": "order", "train": 6, "heldout": 2}, False),
+        ({"domain": "muln", "data": "star", "train": 4, "heldout": 2}, True),
+        (
+            {
+                "domain": "knowledge",
+                "knowledge": {"entities": 4, "facts": 8, "train_phrasings": 2, "heldout_phrasings": 1, "replay": 0},
+            },
+            False,
+        ),
+    ],
+    ids=["world", "star", "knowledge"],
+)
+def test_a_stages_table_appears_only_after_its_stats(tmp_path, stats_first, keys, star):
+    watch, late = stats_first
+    watch(tmp_path / "d" / "sft.parquet", tmp_path / "d" / "sft.json")
+    stats = write_stage_data(stage(**keys), tmp_path / "d", 0, ["add"], star=star)
+    assert late == []
+    assert (tmp_path / "d" / "sft.parquet").exists() and json.loads((tmp_path / "d" / "sft.json").read_text()) == stats
