@@ -45,8 +45,9 @@ rule pareto:
         report(
             "results/{exp}/pareto.png",
             caption="../report/pareto.rst",
-            category="Pareto fronts",
-            labels={"experiment": "{exp}"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "Pareto front"},
         ),
     log:
         "logs/{exp}/pareto.log",
@@ -68,8 +69,9 @@ rule gain_forgetting:
         png=report(
             "results/{exp}/gain_forgetting.png",
             caption="../report/gain_forgetting.rst",
-            category="Gain and forgetting",
-            labels={"experiment": "{exp}"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "gain and forgetting"},
         ),
     log:
         "logs/{exp}/gain_forgetting.log",
@@ -94,8 +96,9 @@ rule latency:
         png=report(
             "results/{exp}/latency.png",
             caption="../report/latency.rst",
-            category="Latency",
-            labels={"experiment": "{exp}"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "latency"},
         ),
     log:
         "logs/{exp}/latency.log",
@@ -167,7 +170,9 @@ rule study:
         png=report(
             "results/study/study.png",
             caption="../report/study.rst",
-            category="Fidelity study",
+            category="study",
+            subcategory="Figures",
+            labels={"figure": "fidelity study"},
         ),
     log:
         "logs/study.log",
@@ -179,3 +184,31 @@ rule study:
         experiments=STUDY,
     script:
         "../workflow_scripts/study.py"
+
+
+# The tables above as HTML pages for `snakemake --report` (it shows HTML inline, a parquet or CSV only
+# as a download): one job for the whole run, so the report costs the DAG one job.
+rule report_tables:
+    input:
+        [t["path"] for t in report_tables()],
+    output:
+        report(
+            directory("results/tables"),
+            patterns=["{category}/{table}.html"],
+            caption="../report/tables.rst",
+            category="{category}",
+            subcategory="Tables",
+            labels={"table": "{table}"},
+        ),
+    log:
+        "logs/report_tables.log",
+    benchmark:
+        "benchmarks/jobs/report_tables.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    params:
+        tables=report_tables(),
+        # The caption tells a continual experiment's summary from a single-domain one.
+        continual=CONTINUAL,
+    script:
+        "../workflow_scripts/report_tables.py"

@@ -254,3 +254,43 @@ def on_policy_params(kind, exclude):
             if k not in exclude
         },
     }
+
+
+# The tables report_tables (rules/analysis.smk) renders for the report: each summary-level table of the run.
+SINGLE_TABLES = ("summary", "gain_forgetting", "latency", "sensitivity")
+CONTINUAL_TABLES = (
+    "summary",
+    "continual",
+    "param_drift",
+    "response_quantiles",
+    "kl_forgetting",
+)
+
+
+def report_tables():
+    """[{category, name, path}]: each experiment's summary tables under its name, the study's (with the
+    drift and takeover tables it reads) under `study`, the MoE model's under `moe`."""
+    tables = [
+        {"category": exp, "name": name, "path": f"results/{exp}/{name}.parquet"}
+        for exp in EXPERIMENTS
+        for name in SINGLE_TABLES
+    ]
+    tables += [
+        {"category": exp, "name": name, "path": f"results/{exp}/{name}.parquet"}
+        for exp in CONTINUAL
+        for name in CONTINUAL_TABLES
+    ]
+    for e in study_experiments(config):
+        tables += [
+            {"category": e["exp"], "name": kind, "path": e[kind]}
+            for kind in ("drift", "takeover")
+            if e[kind]
+        ]
+    if study_experiments(config):
+        tables += [
+            {"category": "study", "name": n, "path": f"results/study/{n}.parquet"}
+            for n in ("study", "groups")
+        ]
+    return tables + [
+        {"category": "moe", "name": "moe", "path": "results/moe/moe.parquet"}
+    ]

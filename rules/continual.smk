@@ -231,7 +231,14 @@ rule chain_opsd:
         data=stage_file("sft.parquet"),
         facts=knowledge_facts,
     output:
-        directory("results/{exp}/chain/opsd/post/alpha~{alpha}/lr~{lr}/stage~{k}"),
+        report(
+            directory("results/{exp}/chain/opsd/post/alpha~{alpha}/lr~{lr}/stage~{k}"),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={"method": "opsd", "run": "alpha~{alpha} lr~{lr}", "stage": "{k}"},
+        ),
     log:
         "logs/{exp}/chain/opsd/post/alpha~{alpha}/lr~{lr}/stage~{k}.log",
     benchmark:
@@ -255,7 +262,14 @@ rule chain_grpo:
         model=lambda w: previous(w, "grpo")[0],
         data=stage_file("sft.parquet"),
     output:
-        directory("results/{exp}/chain/grpo/post/lr~{lr}/stage~{k}"),
+        report(
+            directory("results/{exp}/chain/grpo/post/lr~{lr}/stage~{k}"),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={"method": "grpo", "run": "lr~{lr}", "stage": "{k}"},
+        ),
     log:
         "logs/{exp}/chain/grpo/post/lr~{lr}/stage~{k}.log",
     benchmark:
@@ -286,7 +300,20 @@ rule chain_sdpo:
             else []
         ),
     output:
-        directory("results/{exp}/chain/{sdpo}/post/teacher~{teacher}/lr~{lr}/stage~{k}"),
+        report(
+            directory(
+                "results/{exp}/chain/{sdpo}/post/teacher~{teacher}/lr~{lr}/stage~{k}"
+            ),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={
+                "method": "{sdpo}",
+                "run": "teacher~{teacher} lr~{lr}",
+                "stage": "{k}",
+            },
+        ),
     log:
         "logs/{exp}/chain/{sdpo}/post/teacher~{teacher}/lr~{lr}/stage~{k}.log",
     benchmark:
@@ -318,14 +345,16 @@ rule continual:
         accuracy=report(
             "results/{exp}/continual_accuracy.png",
             caption="../report/continual_accuracy.rst",
-            category="Continual",
-            labels={"experiment": "{exp}", "figure": "accuracy by stage"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "accuracy by stage"},
         ),
         heatmap=report(
             "results/{exp}/continual_heatmap.png",
             caption="../report/continual_heatmap.rst",
-            category="Continual",
-            labels={"experiment": "{exp}", "figure": "stage x benchmark"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "stage x benchmark"},
         ),
     log:
         "logs/{exp}/continual.log",
@@ -352,8 +381,9 @@ rule param_drift:
         png=report(
             "results/{exp}/param_drift.png",
             caption="../report/param_drift.rst",
-            category="Continual",
-            labels={"experiment": "{exp}", "figure": "parameter drift"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "parameter drift"},
         ),
     log:
         "logs/{exp}/param_drift.log",
@@ -385,15 +415,17 @@ rule response_kl:
         responses_png=report(
             "results/{exp}/response_drift.png",
             caption="../report/response_drift.rst",
-            category="Continual",
-            labels={"experiment": "{exp}", "figure": "response drift"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "response drift"},
         ),
         kl="results/{exp}/kl_forgetting.parquet",
         kl_png=report(
             "results/{exp}/kl_forgetting.png",
             caption="../report/kl_forgetting.rst",
-            category="Continual",
-            labels={"experiment": "{exp}", "figure": "KL against forgetting"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "KL against forgetting"},
         ),
     log:
         "logs/{exp}/response_kl.log",

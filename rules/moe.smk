@@ -17,7 +17,9 @@ rule moe:
         png=report(
             "results/moe/moe.png",
             caption="../report/moe.rst",
-            category="Mixture of experts",
+            category="moe",
+            subcategory="Figures",
+            labels={"figure": "mixture of experts (§3)"},
         ),
     log:
         "logs/moe.log",

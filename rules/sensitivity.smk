@@ -39,8 +39,9 @@ rule sensitivity:
         png=report(
             "results/{exp}/sensitivity.png",
             caption="../report/sensitivity.rst",
-            category="Sensitive weights",
-            labels={"experiment": "{exp}"},
+            category="{exp}",
+            subcategory="Figures",
+            labels={"figure": "sensitive weights"},
         ),
     log:
         "logs/{exp}/sensitivity.log",

@@ -43,7 +43,14 @@ rule opsd:
             else []
         ),
     output:
-        directory("results/{exp}/opsd/post/alpha~{alpha}/lr~{lr}"),
+        report(
+            directory("results/{exp}/opsd/post/alpha~{alpha}/lr~{lr}"),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={"method": "opsd", "run": "alpha~{alpha} lr~{lr}", "stage": "-"},
+        ),
     log:
         "logs/{exp}/opsd/post/alpha~{alpha}/lr~{lr}.log",
     benchmark:
@@ -78,7 +85,14 @@ rule grpo:
         model=post_dir,
         data="results/{exp}/data/sft.parquet",
     output:
-        directory("results/{exp}/grpo/post/lr~{lr}"),
+        report(
+            directory("results/{exp}/grpo/post/lr~{lr}"),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={"method": "grpo", "run": "lr~{lr}", "stage": "-"},
+        ),
     log:
         "logs/{exp}/grpo/post/lr~{lr}.log",
     benchmark:
@@ -109,7 +123,18 @@ rule sdpo:
         model=post_dir,
         data="results/{exp}/data/sft.parquet",
     output:
-        directory("results/{exp}/{sdpo}/post/teacher~{teacher}/lr~{lr}"),
+        report(
+            directory("results/{exp}/{sdpo}/post/teacher~{teacher}/lr~{lr}"),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={
+                "method": "{sdpo}",
+                "run": "teacher~{teacher} lr~{lr}",
+                "stage": "-",
+            },
+        ),
     log:
         "logs/{exp}/{sdpo}/post/teacher~{teacher}/lr~{lr}.log",
     benchmark:
