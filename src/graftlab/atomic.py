@@ -5,10 +5,49 @@ Standard library only: analysis jobs use this and must not pay for importing tor
 """
 
 import contextlib
+import glob
 import os
 import shutil
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+
+# Temporary siblings are named after the host and process writing them: a kill -9 leaves its sibling
+# behind, and only a writer on the same host can tell whether that process is dead (pids are per host,
+# and a results directory may be shared by a cluster's nodes).
+HOST = socket.gethostname().replace("/", "_")
+KINDS = ("tmp", "old")
+
+
+def _sibling(out: Path, kind: str) -> Path:
+    return out.parent / f".{out.name}.{kind}-{HOST}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
+
+
+def clean_stale(out: str | Path) -> list[Path]:
+    """Remove the temporary siblings of `out` that killed writers on this host left behind (their
+    process is gone); return them. A rerun calls this first, so kills never pile up copies."""
+    out = Path(out)
+    stale = []
+    for kind in KINDS:
+        for path in out.parent.glob(glob.escape(f".{out.name}.{kind}-{HOST}-") + "*"):
+            pid = path.name.rsplit("-", 1)[1]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                stale.append(path)
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+    return stale
 
 
 @contextlib.contextmanager
@@ -17,7 +56,8 @@ def atomic_file(out: str | Path) -> Iterator[Path]:
     on any exception."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    clean_stale(out)
+    tmp = _sibling(out, "tmp")
     try:
         yield tmp
     except BaseException:
@@ -32,7 +72,8 @@ def atomic_dir(out: str | Path) -> Iterator[Path]:
     existing ``out``), delete it on any exception. A directory named ``out`` is thus always complete."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    clean_stale(out)
+    tmp = _sibling(out, "tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # left by a killed earlier run with a recycled pid
     tmp.mkdir()
     try:
@@ -43,7 +84,7 @@ def atomic_dir(out: str | Path) -> Iterator[Path]:
     if out.exists():
         # A directory cannot be renamed over a non-empty one: move the old one aside first, so the
         # window in which `out` is absent is two renames long and never shows a partial directory.
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        old = _sibling(out, "old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
         os.replace(tmp, out)

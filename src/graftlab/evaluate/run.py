@@ -141,11 +141,15 @@ def evaluate(
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     sampler = sampler or load_sampler(model_dir, backend)
     out_dir.mkdir(parents=True, exist_ok=True)
+    # A rerun over a finished evaluation replaces its records one by one: a kill half-way must not leave
+    # the old scores marking a directory of mixed records as finished.
+    (out_dir / "metrics.json").unlink(missing_ok=True)
     per_bench, counts, val_bench, val_counts = {}, {}, {}, {}
     for bench in benchmarks:
         task = get_task(bench.task)
         records = task.sample_and_grade(sampler, tokenizer, problems[bench.name], cfg)
-        records.write_parquet(out_dir / f"{bench.name}.parquet")
+        with atomic_file(out_dir / f"{bench.name}.parquet") as tmp:
+            records.write_parquet(tmp)
         if validation > 0:
             records, held = split_records(bench, records, validation)
             val_counts[bench.name] = correct_counts(held)

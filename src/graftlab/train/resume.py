@@ -30,6 +30,15 @@ TRAINER_STATE = ("trainer_state.json", "training_args.bin", "optimizer.pt", "sch
 
 
 def resume_dir(output: str | Path) -> Path:
+    """`resume/` + the output path. An absolute path is taken relative to the working directory when
+    it lies inside it, else from its root down: `ROOT / "/abs/out"` would be `/abs/out` itself, and the
+    finished job's cleanup would delete its own output."""
+    output = Path(output)
+    if output.is_absolute():
+        try:
+            output = output.relative_to(Path.cwd())
+        except ValueError:
+            output = output.relative_to(output.anchor)
     return ROOT / output
 
 
@@ -151,9 +160,20 @@ def load_state(resume: Resume) -> dict | None:
     return torch.load(path, weights_only=False) if path.exists() else None
 
 
+def _whole(checkpoint: Path) -> bool:
+    """Whether the Trainer finished writing `checkpoint`: it writes the model, then optimizer, scheduler
+    and RNG state, and `trainer_state.json` last, none of them atomically; a kill mid-save leaves a
+    directory with a truncated optimizer or no trainer state, which resuming from would crash on."""
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (checkpoint / "optimizer.pt").exists()
+
+
 def last_checkpoint(resume: Resume) -> str | None:
-    """The Trainer checkpoint to resume from: the newest one that still holds the optimizer."""
-    found = [p for p in resume.dir.glob("checkpoint-*") if (p / "optimizer.pt").exists()]
+    """The Trainer checkpoint to resume from: the newest whole one that still holds the optimizer."""
+    found = [p for p in resume.dir.glob("checkpoint-*") if _whole(p)]
     if not found:
         return None
     newest = max(found, key=lambda p: int(p.name.split("-")[1]))
