@@ -370,6 +370,7 @@ def test_integer_buffers_are_copied_from_post(tmp_path):
         tensors = {"w": torch.randn(6, 4), "ids": torch.randint(0, 1000, (6,))}
         (tmp_path / name).mkdir()
         save_file(tensors, tmp_path / name / "model.safetensors", metadata={"format": "pt"})
+        (tmp_path / name / "config.json").write_text("{}")  # graft refuses a directory without one
         return tmp_path / name
 
     post, donor, tuned = model("post", 0), model("donor", 1), model("tuned", 2)
@@ -395,6 +396,7 @@ def test_scalars_empty_tensors_and_mixed_dtypes_in_row_blocks(tmp_path):
         }
         (tmp_path / name).mkdir()
         save_file(tensors, tmp_path / name / "model.safetensors", metadata={"format": "pt"})
+        (tmp_path / name / "config.json").write_text("{}")  # graft refuses a directory without one
         return tmp_path / name
 
     post, donor, tuned = model("post", 0), model("donor", 1), model("tuned", 2)

@@ -109,6 +109,7 @@ def write_trio(root: Path, dtype: torch.dtype, seed: int) -> list[Path]:
     for role, tensors in zip(("post", "donor", "tuned"), trio_tensors(dtype, seed)):
         (root / role).mkdir(parents=True)
         save_file(tensors, root / role / "model.safetensors", metadata={"format": "pt"})
+        (root / role / "config.json").write_text("{}")  # graft refuses a directory without one
         dirs.append(root / role)
     return dirs
 
@@ -132,9 +133,10 @@ def test_numpy_graft_matches_torch_graft_bit_for_bit(tmp_path, dtype_name, scale
     dtype = DTYPES[dtype_name]
     post, donor, tuned = write_trio(tmp_path, dtype, seed=len(dtype_name) * 7 + int(scale * 100))
     # Small row blocks on one thread; blocks of several passes on two threads; torch on whole tensors.
-    graft(post, donor, tuned, scale, tmp_path / "blocks", chunk_bytes=4096, threads=1)
-    graft(post, donor, tuned, scale, tmp_path / "threads", threads=2)
-    graft(post, donor, tuned, scale, tmp_path / "torch", project=identity)
+    # NaN and Inf are planted on purpose: the kernels must agree on them too.
+    graft(post, donor, tuned, scale, tmp_path / "blocks", chunk_bytes=4096, threads=1, allow_nonfinite=True)
+    graft(post, donor, tuned, scale, tmp_path / "threads", threads=2, allow_nonfinite=True)
+    graft(post, donor, tuned, scale, tmp_path / "torch", project=identity, allow_nonfinite=True)
     blocks, threads, theirs = (load_file(tmp_path / d / "model.safetensors") for d in ("blocks", "threads", "torch"))
     inputs = [load_file(d / "model.safetensors") for d in (post, donor, tuned)]
     assert blocks.keys() == threads.keys() == theirs.keys() == inputs[0].keys()
@@ -180,9 +182,10 @@ def test_inputs_stored_in_other_dtypes_match_torch(tmp_path):
     for role, dtype in enumerate((torch.bfloat16, torch.float16, torch.float32)):
         (tmp_path / str(role)).mkdir()
         save_file(trio_tensors(dtype, seed=5)[role], tmp_path / str(role) / "model.safetensors")
+        (tmp_path / str(role) / "config.json").write_text("{}")
         dirs.append(tmp_path / str(role))
-    graft(*dirs, 0.5, tmp_path / "numpy")
-    graft(*dirs, 0.5, tmp_path / "torch", project=identity)
+    graft(*dirs, 0.5, tmp_path / "numpy", allow_nonfinite=True)
+    graft(*dirs, 0.5, tmp_path / "torch", project=identity, allow_nonfinite=True)
     ours, theirs = (load_file(tmp_path / d / "model.safetensors") for d in ("numpy", "torch"))
     inputs = [load_file(d / "model.safetensors") for d in dirs]
     for name, got in ours.items():

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from graftlab import inspect_cli  # its parser only: polars and Snakemake load when it runs
 from graftlab.fisher import KINDS  # names only: the kinds' modules (torch) load when one runs
@@ -25,10 +26,28 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def refuse_foreign_dir(out: str | Path) -> None:
+    """Refuse an output directory that exists, is not empty and has no graftlab.json: the command
+    writes its output atomically, which replaces the directory whole, and a user's own directory
+    given as --out by mistake must not vanish. One that graftlab wrote (a re-run) is replaced."""
+    from graftlab.errors import GraftlabError
+    from graftlab.provenance import PROVENANCE_NAME
+
+    path = Path(out)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise GraftlabError(f"--out {out} exists and is not a directory; choose another --out")
+    if path.is_dir() and any(path.iterdir()) and not (path / PROVENANCE_NAME).is_file():
+        raise GraftlabError(
+            f"--out {out} is a non-empty directory without {PROVENANCE_NAME}, so not graftlab's output, and "
+            "writing it would replace it whole; choose another --out or remove it"
+        )
+
+
 def _cmd_graft(args: argparse.Namespace) -> None:
     from graftlab.errors import GraftlabError
     from graftlab.graft import graft
 
+    refuse_foreign_dir(args.out)
     project = None
     if args.mask != "none":
         # Only masks use torch (the identity graft is numpy's, and importing torch costs seconds).
@@ -56,6 +75,7 @@ def _cmd_graft(args: argparse.Namespace) -> None:
         chunk_bytes=args.chunk_mb << 20,
         project=project,
         threads=args.threads,
+        allow_nonfinite=args.allow_nonfinite,
     )
     print(f"graftlab: wrote {args.out} ({counts['tensors']} tensors, {counts['parameters']:,} parameters)")
 
@@ -82,6 +102,11 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
         help="threads computing an unmasked graft (default 1, the fastest measured), "
         "or torch threads of a --mask (default: torch's choice)",
     )
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="graft inputs holding NaN or Inf (refused by default: they would poison the output)",
+    )
     p.add_argument("--fisher", help="directory with the post model's retention Fisher ({diag,kfac}.safetensors)")
     p.add_argument(
         "--mask",
@@ -103,6 +128,7 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_fisher(args: argparse.Namespace) -> None:
+    refuse_foreign_dir(args.out)
     _set_threads(args.threads)
     from graftlab.fisher import fisher_kind, write_fisher
 

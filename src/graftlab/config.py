@@ -6,6 +6,7 @@ The schema is the only place defaults live. jsonschema validates but does not fi
 
 import copy
 import json
+import math
 
 from jsonschema import Draft202012Validator, validators
 
@@ -244,7 +245,63 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
         )
         checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
     checks += _stage_checks(world, exp, key) if exp["stages"] else []
+    checks += _sweep_checks(exp, key) + _leak_checks(exp, key)
     return checks + _rl_checks(exp, key) + _micro_batch_checks(exp, key)
+
+
+# Sweeps written as strings (result paths keep their spelling); the learning rates among them.
+SWEEPS = (
+    "graft.lam",
+    "merge.lam",
+    "graft.masks.rho",
+    "merge.masks.rho",
+    "opsd.alpha",
+    *(f"{m}.lr" for m in ("sft", "opsd", "grpo", "sdpo")),
+)
+
+
+def _sweep_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
+    """Each sweep's values finite ("1e400" passes the schema's pattern and is Inf), learning rates
+    positive (0 trains nothing), and no value twice under two spellings ("1e-3", "0.001"): the same
+    run would be trained twice under two names."""
+    checks = []
+    for sweep in SWEEPS:
+        section = exp
+        for part in sweep.split("."):
+            section = section[part]
+        values = [float(v) for v in section]
+        where = f"{key}.{sweep}"
+        infinite = [v for v, x in zip(section, values) if not math.isfinite(x)]
+        checks.append((not infinite, where, f"{infinite} are not finite numbers"))
+        if sweep.endswith(".lr"):
+            zero = [v for v, x in zip(section, values) if x <= 0]
+            checks.append((not zero, where, f"{zero}: a learning rate must be positive"))
+        twice = sorted({v for v, x in zip(section, values) if values.count(x) > 1})
+        checks.append((not twice, where, f"{twice} are one value spelled twice: the same runs would be trained twice"))
+    return checks
+
+
+def _source_key(source: dict) -> tuple:
+    return str(source["source"]).rstrip("/"), source.get("subset"), source.get("split")
+
+
+def _leak_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
+    """No training data set (`problems`, a stage's `problems`, the Fisher's `prompts`) that is also an
+    evaluation set (a `benchmarks` entry or a stage's `benchmark`): scores on it would measure
+    memorisation. Row-level overlap between different files is checked when the data is read
+    (graftlab.problem_sources.refuse_leaks)."""
+    evaluated = {f"{key}.benchmarks.{name}": src for name, src in (exp["benchmarks"] or {}).items()}
+    training = {f"{key}.problems": exp["problems"], f"{key}.fisher.prompts": exp["fisher"]["prompts"]}
+    for i, stage in enumerate(exp["stages"]):
+        evaluated[f"{key}.stages.{i}.benchmark"] = stage["benchmark"]
+        training[f"{key}.stages.{i}.problems"] = stage["problems"]
+    checks = []
+    for where, src in training.items():
+        if src is None:
+            continue
+        same = [name for name, bench in evaluated.items() if bench and _source_key(bench) == _source_key(src)]
+        checks.append((not same, where, f"{src['source']!r} is also the evaluation set {same}: a leak"))
+    return checks
 
 
 def _stage_checks(world: dict, exp: dict, key: str) -> list[tuple[bool, str, str]]:

@@ -31,7 +31,7 @@ import numpy as np
 from graftlab.atomic import atomic_dir
 from graftlab.errors import GraftlabError
 from graftlab.fetch import copy_model_files
-from graftlab.graft_numpy import STORAGE, NumpyKernel
+from graftlab.graft_numpy import STORAGE, NumpyKernel, widen_bf16
 from graftlab.provenance import write_provenance
 from graftlab.safetensors_io import (
     INDEX_NAME,
@@ -76,6 +76,10 @@ class _Model:
         self.index = tensor_index(self.path)
         self.specs = tensor_specs(self.path, self.index)
         self.config = read_config(self.path)
+        if self.config is None:
+            # Without it the vocabulary cannot be compared, and a post without one grafts a model
+            # that nothing can load.
+            raise GraftlabError(f"{role} model {self.path} has no config.json: not a model directory")
         self._files: dict[Path, FileIO] = {}
         self._opening = threading.Lock()  # blocks may be read by several threads
         self._unread = Counter(self.index.values())
@@ -176,6 +180,40 @@ def _mismatches(post: _Model, other: _Model) -> list[str]:
         problems.append(f"vocabulary differs: {_few(vocab_rows)}")
     if shapes:
         problems.append(f"{len(shapes)} shape difference(s): {_few(shapes)}")
+    return problems + _tokenizer_differences(post.path, other.path)
+
+
+# Files that fix token ids; a tokenizer_config.json may differ in chat template or padding side alone,
+# which changes no id.
+TOKENIZER_VOCAB_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt", "added_tokens.json")
+
+
+def _token_ids(path: Path) -> Any:
+    """What ``path`` says about token ids: tokenizer.json's vocabulary and added tokens, another
+    JSON's content, or the bytes of anything else."""
+    if path.suffix != ".json":
+        return path.read_bytes()
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GraftlabError(f"{path}: not valid JSON ({e})") from None
+    if path.name == "tokenizer.json" and isinstance(data, dict):
+        added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens") or [])
+        return (data.get("model") or {}).get("vocab"), added
+    return data
+
+
+def _tokenizer_differences(post: Path, other: Path) -> list[str]:
+    """Tokenizer files both directories hold that map tokens to different ids: a graft adds the rows
+    of embedding matrices, which is meaningless across vocabularies even of one size."""
+    problems = []
+    for name in TOKENIZER_VOCAB_FILES:
+        mine, theirs = post / name, other / name
+        if not (mine.is_file() and theirs.is_file()):
+            continue
+        # Equal bytes are the rule (one tokenizer, copied); parsing a 10 MB tokenizer.json is not free.
+        if mine.read_bytes() != theirs.read_bytes() and _token_ids(mine) != _token_ids(theirs):
+            problems.append(f"tokenizer differs from post's ({name} maps tokens to other ids)")
     return problems
 
 
@@ -240,9 +278,16 @@ class _Grafter:
     """
 
     def __init__(
-        self, models: list[_Model], scale: float, project: Projection | None, chunk_bytes: int, workers: int
+        self,
+        models: list[_Model],
+        scale: float,
+        project: Projection | None,
+        chunk_bytes: int,
+        workers: int,
+        check_finite: bool = True,
     ) -> None:
         self.models, self.scale, self.project, self.chunk_bytes = models, scale, project, chunk_bytes
+        self.check_finite = check_finite
         self.grafted = 0  # tensors computed rather than copied
         self._torch: _TorchKernel | None = None
         torch_needed = any(self._needs_torch(name) for name in models[0].specs)
@@ -273,7 +318,7 @@ class _Grafter:
             items += [(name, rows) for rows in ([None] if whole else _row_blocks(spec, self.chunk_bytes))]
             self.grafted += not self._copies(spec)
         if any(self._needs_torch(name) for name in names) and self._torch is None:
-            self._torch = _TorchKernel(self.scale, self.project)
+            self._torch = _TorchKernel(self.scale, self.project, self.check_finite)
             stack.enter_context(_torch_threads(1))  # after the kernel has noted the caller's count
         if not self.workers:
             for name, rows in items:
@@ -303,6 +348,36 @@ class _Grafter:
                 model.finished(name)
 
     def _block(self, kernel: NumpyKernel, name: str, rows: slice | None) -> tuple[str, tuple, np.ndarray]:
+        try:
+            block = self._compute(kernel, name, rows)
+        except _NonFinite:
+            self._refuse_nonfinite(name, rows)
+        spec = self.models[0].specs[name]
+        if self.check_finite and spec.is_floating_point and not _finite(kernel, block[2], spec.dtype_name):
+            self._refuse_nonfinite(name, rows)
+        return block
+
+    def _refuse_nonfinite(self, name: str, rows: slice | None) -> None:
+        """Raise the GraftlabError naming the input whose block of tensor ``name`` holds a NaN or Inf
+        (read again: the failure is rare, the check of every block is not), or the overflow."""
+        spec = self.models[0].specs[name]
+        where = "" if rows is None else f" (rows {rows.start}-{rows.stop - 1})"
+        for model in self.models if self.scale else self.models[:1]:  # scale 0 reads post alone
+            dtype = model.specs[name].dtype_name
+            shape = spec.shape if rows is None else (rows.stop - rows.start, *spec.shape[1:])
+            raw = model.read(name, rows, np.empty(math.prod(shape) * ITEMSIZES[dtype], dtype=np.uint8))
+            count = _count_nonfinite(raw, dtype)
+            if count:
+                raise GraftlabError(
+                    f"{model.role} model {model.path}: tensor {name}{where} holds {count} NaN or Inf value(s); "
+                    "the graft would carry them into the output (--allow-nonfinite grafts them anyway)"
+                )
+        raise GraftlabError(
+            f"tensor {name}{where}: post + {self.scale} * delta overflows {spec.dtype_name} to Inf, the inputs "
+            "being finite (--allow-nonfinite writes it anyway)"
+        )
+
+    def _compute(self, kernel: NumpyKernel, name: str, rows: slice | None) -> tuple[str, tuple, np.ndarray]:
         spec = self.models[0].specs[name]
         shape = spec.shape if rows is None else (rows.stop - rows.start, *spec.shape[1:])
         sizes = [math.prod(shape) * ITEMSIZES[model.specs[name].dtype_name] for model in self.models]
@@ -320,14 +395,40 @@ class _Grafter:
         return name, shape, kernel.graft(dtypes[0], *inputs)
 
 
+class _NonFinite(Exception):
+    """A block's delta holds a NaN or Inf that a projection might hide (a mask zeroes entries)."""
+
+
+def _finite(kernel: NumpyKernel, block: np.ndarray, dtype: str) -> bool:
+    """Whether the stored bytes ``block`` of a floating ``dtype`` hold only finite values."""
+    if dtype in STORAGE:
+        return kernel.finite(block.view(STORAGE[dtype]))
+    import torch  # fp8: numpy has no type for it, and only torch's kernel computes it
+
+    return bool(torch.from_numpy(block).view(torch_dtype(dtype)).float().isfinite().all())
+
+
+def _count_nonfinite(raw: np.ndarray, dtype: str) -> int:
+    """NaNs and Infs among the stored bytes ``raw`` of a floating ``dtype``."""
+    if dtype == "BF16":
+        values = widen_bf16(raw.view(np.uint16), np.empty(raw.size // 2, dtype=np.uint32))
+    elif dtype in STORAGE:
+        values = raw.view(STORAGE[dtype])
+    else:
+        import torch
+
+        values = torch.from_numpy(raw).view(torch_dtype(dtype)).float().numpy()
+    return int(values.size - np.count_nonzero(np.isfinite(values)))
+
+
 class _TorchKernel:
     """The graft of one block with torch: for projections, which take and return torch tensors, and
     for dtypes numpy lacks (fp8). Imports torch when created."""
 
-    def __init__(self, scale: float, project: Projection | None) -> None:
+    def __init__(self, scale: float, project: Projection | None, check_finite: bool = True) -> None:
         import torch
 
-        self.torch, self.scale, self.project = torch, scale, project
+        self.torch, self.scale, self.project, self.check_finite = torch, scale, project, check_finite
         self.threads = torch.get_num_threads()  # the caller's, for the projection
         self._scratch = torch.empty(0, dtype=torch.uint8)
 
@@ -359,6 +460,8 @@ class _TorchKernel:
         # Each operand is converted to fp32 before any arithmetic (an in-place op with a bf16 operand
         # would be exact too, but takes torch's unvectorised mixed-dtype path, 6x slower).
         delta = load(2, b).sub_(load(1, a))
+        if self.project is not None and self.check_finite and not bool(delta.isfinite().all()):
+            raise _NonFinite  # before a mask can zero the entry that holds it
         if self.project is not None:
             with _torch_threads(self.threads):  # projections multiply matrices: they do use threads
                 delta = self.project(name, delta)
@@ -411,6 +514,7 @@ def graft(
     project: Projection | None = None,
     max_shard_bytes: int = MAX_SHARD_BYTES,
     threads: int | None = None,
+    allow_nonfinite: bool = False,
 ) -> dict[str, Any]:
     """Write ``post + scale * project(donor_tuned - donor)`` to the model directory ``out``.
 
@@ -422,6 +526,11 @@ def graft(
     2-CPU machine here, two took 2.6-2.8 s against 2.1-2.4 s for one, and 1.5x its CPU time (the
     work is bound by memory, which the threads share). A projection's graft runs its elementwise
     work on one thread and ``project`` with the caller's torch thread count.
+
+    A NaN or Inf in any floating tensor of an input (post alone when ``scale`` is 0: the donors are
+    not read), or an output that overflows, is refused, naming the model and the tensor, unless
+    ``allow_nonfinite``: a model full of NaN is no result. Each output block is checked, which covers
+    the three inputs (NaN and Inf propagate through the arithmetic) in one pass.
     """
     scale = _check_scale(scale)
     out = Path(out)
@@ -437,7 +546,7 @@ def graft(
         # machine with other jobs running, 2 threads took 6-31 s where 1 thread took 1.0-1.1 s. (numpy's
         # elementwise operations run on one thread anyway.) The stack restores torch's count.
         with atomic_dir(out) as tmp, contextlib.ExitStack() as stack:
-            grafter = _Grafter(models, scale, project, chunk_bytes, _workers(threads))
+            grafter = _Grafter(models, scale, project, chunk_bytes, _workers(threads), not allow_nonfinite)
             files = _write_weights(tmp, shards, models, grafter, stack)
             copy_model_files(models[0].path, tmp)
             counts = {
@@ -452,7 +561,8 @@ def graft(
             extra = {"counts": counts}
             if hasattr(project, "report"):  # masks say how many entries they zeroed, per tensor
                 extra["mask"] = project.report()
-            write_provenance(tmp, inputs, {"scale": scale, "projection": projection}, extra)
+            params = {"scale": scale, "projection": projection} | ({"allow_nonfinite": True} if allow_nonfinite else {})
+            write_provenance(tmp, inputs, params, extra)
     finally:
         for model in models:
             model.close()

@@ -54,6 +54,8 @@ except ImportError:
 
 # uint32 constants, made once: numpy converts a Python int operand anew on every call.
 _1, _16, _BIAS, _HIGH = (np.uint32(x) for x in (1, 16, 0x7FFF, 0xFFFF0000))
+# A 16-bit float without its sign bit, and the smallest such bits of a NaN or Inf in bf16 and fp16.
+_MAGNITUDE, _BF16_INF, _F16_INF = np.uint16(0x7FFF), 0x7F80, 0x7C00
 
 
 def widen_bf16(raw: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -114,6 +116,24 @@ class NumpyKernel:
                 if not (pairs and self._bf16_pairs(*arrays)):
                     self._pass(dtype, *arrays)
         return out
+
+    def finite(self, block: np.ndarray) -> bool:
+        """Whether every element of ``block``, a stored block (STORAGE's type), is finite. A NaN or Inf
+        in any input reaches its output element (``x - inf``, ``nan * s``), so checking the output alone
+        covers the three inputs in one pass; the graft names the culprit only on failure. In slices of
+        PASS_ELEMENTS, so the scratch stays in cache: at 2**20 elements one slice took 1.2 ns an
+        element against 1.9 for the whole block, the fused kernel 2.0 (a busy machine)."""
+        for start in range(0, block.size, PASS_ELEMENTS):
+            part = block[start : start + PASS_ELEMENTS]
+            if part.itemsize == 2:  # bf16, fp16: NaN and Inf are the patterns with every exponent bit set
+                # (on the bits: numpy's fp16 min and max convert each element, 30x slower)
+                scratch = self._u32.view(np.uint16)[0, : part.size]
+                magnitude = np.bitwise_and(part.view(np.uint16), _MAGNITUDE, out=scratch)
+                if magnitude.max() >= (_F16_INF if part.dtype == np.float16 else _BF16_INF):
+                    return False
+            elif not (math.isfinite(part.min()) and math.isfinite(part.max())):  # min propagates NaN
+                return False
+        return True
 
     def _pass(self, dtype: str, post: np.ndarray, donor: np.ndarray, tuned: np.ndarray, out: np.ndarray) -> None:
         """``out = post + scale * (tuned - donor)``, in torch's order of fp32 operations."""

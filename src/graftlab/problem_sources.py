@@ -113,7 +113,12 @@ def read_table(src: ProblemSource) -> pl.DataFrame:
         reader = FILE_READERS.get(path.suffix)
         if reader is None:
             raise GraftlabError(f"dataset {src.name}: {path} is not one of {sorted(FILE_READERS)}")
-        return reader(path)
+        try:
+            return reader(path)
+        except (pl.exceptions.PolarsError, OSError) as e:
+            # polars' messages ("ExpectedNull at character 0") name no file.
+            message = " ".join(str(e).split())
+            raise GraftlabError(f"dataset {src.name}: cannot read {path} as {path.suffix[1:]}: {message}") from None
     if path.is_dir():
         return _load_with_datasets(src, path)
     if looks_local(src.source):
@@ -223,3 +228,46 @@ def write_problems(src: ProblemSource, out, stats_out) -> dict:
     write_table_with_stats(problems, stats, out, stats_out)
     print(f"dataset {src.name}: {stats['kept']} problems of {stats['rows']} rows; skipped {stats['skipped']}")
     return stats
+
+
+def _normalised(text) -> str:
+    # A benchmark and a training set may wrap or space the same problem differently.
+    return " ".join(str(text).split())
+
+
+def check_problems(frame: pl.DataFrame, name: str) -> pl.DataFrame:
+    """`frame` (a problems table: id, prompt, answer), refused with the row named when an id repeats or
+    a prompt or answer is empty. Mining keeps what the model never solves, so an ungradable problem
+    would be kept as "hard", and a repeated one could land in training and the held-out set at once."""
+    ids = frame["id"].cast(pl.String)
+    for column in ("id", "prompt", "answer"):
+        empty = (frame[column].cast(pl.String).str.strip_chars().fill_null("") == "").arg_true()
+        if len(empty):
+            row = empty[0]
+            raise GraftlabError(f"{name}: row {row} (id {ids[row]!r}) has an empty {column} ({len(empty)} such rows)")
+    repeated = ids.is_duplicated().arg_true()
+    if len(repeated):
+        rows = list(repeated[:SHOWN_IDS])
+        raise GraftlabError(f"{name}: id {ids[repeated[0]]!r} repeats (rows {rows}); problem ids must be unique")
+    return frame
+
+
+def refuse_leaks(problems: pl.DataFrame, benchmark_files, name: str) -> None:
+    """Refuse training `problems` that a benchmark holds, by id or by prompt text up to white space: a
+    model trained on a benchmark's problems scores its memory of them. Names the first such row."""
+    from graftlab.tables import read_table as read_parquet_table
+
+    for file in benchmark_files:
+        bench = read_parquet_table(file, ("id", "prompt"), "benchmark")
+        ids, prompts = set(bench["id"].cast(pl.String)), {_normalised(p) for p in bench["prompt"]}
+        leaks = [
+            (i, pid)
+            for i, (pid, prompt) in enumerate(zip(problems["id"].cast(pl.String), problems["prompt"]))
+            if pid in ids or _normalised(prompt) in prompts
+        ]
+        if leaks:
+            row, pid = leaks[0]
+            raise GraftlabError(
+                f"{name}: row {row} (id {pid!r}) is also a problem of the benchmark {file} ({len(leaks)} such "
+                "rows): training on it leaks the benchmark; remove them from the training data"
+            )

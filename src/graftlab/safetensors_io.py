@@ -156,6 +156,23 @@ def open_tensors(model_dir: str | Path) -> Iterator[Callable[[str], torch.Tensor
         yield lambda name: files[index[name]].get_tensor(name)
 
 
+def refuse_nonfinite(model_dir: str | Path, role: str = "model") -> None:
+    """Refuse a model directory whose floating tensors hold a NaN or Inf, naming the first such tensor:
+    a Fisher or a fine-tune started from it is NaN throughout, without a word. Every shard's header is
+    checked first (tensor_specs), so a truncated file is named rather than failing inside the library."""
+    import torch
+
+    index = tensor_index(model_dir)
+    tensor_specs(model_dir, index)
+    with open_tensors(model_dir) as get:
+        for name in sorted(index):
+            tensor = get(name)
+            if tensor.is_floating_point():
+                bad = tensor.numel() - int(torch.isfinite(tensor).sum())
+                if bad:
+                    raise GraftlabError(f"{role} {model_dir}: tensor {name} holds {bad} NaN or Inf value(s)")
+
+
 def read_header(file: str | Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (dtype, shape, data_offsets per tensor, plus
     ``__metadata__``); reads only the header bytes, never tensor data."""

@@ -21,6 +21,7 @@ from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
+import polars as pl
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -33,9 +34,47 @@ ROLLOUT_COLUMNS = ("prompt_ids", "completion_ids")
 CHUNK_FLOATS = 2**25
 
 
-def read_rollouts(path) -> list[tuple[list[int], list[int]]]:
+def read_rollouts(path, vocab_size: int | None = None) -> list[tuple[list[int], list[int]]]:
+    """Each rollout's (prompt_ids, completion_ids), refused with the row named when a column is not
+    lists of integers, a row holds a null or no completion token, or an id lies outside
+    [0, vocab_size): an embedding lookup would stop with an IndexError deep in the forward pass."""
     frame = read_table(path, ROLLOUT_COLUMNS, "rollouts")
+    for column in ROLLOUT_COLUMNS:
+        dtype, ids = frame.schema[column], frame[column]
+        if not (isinstance(dtype, pl.List) and dtype.inner.is_integer()):
+            raise GraftlabError(f"rollouts ({path}): column {column} is {dtype}, not lists of integer token ids")
+        problems = {
+            "is null or holds a null id": ids.is_null() | ids.list.eval(pl.element().is_null()).list.any(),
+            "holds a negative token id": ids.list.min() < 0,
+        }
+        if vocab_size is not None:
+            problems[f"holds a token id >= the model's vocabulary size {vocab_size}"] = ids.list.max() >= vocab_size
+        if column == "completion_ids":
+            problems["has no completion tokens"] = ids.list.len() == 0
+        for problem, rows in problems.items():
+            bad = rows.fill_null(False).arg_true()
+            if len(bad):
+                row, shown = bad[0], ids[bad[0]]
+                shown = "null" if shown is None else f"{shown.to_list()[:8]}..."
+                raise GraftlabError(
+                    f"rollouts ({path}): row {row} {column} {problem} ({shown}; {len(bad)} such row(s))"
+                )
     return list(zip(frame["prompt_ids"].to_list(), frame["completion_ids"].to_list()))
+
+
+def checked_inputs(model_dir, rollouts_path) -> list[tuple[list[int], list[int]]]:
+    """The rollouts of a Fisher, read and checked against the model at `model_dir` before it loads: a
+    model directory, with finite weights (NaN weights give a NaN Fisher), ids within its vocabulary."""
+    from graftlab.graft import read_config
+    from graftlab.safetensors_io import refuse_nonfinite
+
+    config = read_config(model_dir) if Path(model_dir).is_dir() else None
+    if config is None:
+        raise GraftlabError(f"model {model_dir}: not a model directory (no config.json)")
+    vocab = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    rollouts = read_rollouts(rollouts_path, vocab)
+    refuse_nonfinite(model_dir)
+    return rollouts
 
 
 def fisher_device() -> torch.device:
@@ -204,7 +243,7 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from graftlab.atomic import atomic_dir
     from graftlab.provenance import write_provenance
 
-    rollouts = read_rollouts(rollouts_path)
+    rollouts = checked_inputs(model_dir, rollouts_path)
     # fp32 whatever the checkpoint's dtype: bf16 gradients carry percent-level errors, fp16 underflows.
     # SDPA: the hooks trace nothing through attention, so the fused kernels serve (eager would hold the
     # T x T attention matrices, 8k tokens would not fit).

@@ -32,10 +32,10 @@ from tqdm import tqdm
 from graftlab.errors import GraftlabError
 from graftlab.fisher.diag import (
     CHUNK_FLOATS,
+    checked_inputs,
     fisher_device,
     parameter_owners,
     per_example_grad,
-    read_rollouts,
     right_pad,
 )
 
@@ -270,7 +270,7 @@ def write_kfac_fisher(
     from graftlab.atomic import atomic_dir
     from graftlab.provenance import write_provenance
 
-    rollouts = read_rollouts(rollouts_path)
+    rollouts = checked_inputs(model_dir, rollouts_path)
     # fp32 whatever the checkpoint's dtype: a bf16 forward and backward put 0.4-2% errors into G and the
     # diagonal (measured on a bf16 pico model), and fp16 underflows.
     if positions not in POSITIONS:  # before the model loads

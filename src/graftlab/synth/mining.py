@@ -46,15 +46,27 @@ def split_hard(problems: list[dict], rates: list[float], cfg: MiningConfig) -> t
 
 
 def mine(
-    model_dir, candidates, cfg: MiningConfig, train_out, heldout_out, backend: str = "auto", task: str = "arith"
+    model_dir,
+    candidates,
+    cfg: MiningConfig,
+    train_out,
+    heldout_out,
+    backend: str = "auto",
+    task: str = "arith",
+    benchmark_files=(),
 ) -> None:
     """Sample the model on every candidate, grade by registry task `task`, keep the hard ones, write
-    disjoint train / held-out sets."""
+    disjoint train / held-out sets. Candidates that repeat an id, lack a prompt or answer, or are
+    problems of any of `benchmark_files` are refused before the model loads."""
     from transformers import AutoTokenizer
 
+    from graftlab.problem_sources import check_problems, refuse_leaks
     from graftlab.sampling import load_sampler
 
-    problems = read_table(candidates, PROBLEM_COLUMNS, "mining candidates").to_dicts()
+    name = f"mining candidates ({candidates})"
+    frame = check_problems(read_table(candidates, PROBLEM_COLUMNS, "mining candidates"), name)
+    refuse_leaks(frame, benchmark_files, name)
+    problems = frame.to_dicts()
     sampler, tokenizer = load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir)
     rates = pass_rates(sampler, tokenizer, problems, cfg, task)
     train, heldout = split_hard(problems, rates, cfg)

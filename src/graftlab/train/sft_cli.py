@@ -104,7 +104,12 @@ def _config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> None:
     """Train and write DIR (`args.out`); every refusal is a GraftlabError raised before DIR exists."""
+    from graftlab.cli import refuse_foreign_dir
+    from graftlab.safetensors_io import refuse_nonfinite
+
     cfg = _config(args)
+    if not args.epoch_dirs:  # the workflow's layout goes to a Snakemake output, which Snakemake clears
+        refuse_foreign_dir(args.out)
     if args.threads is None:
         import dataclasses
 
@@ -118,6 +123,8 @@ def run(args: argparse.Namespace) -> None:
 
     out = Path(args.out)
     traces = read_table(args.data, ("prompt", "completion"), "SFT data")
+    # A NaN weight makes every loss NaN: hours of training would write a NaN model.
+    refuse_nonfinite(args.model, "--model")
     if not main_process():
         _train_replica(args, cfg, traces)
         return
