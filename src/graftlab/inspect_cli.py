@@ -25,6 +25,7 @@ import argparse
 import json
 
 STATES = ("ok", "stale", "missing", "orphan")
+SHOWN = 6  # runs a text line names; a config change can add hundreds
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -148,10 +149,16 @@ def render(exp: dict) -> str:
     lines = [f"== {exp['exp']}: each method's frontier points, Acc@n with 95% intervals; {what}"]
     lines.append(table(exp["points"]) if exp["points"].height else "(nothing evaluated yet)")
     lines.append("runs: " + ", ".join(f"{n} {s}" for s, n in data["counts"].items()))
-    for item in data["stale"]:
-        lines.append(f"  stale {item['run']}: " + "; ".join(item["reasons"][:3]))
+    for item in data["stale"][:SHOWN]:
+        reasons = item["reasons"]
+        more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
+        lines.append(f"  stale {item['run']}: " + "; ".join(reasons[:3]) + more)
+    if len(data["stale"]) > SHOWN:
+        lines.append(f"  and {len(data['stale']) - SHOWN} more stale (--json lists them all)")
     for state in ("missing", "orphan"):
-        if data[state]:
-            note = " (not asked for by the config)" if state == "orphan" else ""
-            lines.append(f"  {state}{note}: " + ", ".join(data[state]))
+        runs = data[state]
+        if runs:
+            note = ", not asked for by the config" if state == "orphan" else ""
+            more = f", and {len(runs) - SHOWN} more (--json lists them all)" if len(runs) > SHOWN else ""
+            lines.append(f"  {state} ({len(runs)}{note}): " + ", ".join(runs[:SHOWN]) + more)
     return "\n".join(lines)

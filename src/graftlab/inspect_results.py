@@ -179,6 +179,11 @@ def shared(path: str) -> bool:
     return path.startswith(("results/world/", "results/worlds/", "resources/")) or "/data/" in path
 
 
+def _job(row: dict) -> str:
+    """A job's name: its log, unique per job; an output never made has none recorded, and is its own."""
+    return row["log"] if row["log"] != "-" else row["output"]
+
+
 class Lineage:
     """The jobs behind each output, from a `dag_summary`: a job is named by its log (unique per job)."""
 
@@ -193,7 +198,7 @@ class Lineage:
             row = self.by_output.get(queue.popleft())
             if row is None:  # a source file: no job made it
                 continue
-            jobs.setdefault(row["log"] if row["log"] != "-" else row["output"], row)
+            jobs.setdefault(_job(row), row)
             for path in row["inputs"] or []:
                 if path and path not in seen and not stop(path):
                     seen.add(path)
@@ -201,11 +206,14 @@ class Lineage:
         return jobs
 
     def reasons(self, output: str) -> list[str]:
-        """Why `output` would be remade: each upstream output whose own status changed, as `status: path`."""
+        """Why `output` would be remade: each upstream job with a changed output, as `status: path` of the
+        first such output (a data job's dozen files are one reason)."""
         jobs = self.jobs(output, stop=lambda _: False)
-        return sorted(
-            {f"{r['status']}: {o}" for o, r in self.by_output.items() if r["log"] in jobs and r["status"] not in KEPT}
-        )
+        changed: dict[str, str] = {}
+        for path, row in sorted(self.by_output.items()):
+            if _job(row) in jobs and row["status"] not in KEPT:
+                changed.setdefault(_job(row), f"{row['status']}: {path}")
+        return sorted(changed.values())
 
 
 def read_benchmark(path: Path) -> dict[str, float]:
