@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from graftlab.cli import main
 from graftlab.config import ConfigError, resolve
 from graftlab.errors import GraftlabError
+from graftlab.fisher import write_fisher
 
 WEIGHT = "model.layers.0.mlp.up_proj.weight"
 VOCAB = 32  # the pico models' vocabulary
@@ -45,6 +46,10 @@ def models(tmp_path_factory) -> dict[str, Path]:
         root / "bf16_tuned", seed=6, dtype=torch.bfloat16, base=made["bf16_donor"], noise=0.01
     )
     made["wide"] = build_pico_model(root / "wide", seed=7, hidden_size=24)
+    rollouts = root / "rollouts.parquet"
+    pl.DataFrame({"prompt_ids": [[1, 2, 3]] * 4, "completion_ids": [[4, 5]] * 4}).write_parquet(rollouts)
+    made["fisher"] = root / "fisher"
+    write_fisher("diag", made["post"], rollouts, made["fisher"])
     return made
 
 
@@ -224,7 +229,15 @@ CASES = [
         ["donor model", "model.embed_tokens.weight", "rows 31-31"],
     ),
     ("graft-overflow", _overflow, [WEIGHT, "overflows F32", "inputs being finite"]),
-    ("graft-masked-donor-nan", _masked_nan, ["donor model", WEIGHT]),
+    ("graft-projected-donor-nan", _masked_nan, ["donor model", WEIGHT]),
+    (
+        "graft-masked-donor-inf",
+        lambda c: c.graft(
+            donor=c.poisoned("donor", value=-math.inf),
+            extra=("--mask", "diag", "--fisher", str(c.models["fisher"]), "--rho", "0.5"),
+        ),
+        ["donor model", WEIGHT, "1 NaN or Inf"],
+    ),
     # Unreadable or truncated model files, mismatched models.
     ("graft-truncated-safetensors", _truncated, ["bad_donor/model.safetensors", "truncated"]),
     ("graft-text-as-safetensors", lambda c: _garbage_weights(c, b"these are not weights\n"), ["bad_tuned/model"]),

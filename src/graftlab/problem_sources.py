@@ -230,7 +230,7 @@ def write_problems(src: ProblemSource, out, stats_out) -> dict:
     return stats
 
 
-def _normalised(text) -> str:
+def normalised(text) -> str:
     # A benchmark and a training set may wrap or space the same problem differently.
     return " ".join(str(text).split())
 
@@ -259,11 +259,11 @@ def refuse_leaks(problems: pl.DataFrame, benchmark_files, name: str) -> None:
 
     for file in benchmark_files:
         bench = read_parquet_table(file, ("id", "prompt"), "benchmark")
-        ids, prompts = set(bench["id"].cast(pl.String)), {_normalised(p) for p in bench["prompt"]}
+        ids, prompts = set(bench["id"].cast(pl.String)), {normalised(p) for p in bench["prompt"]}
         leaks = [
             (i, pid)
             for i, (pid, prompt) in enumerate(zip(problems["id"].cast(pl.String), problems["prompt"]))
-            if pid in ids or _normalised(prompt) in prompts
+            if pid in ids or normalised(prompt) in prompts
         ]
         if leaks:
             row, pid = leaks[0]

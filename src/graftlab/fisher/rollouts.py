@@ -20,6 +20,7 @@ import polars as pl
 
 from graftlab.atomic import atomic_file, write_table_with_stats
 from graftlab.errors import GraftlabError
+from graftlab.problem_sources import normalised
 from graftlab.sampling import SamplingConfig
 from graftlab.schema import schema_default
 from graftlab.streams import stream, stream_seed
@@ -61,11 +62,6 @@ def retention_problems(tasks: list[str], count: int, seed: int, benchmark_files)
     return problems
 
 
-def _normalised(text: str) -> str:
-    # A benchmark and a training set may wrap or space the same problem differently.
-    return " ".join(str(text).split())
-
-
 def problems_from_file(prompts_file, count: int, seed: int, benchmark_files) -> list[dict]:
     """`count` problems of the problems parquet `prompts_file` (id, task, prompt, answer), drawn by a
     seeded shuffle, none whose id or prompt text is in any of `benchmark_files`. Too few left is an
@@ -75,11 +71,11 @@ def problems_from_file(prompts_file, count: int, seed: int, benchmark_files) -> 
     for f in benchmark_files:
         bench = pl.read_parquet(f)
         held_ids |= {str(i) for i in bench["id"]}
-        held_prompts |= {_normalised(p) for p in bench["prompt"]} if "prompt" in bench.columns else set()
+        held_prompts |= {normalised(p) for p in bench["prompt"]} if "prompt" in bench.columns else set()
     rows = [{c: str(r[c]) for c in PROBLEM_COLUMNS} for r in frame.iter_rows(named=True)]
     # Shuffle before excluding: a new benchmark then removes only its own problems from the draw.
     stream("retention", seed).shuffle(rows)
-    fresh = [r for r in rows if r["id"] not in held_ids and _normalised(r["prompt"]) not in held_prompts]
+    fresh = [r for r in rows if r["id"] not in held_ids and normalised(r["prompt"]) not in held_prompts]
     if len(fresh) < count:
         raise GraftlabError(
             f"retention rollouts: {count} requested but only {len(fresh)} of the {frame.height} problems in "
