@@ -5,8 +5,8 @@ itself are SIGKILLed in the middle of their work; nothing under the output's fin
 Each job runs as its own process and is caught mid-way by what it has written, not by a sleep: the test
 polls for a sign of work in progress (a temporary sibling, a checkpoint, a progress bar, a first record),
 then stops the process group, checks that the sign still holds and the output is still absent, and kills
-it. Outputs are compared file by file, tensors bit for bit; the only fields left out are the times
-(`VOLATILE`).
+it. Outputs are compared file by file, tensors bit for bit; the only fields left out are times and the
+commit (`VOLATILE`).
 """
 
 from __future__ import annotations
@@ -28,14 +28,22 @@ import torch
 from conftest import WHOLE_RUN, graft_args, snakemake, snakemake_cmd
 from safetensors.torch import load_file
 
+from graftlab import cli
 from graftlab.atomic import HOST
+from graftlab.evaluate.run import Benchmark, evaluate
+from graftlab.sampling import SamplingConfig
 from graftlab.synth.traces import expert_traces
 from graftlab.world import arith
 
 GRAFTLAB = [sys.executable, "-m", "graftlab"]
-# Fields that hold the wall-clock time of a run, which no rerun reproduces: the provenance file's time of
-# creation, SFT's seconds per step and the Fisher's seconds.
-VOLATILE = {"graftlab.json": {"created_utc"}, "steps.jsonl": {"update_s"}, "seconds.json": {"fisher_s"}}
+# Fields no rerun reproduces: wall-clock times (the provenance file's time of creation, SFT's seconds per
+# step, the Fisher's seconds) and the checkout's HEAD commit in the provenance file, which moves when a
+# commit of other files lands between two runs of the same code (the reference may be minutes older).
+VOLATILE = {
+    "graftlab.json": {"created_utc", "git_revision"},
+    "steps.jsonl": {"update_s"},
+    "seconds.json": {"fisher_s"},
+}
 POLL_S = 0.002
 TIMEOUT_S = 300
 
@@ -60,6 +68,11 @@ def kill_mid_way(cmd: list[str], mid_way: Callable[[], bool], cwd: Path, log: Pa
         proc.wait()
     assert caught, f"{cmd[2:4]} finished between the poll and the stop: size its input up"
     assert proc.returncode == -signal.SIGKILL
+
+
+def reference(argv: list[str]) -> None:
+    """An uninterrupted `graftlab` run, in this process: the same code as the job, without its start-up."""
+    assert cli.main(argv) == 0
 
 
 def run(cmd: list[str], cwd: Path) -> str:
@@ -114,10 +127,10 @@ def test_graft_killed_mid_write_leaves_the_old_output_and_the_rerun_writes_the_u
     tuned = pico_model("tuned", base=donor, noise=0.01)
     runs = tmp_path / "runs"
     runs.mkdir()
-    out, reference = runs / "graft", runs / "reference"
-    run(GRAFTLAB + ["graft", *graft_args(post, donor, tuned, "1", reference)], tmp_path)
+    out, expected = runs / "graft", runs / "expected"
+    reference(["graft", *graft_args(post, donor, tuned, "1", expected)])
     # A finished graft at another scale is being replaced, as a hand sweep rewrites its output.
-    run(GRAFTLAB + ["graft", *graft_args(post, donor, tuned, "0.5", out)], tmp_path)
+    reference(["graft", *graft_args(post, donor, tuned, "0.5", out)])
     old = {f.name: f.read_bytes() for f in out.iterdir()}
 
     cmd = GRAFTLAB + ["graft", *graft_args(post, donor, tuned, "1", out), "--chunk-mb", "1"]
@@ -126,7 +139,7 @@ def test_graft_killed_mid_write_leaves_the_old_output_and_the_rerun_writes_the_u
     assert leftovers(runs), "the kill left its temporary sibling (what the rerun must clear)"
 
     run(cmd, tmp_path)
-    assert_same_output(out, reference)
+    assert_same_output(out, expected)
     assert leftovers(runs) == [], "the rerun left the killed run's temporary sibling behind"
 
 
@@ -153,14 +166,14 @@ def sft_reference(world_pico, tmp_path_factory) -> tuple[Path, Path]:
     data = tmp / "sft.parquet"
     expert_traces(pl.DataFrame(arith.sample_problems("mul", 64, "test", 0)))[0].write_parquet(data)
     out = tmp / "reference"
-    run(GRAFTLAB + ["sft", "--model", str(world_pico), "--data", str(data), "--out", str(out), *SFT], tmp)
+    reference(["sft", "--model", str(world_pico), "--data", str(data), "--out", str(out), *SFT])
     return data, out
 
 
 def test_sft_killed_in_its_second_epoch_leaves_no_output_and_the_rerun_trains_the_same_model(
     world_pico, sft_reference, tmp_path
 ):
-    data, reference = sft_reference
+    data, expected = sft_reference
     runs = tmp_path / "runs"
     out = runs / "sft"
     cmd = GRAFTLAB + ["sft", "--model", str(world_pico), "--data", str(data), "--out", str(out), *SFT]
@@ -170,14 +183,14 @@ def test_sft_killed_in_its_second_epoch_leaves_no_output_and_the_rerun_trains_th
     assert not out.exists()
 
     run(cmd, tmp_path)
-    assert_same_output(out, reference)
+    assert_same_output(out, expected)
     assert leftovers(runs) == []
 
 
 def test_resumable_sft_killed_mid_save_resumes_from_the_last_whole_checkpoint_to_the_same_weights(
     world_pico, sft_reference, tmp_path
 ):
-    data, reference = sft_reference
+    data, expected = sft_reference
     out = tmp_path / "runs" / "sft"  # absolute: its resume directory must still lie under resume/
     state = tmp_path / "resume" / "runs" / "sft"
     cmd = [sys.executable, "-c", RESUMABLE_SFT, str(world_pico), str(data), str(out)]
@@ -198,16 +211,16 @@ def test_resumable_sft_killed_mid_save_resumes_from_the_last_whole_checkpoint_to
     assert not state.exists(), "a finished job leaves no resume state"
     assert leftovers(tmp_path / "runs") == []
 
-    assert_same_output(out / "epoch~1", reference / "epoch~1")
-    assert_same_output(out / "steps.jsonl", reference / "steps.jsonl")
+    assert_same_output(out / "epoch~1", expected / "epoch~1")
+    assert_same_output(out / "steps.jsonl", expected / "steps.jsonl")
     for f in (out / "epoch~2").iterdir():
-        assert_same_output(f, reference / f.name)
+        assert_same_output(f, expected / f.name)
     assert {f.name for f in (out / "epoch~2").iterdir()} | {"epoch~1", "steps.jsonl"} == {
-        f.name for f in reference.iterdir()
+        f.name for f in expected.iterdir()
     }
 
 
-def fisher_rollouts(model: Path, out: Path, count: int = 400) -> Path:
+def fisher_rollouts(model: Path, out: Path, count: int = 240) -> Path:
     """`count` rollouts of random tokens (a 40-token prompt, a 60-token completion): one batch each makes
     the Fisher a loop of `count` backward passes, about a second on one thread."""
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
@@ -219,9 +232,9 @@ def fisher_rollouts(model: Path, out: Path, count: int = 400) -> Path:
 def test_fisher_killed_mid_pass_leaves_no_output_and_the_rerun_computes_the_same_fisher(world_pico, tmp_path):
     rollouts = fisher_rollouts(world_pico, tmp_path / "rollouts.parquet")
     runs = tmp_path / "runs"
-    out, reference = runs / "fisher", runs / "reference"
+    out, expected = runs / "fisher", runs / "expected"
     args = ["--model", str(world_pico), "--rollouts", str(rollouts), "--batch-size", "1", "--threads", "1"]
-    run(GRAFTLAB + ["fisher", *args, "--out", str(reference)], tmp_path)
+    reference(["fisher", *args, "--out", str(expected)])
 
     log = tmp_path / "killed.log"
 
@@ -235,35 +248,32 @@ def test_fisher_killed_mid_pass_leaves_no_output_and_the_rerun_computes_the_same
     assert not out.exists()
 
     run(cmd, tmp_path)
-    assert_same_output(out, reference)
+    assert_same_output(out, expected)
     assert leftovers(runs) == []
 
 
-# An evaluation as workflow_scripts/evaluate.py runs it: the model, the output directory, then benchmark
-# parquets, the first graded as the new task and the others as old ones.
-EVALUATE = """
-import sys
-from pathlib import Path
-from graftlab.evaluate.run import Benchmark, evaluate
-from graftlab.sampling import SamplingConfig
+def evaluation(model: str, out: str, *paths: str) -> None:
+    """An evaluation as workflow_scripts/evaluate.py runs one: the first benchmark graded as the new task,
+    the others as old ones."""
+    benchmarks = [Benchmark(Path(p).stem, Path(p), "old" if i else "new") for i, p in enumerate(paths)]
+    cfg = SamplingConfig(n=2, temperature=1.0, top_p=1.0, max_new_tokens=40)
+    evaluate(model, benchmarks, cfg, Path(out), "post", backend="transformers")
 
-model, out, *paths = sys.argv[1:]
-benchmarks = [Benchmark(Path(p).stem, Path(p), "old" if i else "new") for i, p in enumerate(paths)]
-evaluate(model, benchmarks, SamplingConfig(n=2, temperature=1.0, top_p=1.0, max_new_tokens=40), Path(out), "post",
-         backend="transformers")
-"""
+
+# The job: `evaluation` in a process of its own.
+EVALUATE = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_faults as t\n"
+EVALUATE += "t.evaluation(*sys.argv[1:])"
 
 
 def test_evaluation_killed_between_benchmarks_leaves_no_scores_and_the_rerun_scores_the_same(world_pico, tmp_path):
     benchmarks = []
     for task in ("mul", "add", "sub"):
         benchmarks.append(tmp_path / f"{task}.parquet")
-        pl.DataFrame(arith.sample_problems(task, 48, "benchmark", 0)).write_parquet(benchmarks[-1])
+        pl.DataFrame(arith.sample_problems(task, 32, "benchmark", 0)).write_parquet(benchmarks[-1])
     runs = tmp_path / "runs"
-    out, reference = runs / "eval", runs / "reference"
-    cmd = [sys.executable, "-c", EVALUATE, str(world_pico), str(out), *map(str, benchmarks)]
-    run(cmd, tmp_path)
-    shutil.copytree(out, reference)
+    out, expected = runs / "eval", runs / "expected"
+    evaluation(str(world_pico), str(expected), *map(str, benchmarks))
+    shutil.copytree(expected, out)
     # The same evaluation run again over the finished one, as after a code change, and killed once it has
     # rewritten the first benchmark's records: the old metrics.json must not mark that mix as finished.
     first, last = ((out / f"{task}.parquet").stat().st_ino for task in ("mul", "sub"))
@@ -271,35 +281,37 @@ def test_evaluation_killed_between_benchmarks_leaves_no_scores_and_the_rerun_sco
     def mid_way() -> bool:
         return (out / "mul.parquet").stat().st_ino != first and (out / "sub.parquet").stat().st_ino == last
 
+    cmd = [sys.executable, "-c", EVALUATE, str(world_pico), str(out), *map(str, benchmarks)]
     kill_mid_way(cmd, mid_way, tmp_path, tmp_path / "killed.log")
     assert not (out / "metrics.json").exists(), "the old scores mark a half-rewritten evaluation as finished"
 
     run(cmd, tmp_path)
-    assert_same_output(out, reference)
+    assert_same_output(out, expected)
     assert leftovers(runs) == []
 
 
-# The tiny world of configs/smoke.yaml up to its post model: 7 jobs (tokenizer, corpus, 3 benchmarks,
-# pretraining, post-training), compared with the same files of the `smoke` fixture's finished run.
-WORLD = ["tokenizer", "corpus.parquet", "benchmarks", "init", "ladder", "post"]
+# The tiny world of configs/smoke.yaml up to its donor ladder: 3 jobs (tokenizer, corpus, pretraining),
+# compared with the same files of the `smoke` fixture's finished run.
+WORLD = ["tokenizer", "corpus.parquet", "init", "ladder"]
 
 
 @pytest.mark.workflow
 def test_snakemake_killed_mid_run_recovers_as_documented_and_ends_with_the_uninterrupted_outputs(smoke, tmp_path):
     cores, threads, quiet = WHOLE_RUN[:2], WHOLE_RUN[2:4], WHOLE_RUN[4:]  # the smoke run's flags
-    cmd = snakemake_cmd(tmp_path, *cores, *threads, "results/world/post", *quiet)
+    cmd = snakemake_cmd(tmp_path, *cores, *threads, "results/world/ladder", *quiet)
     world = tmp_path / "results" / "world"
     # Pretraining has saved its first ladder checkpoint and goes on training: jobs are running.
     first_rung = f".ladder.tmp-{HOST}-*/.work-step~50/checkpoint-50"
     kill_mid_way(cmd, lambda: any(world.glob(first_rung)), tmp_path, tmp_path / "killed.log")
-    assert not (world / "ladder").exists() and not (world / "post").exists()
+    assert not (world / "ladder").exists()
 
     # The recovery docs/sweeps.md gives: the same command refuses the killed run's lock and names
-    # --unlock; the same command with --unlock, then again, reruns what was running (rerun-incomplete).
-    locked = snakemake(tmp_path, *cores, *threads, "results/world/post", *quiet)
+    # --unlock; the same command with --unlock, then as it was, reruns what was running.
+    args = (*cores, *threads, "results/world/ladder", *quiet)
+    locked = snakemake(tmp_path, *args)
     assert locked.returncode != 0 and "--unlock" in locked.stderr + locked.stdout
-    for args in (("--unlock",), (*cores, *threads, "results/world/post", *quiet)):
-        done = snakemake(tmp_path, *args)
+    for recovery in ((*args, "--unlock"), args):
+        done = snakemake(tmp_path, *recovery)
         assert done.returncode == 0, done.stderr[-3000:]
     for name in WORLD:
         assert_same_output(world / name, smoke / "results" / "world" / name)
