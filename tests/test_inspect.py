@@ -15,8 +15,10 @@ from conftest import REPO, SMOKE
 from graftlab.cli import main
 from graftlab.errors import GraftlabError
 from graftlab.inspect_results import (
+    PROPAGATED,
     Lineage,
     continual_models,
+    dry_run_reasons,
     frontier,
     models,
     points,
@@ -44,18 +46,11 @@ def bench(workdir: Path, log: str, *repeats: tuple[float, float, float]) -> None
 
 
 def dag(*jobs: tuple) -> pl.DataFrame:
-    """A `dag_summary` frame: (outputs, rule, log, inputs, status, pending) per job."""
-    rows = [
-        {"output": o, "rule": rule, "log": log, "inputs": inputs, "status": status, "pending": pending}
-        for outputs, rule, log, inputs, status, pending in jobs
-        for o in outputs
-    ]
-    return pl.DataFrame(
-        rows,
-        schema={"inputs": pl.List(pl.String)}
-        | dict.fromkeys(["output", "rule", "log", "status"], pl.String)
-        | {"pending": pl.Boolean},
-    )
+    """A `dag_summary` frame: (outputs, rule, log, inputs, status, pending, reason) per job."""
+    names = ("rule", "log", "inputs", "status", "pending", "reason")
+    rows = [{"output": o} | dict(zip(names, job[1:])) for job in jobs for o in job[0]]
+    schema = dict.fromkeys(["output", "rule", "log", "status", "reason"], pl.String)
+    return pl.DataFrame(rows, schema=schema | {"inputs": pl.List(pl.String), "pending": pl.Boolean})
 
 
 def metrics(root: Path, run: str, new: float = 0.5, old: float = 0.5) -> None:
@@ -143,7 +138,7 @@ def lineage_workdir(tmp_path: Path) -> tuple[Path, pl.DataFrame, dict]:
     }
     seconds = {name: [(10.0 * (i + 1), 7.0 * (i + 1), 100.0 * (i + 1))] for i, name in enumerate(jobs)}
     seconds["sft"] = [(30.0, 20.0, 250.0), (34.0, 22.0, 260.0)]
-    frame = dag(*((out, name, f"logs/x/{name}.log", inp, "ok", False) for name, (out, inp) in jobs.items()))
+    frame = dag(*((out, name, f"logs/x/{name}.log", inp, "ok", False, None) for name, (out, inp) in jobs.items()))
     for name, reps in seconds.items():
         bench(tmp_path, f"logs/x/{name}.log", *reps)
     mean = {name: tuple(np.mean(reps, axis=0)) for name, reps in seconds.items()}
@@ -176,37 +171,62 @@ def test_run_states_follow_snakemakes_plan(tmp_path):
     root = tmp_path / "results/x"
     for run in ("post", "sft/post/lr~1/epoch~1", "sft/post/lr~9/epoch~1"):
         metrics(root, run)
+    params = "Params have changed since last execution"
+    eval_sft = "results/x/eval/sft/post/lr~1/epoch~1/metrics.json"
     frame = dag(
-        (["results/x/eval/post/metrics.json"], "evaluate", "logs/x/eval/post.log", ["results/world/post"], "ok", False),
         (
-            ["results/x/sft/post/lr~1"],
-            "sft",
-            "logs/x/sft/post/lr~1.log",
-            ["results/x/data/sft.parquet"],
-            "params changed",
-            True,
-        ),
-        (["results/x/data/sft.parquet"], "traces", "logs/x/traces.log", [], "ok", False),
-        (
-            ["results/x/eval/sft/post/lr~1/epoch~1/metrics.json"],
+            ["results/x/eval/post/metrics.json"],
             "evaluate",
-            "logs/x/e1.log",
-            ["results/x/sft/post/lr~1"],
+            "logs/x/post.log",
+            ["results/world/post"],
             "ok",
-            True,
+            False,
+            None,
         ),
-        (["results/x/eval/sft/post/lr~1/epoch~2/metrics.json"], "evaluate", "-", None, "missing", True),
+        (["results/x/sft/post/lr~1"], "sft", "logs/x/sft.log", ["results/x/data/sft.parquet"], "ok", True, params),
+        (["results/x/data/sft.parquet"], "traces", "logs/x/traces.log", [], "ok", False, None),
+        ([eval_sft], "evaluate", "logs/x/e1.log", ["results/x/sft/post/lr~1"], "ok", True, f"{PROPAGATED}: x"),
+        (["results/x/eval/sft/post/lr~1/epoch~2/metrics.json"], "evaluate", "-", None, "missing", True, "Missing"),
     )
     asked = ["post", "sft/post/lr~1/epoch~1", "sft/post/lr~1/epoch~2"]
     states = run_states(tmp_path, "x", asked, Lineage(frame))
     assert states.rows() == [
         ("post", "ok", []),
-        ("sft/post/lr~1/epoch~1", "stale", ["params changed: results/x/sft/post/lr~1"]),
+        ("sft/post/lr~1/epoch~1", "stale", [f"{params} (results/x/sft/post/lr~1)"]),
         ("sft/post/lr~1/epoch~2", "missing", []),
         ("sft/post/lr~9/epoch~1", "orphan", []),
     ]
     shown, _ = points(tmp_path, "x", Lineage(frame), states, every=True)
     assert dict(zip(shown["run"], shown["state"]))["sft/post/lr~9/epoch~1"] == "orphan"
+
+
+DRY_RUN = """
+[Wed Dec  2 05:48:29 2026]
+rule opsd:
+    input: results/world/post, results/knowledge/data/sft.parquet
+    output: results/knowledge/opsd/post/alpha~0.5/lr~1e-4
+    log: logs/knowledge/opsd/post/alpha~0.5/lr~1e-4.log
+    jobid: 1
+    reason: Code has changed since last execution
+[Wed Dec  2 05:48:29 2026]
+localrule all:
+    input: results/knowledge/latency.png
+    jobid: 0
+    reason: Input files updated by another job: results/knowledge/latency.png
+[Wed Dec  2 05:48:29 2026]
+rule latency:
+    output: results/knowledge/latency.parquet, results/knowledge/latency.png
+    reason: Missing output files: results/knowledge/latency.png; Code has changed since last execution
+"""
+
+
+def test_a_dry_runs_reasons_are_read_per_output():
+    latency = "Missing output files: results/knowledge/latency.png; Code has changed since last execution"
+    assert dry_run_reasons(DRY_RUN) == {
+        "results/knowledge/opsd/post/alpha~0.5/lr~1e-4": "Code has changed since last execution",
+        "results/knowledge/latency.parquet": latency,
+        "results/knowledge/latency.png": latency,
+    }
 
 
 def test_a_benchmark_file_is_read_past_tabs_in_its_params(tmp_path):
@@ -279,5 +299,8 @@ def test_inspect_on_the_smoke_run(smoke, tmp_path, capsys):
     overlay = tmp_path / "opsd.yaml"
     overlay.write_text(yaml.safe_dump({"experiments": {"knowledge": {"opsd": {"batch_size": 2}}}}))
     changed = inspect_json(smoke, SMOKE, overlay)
-    stale = {(e["exp"], s["run"]) for e in changed["experiments"] for s in e["stale"]}
-    assert stale == {("knowledge", "opsd/post/alpha~0.5/lr~1e-4/step~4")}
+    stale = {(e["exp"], s["run"]): s["reasons"] for e in changed["experiments"] for s in e["stale"]}
+    assert list(stale) == [("knowledge", "opsd/post/alpha~0.5/lr~1e-4/step~4")]
+    assert stale["knowledge", "opsd/post/alpha~0.5/lr~1e-4/step~4"] == [
+        "Params have changed since last execution (results/knowledge/opsd/post/alpha~0.5/lr~1e-4)"
+    ]

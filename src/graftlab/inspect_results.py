@@ -18,8 +18,9 @@ All of it is read from a workdir (the parent of its `results/`), never recompute
   it all), a graft and the Fisher a masked one used, each stage of a chain, and the evaluation.
 - the state of a run: from the same summary, which applies the workflow's rerun triggers (profile
   `rerun-triggers`: mtime, params, input, code) to the config given: `ok`, `stale` (its metrics.json
-  exists and would be remade, with the changed outputs that cause it), `missing` (the config asks for
-  it, nothing is there), or `orphan` (in results/, not asked for by the config).
+  exists and would be remade, with Snakemake's dry-run reason for each job upstream that is a cause:
+  changed code, params or inputs, a missing output), `missing` (the config asks for it, nothing is
+  there), or `orphan` (in results/, not asked for by the config).
 
 Every job's benchmark file is its log's path under benchmarks/jobs/ instead of logs/, `.tsv` for `.log`:
 the workflow names both from the same pattern in every rule.
@@ -43,8 +44,8 @@ SNAKEFILE = Path(__file__).resolve().parents[2] / "Snakefile"
 NOT_EXPERIMENTS = {"world", "worlds", "moe", "study"}
 SCORES = ("new", "new_lo", "new_hi", "old", "old_lo", "old_hi")
 COSTS = {"jobs": pl.Int64, "untimed": pl.Int64, "job_s": pl.Float64, "cpu_s": pl.Float64, "max_rss_mb": pl.Float64}
-# Summary statuses of an output that is there and would be kept.
-KEPT = ("ok", "removed temp file")
+# Snakemake's reason for a job re-run only because a job upstream is.
+PROPAGATED = "Input files updated by another job"
 
 
 def workdir_of(results: str | Path) -> Path:
@@ -147,22 +148,44 @@ def frontier(cands: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([marked.drop("_row"), rest], how="diagonal_relaxed").sort("run")
 
 
-def dag_summary(workdir: Path, snakemake_args: list[str]) -> pl.DataFrame:
-    """Snakemake's `--detailed-summary` of the workflow in `workdir` under `snakemake_args` (the config):
-    a row per output of every job it would schedule for the default target, with its rule, log, the
-    input files its last run recorded (a list), its `status` and whether it would be remade (`plan`).
-    A dry computation: no job runs, no lock is taken."""
+def _snakemake(workdir: Path, snakemake_args: list[str], *flags: str) -> str:
+    """Snakemake's stdout for the workflow in `workdir` under `flags` and the config: no lock taken."""
     if not SNAKEFILE.is_file():
         raise GraftlabError(f"{SNAKEFILE}: missing; graftlab inspect needs the workflow's checkout")
     cmd = [sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "--directory", str(workdir)]
-    cmd += ["--detailed-summary", "--nolock", "--cores", "1", *snakemake_args]
+    cmd += [*flags, "--nolock", "--cores", "1", *snakemake_args]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
-    header = "output_file\t"
-    if done.returncode or header not in done.stdout:
+    if done.returncode:
         tail = " ".join((done.stdout + done.stderr).split()[-40:])
-        raise GraftlabError(f"snakemake --detailed-summary in {workdir} failed: {tail}")
-    table = done.stdout[done.stdout.index(header) :]
-    frame = pl.read_csv(io.StringIO(table), separator="\t", quote_char=None, infer_schema=False)
+        raise GraftlabError(f"snakemake {' '.join(flags)} in {workdir} failed: {tail}")
+    return done.stdout
+
+
+def dry_run_reasons(text: str) -> dict[str, str]:
+    """Each output of a job a dry-run (`snakemake -n`) would run, with Snakemake's reason for the job."""
+    reasons, outputs = {}, []
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(": ")
+        if line.startswith(("rule ", "localrule ")):
+            outputs = []
+        elif key == "output":
+            outputs = value.split(", ")
+        elif key == "reason":
+            reasons |= dict.fromkeys(outputs, value)
+    return reasons
+
+
+def dag_summary(workdir: Path, snakemake_args: list[str]) -> pl.DataFrame:
+    """Snakemake's `--detailed-summary` of the workflow in `workdir` under `snakemake_args` (the config):
+    a row per output of every job of the default target, with its rule, log, the input files its last
+    run recorded (a list), its `status`, whether it would be remade (`pending`) and the dry-run's
+    `reason` for that (null where it would not). Nothing runs."""
+    text = _snakemake(workdir, snakemake_args, "--detailed-summary")
+    header = "output_file\t"
+    if header not in text:
+        raise GraftlabError(f"snakemake --detailed-summary in {workdir} printed no summary")
+    frame = pl.read_csv(io.StringIO(text[text.index(header) :]), separator="\t", quote_char=None, infer_schema=False)
+    reasons = dry_run_reasons(_snakemake(workdir, snakemake_args, "--dry-run"))
     return frame.select(
         output=pl.col("output_file"),
         rule="rule",
@@ -170,6 +193,7 @@ def dag_summary(workdir: Path, snakemake_args: list[str]) -> pl.DataFrame:
         inputs=pl.when(pl.col("input-file(s)") == "-").then(pl.lit("")).otherwise("input-file(s)").str.split(","),
         status="status",
         pending=pl.col("plan") == "update pending",
+        reason=pl.col("output_file").replace_strict(reasons, default=None, return_dtype=pl.String),
     )
 
 
@@ -188,7 +212,7 @@ class Lineage:
     """The jobs behind each output, from a `dag_summary`: a job is named by its log (unique per job)."""
 
     def __init__(self, dag: pl.DataFrame):
-        rows = dag.select("output", "rule", "log", "inputs", "status", "pending").iter_rows(named=True)
+        rows = dag.iter_rows(named=True)
         self.by_output = {r["output"]: r for r in rows}
 
     def jobs(self, output: str, stop=shared) -> dict[str, dict]:
@@ -206,14 +230,17 @@ class Lineage:
         return jobs
 
     def reasons(self, output: str) -> list[str]:
-        """Why `output` would be remade: each upstream job with a changed output, as `status: path` of the
-        first such output (a data job's dozen files are one reason)."""
+        """Why `output` would be remade: Snakemake's reason for each job upstream that is itself a cause
+        (changed code, params or inputs, missing outputs), not one only re-run after another; `output`'s
+        own reason when no upstream job is."""
         jobs = self.jobs(output, stop=lambda _: False)
-        changed: dict[str, str] = {}
-        for path, row in sorted(self.by_output.items()):
-            if _job(row) in jobs and row["status"] not in KEPT:
-                changed.setdefault(_job(row), f"{row['status']}: {path}")
-        return sorted(changed.values())
+        causes = set()
+        for row in jobs.values():
+            parts = (row.get("reason") or "").split("; ")
+            where = row["output"]
+            causes |= {p if where in p else f"{p} ({where})" for p in parts if p and not p.startswith(PROPAGATED)}
+        own = self.by_output[output].get("reason")
+        return sorted(causes) or ([own] if own else [])
 
 
 def read_benchmark(path: Path) -> dict[str, float]:
