@@ -192,7 +192,7 @@ def test_run_states_follow_snakemakes_plan(tmp_path):
     states = run_states(tmp_path, "x", asked, Lineage(frame))
     assert states.rows() == [
         ("post", "ok", []),
-        ("sft/post/lr~1/epoch~1", "stale", [f"{params} (results/x/sft/post/lr~1)"]),
+        ("sft/post/lr~1/epoch~1", "stale", [f"results/x/sft/post/lr~1: {params}"]),
         ("sft/post/lr~1/epoch~2", "missing", []),
         ("sft/post/lr~9/epoch~1", "orphan", []),
     ]
@@ -301,6 +301,6 @@ def test_inspect_on_the_smoke_run(smoke, tmp_path, capsys):
     changed = inspect_json(smoke, SMOKE, overlay)
     stale = {(e["exp"], s["run"]): s["reasons"] for e in changed["experiments"] for s in e["stale"]}
     assert list(stale) == [("knowledge", "opsd/post/alpha~0.5/lr~1e-4/step~4")]
-    assert stale["knowledge", "opsd/post/alpha~0.5/lr~1e-4/step~4"] == [
-        "Params have changed since last execution (results/knowledge/opsd/post/alpha~0.5/lr~1e-4)"
-    ]
+    (reason,) = stale["knowledge", "opsd/post/alpha~0.5/lr~1e-4/step~4"]
+    job = "results/knowledge/opsd/post/alpha~0.5/lr~1e-4"
+    assert reason.startswith(f"{job}: Params have changed since last execution") and "'batch_size': 2" in reason

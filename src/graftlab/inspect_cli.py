@@ -26,6 +26,7 @@ import json
 
 STATES = ("ok", "stale", "missing", "orphan")
 SHOWN = 6  # runs a text line names; a config change can add hundreds
+REASON_CHARS = 160
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -139,6 +140,11 @@ def table(points) -> str:
     return "\n".join(lines)
 
 
+def _clip(reason: str) -> str:
+    """A reason on one screen line: a params change carries both whole param sets (--json keeps them)."""
+    return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
+
+
 def render(exp: dict) -> str:
     """One experiment: a title saying what the points are, the table, and the runs' states."""
     data = as_json(exp)
@@ -152,7 +158,7 @@ def render(exp: dict) -> str:
     for item in data["stale"][:SHOWN]:
         reasons = item["reasons"]
         more = f"; and {len(reasons) - 3} more" if len(reasons) > 3 else ""
-        lines.append(f"  stale {item['run']}: " + "; ".join(reasons[:3]) + more)
+        lines.append(f"  stale {item['run']}: " + "; ".join(map(_clip, reasons[:3])) + more)
     if len(data["stale"]) > SHOWN:
         lines.append(f"  and {len(data['stale']) - SHOWN} more stale (--json lists them all)")
     for state in ("missing", "orphan"):

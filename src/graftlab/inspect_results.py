@@ -238,7 +238,7 @@ class Lineage:
         for row in jobs.values():
             parts = (row.get("reason") or "").split("; ")
             where = row["output"]
-            causes |= {p if where in p else f"{p} ({where})" for p in parts if p and not p.startswith(PROPAGATED)}
+            causes |= {p if where in p else f"{where}: {p}" for p in parts if p and not p.startswith(PROPAGATED)}
         own = self.by_output[output].get("reason")
         return sorted(causes) or ([own] if own else [])
 
