@@ -133,14 +133,21 @@ def test_graft_killed_mid_write_leaves_the_old_output_and_the_rerun_writes_the_u
     reference(["graft", *graft_args(post, donor, tuned, "0.5", out)])
     old = {f.name: f.read_bytes() for f in out.iterdir()}
 
+    # Blocks of 1 MiB make the write last longer; the result is the default's (compared below).
     cmd = GRAFTLAB + ["graft", *graft_args(post, donor, tuned, "1", out), "--chunk-mb", "1"]
     kill_mid_way(cmd, lambda: bool(leftovers(runs)), tmp_path, tmp_path / "killed.log")
     assert {f.name: f.read_bytes() for f in out.iterdir()} == old, "the killed graft touched the old output"
-    assert leftovers(runs), "the kill left its temporary sibling (what the rerun must clear)"
+    killed = leftovers(runs)
+    assert killed, "the kill left its temporary sibling (what the rerun must clear)"
+    # Copies the rerun cannot know dead: a live process's on this host (this one), another host's.
+    alive, elsewhere = runs / f".graft.tmp-{HOST}-{os.getpid()}", runs / ".graft.tmp-another-host-1"
+    alive.mkdir()
+    elsewhere.mkdir()
 
     run(cmd, tmp_path)
     assert_same_output(out, expected)
-    assert leftovers(runs) == [], "the rerun left the killed run's temporary sibling behind"
+    assert leftovers(runs) == [alive.name], "the rerun left the killed run's temporary sibling behind"
+    assert elsewhere.is_dir(), "the rerun removed another host's temporary sibling"
 
 
 SFT = ["--lr", "1e-2", "--epochs", "2", "--batch-size", "8", "--threads", "1"]  # 64 traces: 8 steps an epoch
