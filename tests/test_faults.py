@@ -57,8 +57,8 @@ def kill_mid_way(cmd: list[str], mid_way: Callable[[], bool], cwd: Path, log: Pa
     try:
         deadline = time.monotonic() + TIMEOUT_S
         while not mid_way():
-            assert proc.poll() is None, f"{cmd[2:4]} ended before it was caught mid-way:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"{cmd[2:4]} never got mid-way:\n{log.read_text()[-3000:]}"
+            assert proc.poll() is None, f"the job ended before it was caught mid-way:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the job never got mid-way:\n{log.read_text()[-3000:]}"
             time.sleep(POLL_S)
         os.killpg(proc.pid, signal.SIGSTOP)
         caught = proc.poll() is None and mid_way()
@@ -66,7 +66,7 @@ def kill_mid_way(cmd: list[str], mid_way: Callable[[], bool], cwd: Path, log: Pa
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert caught, f"{cmd[2:4]} finished between the poll and the stop: size its input up"
+    assert caught, f"the job finished between the poll and the stop (log: {log}): size its input up"
     assert proc.returncode == -signal.SIGKILL
 
 
