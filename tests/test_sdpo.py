@@ -367,7 +367,7 @@ def test_each_rollouts_teacher_reads_its_first_successful_siblings_answer_never_
 
 @pytest.mark.parametrize(
     ("schedule", "steps"),
-    [("ema:0.5", 3), ("refresh:0.5", 4)],  # frozen: test_the_teacher_gets_no_gradient_and_a_frozen_teacher_stays
+    [("ema:0.25", 3), ("refresh:0.5", 4)],  # frozen: test_the_teacher_gets_no_gradient_and_a_frozen_teacher_stays
 )
 def test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps(
     world_pico, tmp_path, monkeypatch, schedule, steps
@@ -377,7 +377,8 @@ def test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps(
     a multiple of round(G x steps) below the last (step 2 of 4), frozen in between."""
     from safetensors.torch import load_file
 
-    coin = Task("coin", prompt=str, grade=lambda completion, answer: len(completion) % 2 == 0, reference=str)
+    # Without a think block every rollout has a final answer, so every success can be a sibling's demonstration.
+    coin = Task("coin", prompt=str, grade=lambda turn, answer: len(turn) % 2 == 0, reference=str, thinking=False)
     monkeypatch.setitem(TASKS, "coin", coin)
     problems = [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "task": "coin"} for i in range(4)]
     cfg = SdpoConfig(
@@ -386,18 +387,22 @@ def test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps(
         teacher=schedule,
         cot=True,
         batch_size=2,
-        generations=2,
+        generations=4,
+        max_new_tokens=12,
         save_steps=tuple(range(1, steps + 1)),
     )
     train_sdpo(world_pico, problems, cfg, tmp_path / "run", keep_teacher=True)
     weights = lambda path: {k: v.double() for k, v in load_file(path / "model.safetensors").items()}  # noqa: E731
     post = weights(world_pico)
     students = [weights(tmp_path / "run" / f"step~{s}") for s in range(1, steps + 1)]
-    assert any(not torch.equal(students[-1][k], post[k]) for k in post)  # the student did learn
+    # Every step moved the student (each had a rollout with a successful sibling): a schedule applied at
+    # the wrong step would show.
+    for before, after in zip([post, *students], students):
+        assert any(not torch.equal(before[k], after[k]) for k in post)
     teacher = dict(post)
     for step, student in enumerate(students, start=1):
         if schedule.startswith("ema:"):
-            teacher = {k: 0.5 * teacher[k] + 0.5 * student[k] for k in teacher}
+            teacher = {k: 0.75 * teacher[k] + 0.25 * student[k] for k in teacher}
         elif schedule.startswith("refresh:") and step == 2:
             teacher = dict(student)
     got = weights(tmp_path / "run" / "teacher")
