@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> None:
     given = " ".join(args.configfile) or "the workflow's config.yaml"
     print(f"graftlab inspect: {workdir} against {given}")
     for exp in report:
-        print("\n" + render(exp))
+        print("\n" + render(exp, args.all))
 
 
 def as_json(exp: dict) -> dict:
@@ -145,14 +145,15 @@ def _clip(reason: str) -> str:
     return reason if len(reason) <= REASON_CHARS else reason[: REASON_CHARS - 3] + "..."
 
 
-def render(exp: dict) -> str:
+def render(exp: dict, every: bool = False) -> str:
     """One experiment: a title saying what the points are, the table, and the runs' states."""
     data = as_json(exp)
     if exp["continual"]:
-        what = "each chain after its last stage; old: the old tasks, new: every stage's domain"
+        what = "frontier candidates: each chain after its last stage; old: the old tasks, new: every stage's domain"
     else:
         what = "test split (validation problems left out)" if exp["split"] == "test" else "all problems"
-    lines = [f"== {exp['exp']}: each method's frontier points, Acc@n with 95% intervals; {what}"]
+    shown = "every evaluated model" if every else "each method's frontier points"
+    lines = [f"== {exp['exp']}: {shown}, Acc@n with 95% intervals; {what}"]
     lines.append(table(exp["points"]) if exp["points"].height else "(nothing evaluated yet)")
     lines.append("runs: " + ", ".join(f"{n} {s}" for s, n in data["counts"].items()))
     for item in data["stale"][:SHOWN]:
