@@ -122,7 +122,9 @@ class NumpyKernel:
         in any input reaches its output element (``x - inf``, ``nan * s``), so checking the output alone
         covers the three inputs in one pass; the graft names the culprit only on failure. In slices of
         PASS_ELEMENTS, so the scratch stays in cache: at 2**20 elements one slice took 1.2 ns an
-        element against 1.9 for the whole block, the fused kernel 2.0 (a busy machine)."""
+        element against 1.9 for the whole block, the fused kernel 2.0 (a busy machine). A graft of
+        0.75B bf16 parameters took 4.75 s of CPU checked against 4.15 s unchecked (median of 5,
+        alternated in one process, load ~12 on 2 cores)."""
         for start in range(0, block.size, PASS_ELEMENTS):
             part = block[start : start + PASS_ELEMENTS]
             if part.itemsize == 2:  # bf16, fp16: NaN and Inf are the patterns with every exponent bit set
