@@ -17,6 +17,7 @@ from graftlab.errors import GraftlabError
 from graftlab.inspect_results import (
     PROPAGATED,
     Lineage,
+    benchmark_file,
     continual_models,
     dry_run_reasons,
     frontier,
@@ -304,3 +305,21 @@ def test_inspect_on_the_smoke_run(smoke, tmp_path, capsys):
     (reason,) = stale["knowledge", "opsd/post/alpha~0.5/lr~1e-4/step~4"]
     job = "results/knowledge/opsd/post/alpha~0.5/lr~1e-4"
     assert reason.startswith(f"{job}: Params have changed since last execution") and "'batch_size': 2" in reason
+
+
+def test_every_rules_benchmark_file_is_its_log_under_benchmarks_jobs():
+    """inspect finds a job's benchmark file from the log Snakemake records: the rules must keep naming
+    both from one pattern, or a run's cost would silently drop that job."""
+    import re
+
+    checked = 0
+    for smk in sorted((REPO / "rules").glob("*.smk")):
+        for block in re.split(r"\n(?=(?:local)?rule |checkpoint )", smk.read_text()):
+            log = re.search(r"\n    log:\n\s+(?:\w+=)?\"([^\"]+)\"", block)
+            bench = re.search(r"\n    benchmark:\n\s+\"([^\"]+)\"", block)
+            assert bool(log) == bool(bench), f"{smk.name}: {block.splitlines()[0]} has a log or a benchmark alone"
+            if log:
+                path = benchmark_file(Path("/w"), log.group(1))
+                assert path == Path("/w") / bench.group(1), f"{smk.name}: {block.splitlines()[0]}"
+                checked += 1
+    assert checked > 30
