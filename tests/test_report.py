@@ -82,6 +82,7 @@ def embedded(html: str, name: str) -> dict:
 
 def render(report: Path, result: str, out: Path) -> tuple[Path, list[float] | None]:
     """A screenshot of `report` with `result` opened, and the rectangle (x, y, width, height) of its image."""
+    out.mkdir(parents=True, exist_ok=True)
     page = out / "opened.html"
     # The page's own </body>, the last: the embedded libraries hold that string too.
     head, _, tail = report.read_text().rpartition("</body>")
