@@ -9,6 +9,7 @@ and the tests of this checkout run against it through PYTHONPATH (each run first
 imported from the worktree). The table this prints is tests/MUTATIONS.md's.
 """
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -241,12 +242,18 @@ def check(worktree: Path, m: Mutation) -> str:
         failed = failing(worktree / "src", m.tests)
     finally:
         path.write_text(original)
-    change = f"`{m.old.strip().splitlines()[0][:60]}` -> `{(m.new.strip().splitlines() or [''])[0][:60]}`"
+    change = f"`{_first_difference(m.old, m.new)[0][:60]}` -> `{_first_difference(m.old, m.new)[1][:60]}`"
     tests = "<br>".join(f"`{t.removeprefix('tests/')}`" for t in m.tests)
     verdict = (
         "ERROR" if failed is None else "caught" if failed == set(m.tests) else "MISSED" if not failed else "PARTLY"
     )
     return f"| {m.name} | `{m.file}`: {change} | {tests} | {verdict} |"
+
+
+def _first_difference(old: str, new: str) -> tuple[str, str]:
+    """The first line where the change differs, before and after (empty where a line is removed)."""
+    pairs = itertools.zip_longest(old.strip().splitlines(), new.strip().splitlines(), fillvalue="")
+    return next(((a.strip(), b.strip()) for a, b in pairs if a != b), ("", ""))
 
 
 def main(names: list[str]) -> int:
