@@ -36,3 +36,8 @@ rule all:
         expand("results/{exp}/continual_accuracy.png", exp=CONTINUAL),
         expand("results/{exp}/param_drift.png", exp=CONTINUAL),
         expand("results/{exp}/response_drift.png", exp=CONTINUAL),
+
+
+# After a successful run: the disk each rule's outputs use and the grafts' peak, in results/disk.tsv.
+onsuccess:
+    report_disk()

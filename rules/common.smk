@@ -100,6 +100,39 @@ def post_dir(wildcards):
     return layout(wildcards).post_dir
 
 
+def eval_params(**first):
+    """The params of an evaluation job, and of a graft job, which evaluates its own model, after `first`:
+    only what sampling uses, so switching donor_sft on or off re-runs none."""
+    return first | {
+        "benchmarks": lambda w: layout(w).eval_benchmarks(),
+        "sampling": lambda w: {
+            k: v
+            for k, v in xcfg(w, "eval").items()
+            if k not in ("donor_sft", "validation")
+        },
+        "validation": lambda w: xcfg(w, "eval", "validation"),
+        "seed": lambda w: xcfg(w, "seed"),
+        "backend": {"backend": config["sampling_backend"], **config["vllm"]},
+    }
+
+
+def graft_run(w):
+    """The evaluation key of a graft job's model (graftlab.layout)."""
+    return f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/lam~{w.lam}/mask~{w.mask}/rho~{w.rho}"
+
+
+# The share of coordinates the sensitivity analysis counts as the most sensitive (grafting paper §7).
+SENSITIVITY_TOP = 0.01
+
+
+def report_disk():
+    """Write results/disk.tsv (graftlab.disk) and log its table: the disk a finished run uses, per rule."""
+    from graftlab.disk import write_report
+
+    table = write_report(Path("."), Path("results/disk.tsv"))
+    logger.info(f"Disk used, per rule:\n{table}")
+
+
 def rope_dir(name):
     """The fetched directory of the model whose rope scaling model `name` copies, or [] for none."""
     other = MODELS[name].get("rope_from")

@@ -142,7 +142,7 @@ rule chain_graft:
         "../envs/cpu.yaml"
     threads: config["threads"]["sample"]
     resources:
-        **sized("graft"),
+        **sized("chain_graft"),
     params:
         donor=lambda w: chains(w).donor_pair(wchain(w, w.form), stage_of(w))[0][1],
         epoch=lambda w: chains(w).epochs(stage_of(w)),

@@ -19,16 +19,6 @@ rule evaluate:
     resources:
         **sized("evaluate"),
     params:
-        model=lambda w: layout(w).eval_model(w.run)[1],
-        benchmarks=lambda w: layout(w).eval_benchmarks(),
-        # Only what sampling uses: switching donor_sft on or off must not re-run evaluations.
-        sampling=lambda w: {
-            k: v
-            for k, v in xcfg(w, "eval").items()
-            if k not in ("donor_sft", "validation")
-        },
-        validation=lambda w: xcfg(w, "eval", "validation"),
-        seed=lambda w: xcfg(w, "seed"),
-        backend={"backend": config["sampling_backend"], **config["vllm"]},
+        **eval_params(model=lambda w: layout(w).eval_model(w.run)[1]),
     script:
         "../workflow_scripts/evaluate.py"

@@ -1,6 +1,14 @@
 # Grafting: post + lam * M(donor_tuned - donor), M the identity (mask~none/rho~0) or a retention-Fisher
 # mask zeroing the top-rho fraction of the update. With donor = post this is model merging.
-# Grafted models are temporary: evaluated, then deleted.
+# A grafted model exists only inside its job: grafted into the job's scratch directory, evaluated, its
+# update's sensitivity share measured, then deleted. Each job holds one `temp_grafts` resource, so
+# `--resources temp_grafts=N` (N in the profile) bounds the grafts on disk at once; a temp() output
+# evaluated by a later job could not be bounded (docs/cluster.md#disk). The outputs are the evaluation's
+# and the sensitivity job's own paths: every reader finds them where it finds an SFT model's.
+
+
+ruleorder: graft > evaluate
+ruleorder: graft > sensitivity_update
 
 
 rule graft:
@@ -9,29 +17,32 @@ rule graft:
         donor=lambda w: layout(w).model_input(w.donor),
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
         fisher=lambda w: layout(w).graft_fisher(w.mask, w.rho),
+        benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+        sensitivity_fisher="results/{exp}/fisher/post/diag",
     output:
-        model=temp(
-            directory(
-                "results/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/model"
-            )
-        ),
-        # Kept after the model is evaluated and deleted: the latency analysis charges each graft its time.
+        metrics="results/{exp}/eval/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/metrics.json",
+        share="results/{exp}/sensitivity/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/share.parquet",
+        # The latency analysis charges each graft its time; graftlab.disk reads when its model existed.
         seconds="results/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/seconds.json",
     log:
         "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}.log",
     benchmark:
         "benchmarks/jobs/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}.tsv"
     conda:
-        "../envs/cpu.yaml"
+        "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("graft"),
+        temp_grafts=1,
     params:
+        **eval_params(),
         donor=lambda w: layout(w).model_dir(w.donor),
+        run=graft_run,
         epoch=lambda w: w.epoch,
         lam=lambda w: w.lam,
         mask=lambda w: w.mask,
         rho=lambda w: w.rho,
         mask_settings=lambda w: layout(w).mask_settings(w.donor, w.mask),
+        top=SENSITIVITY_TOP,
     script:
         "../workflow_scripts/graft.py"

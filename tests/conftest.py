@@ -108,7 +108,8 @@ def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -
 # models on one thread: they are started in the background when the session starts and run beside the
 # other tests, each test that reads one waiting for it (`Background.wait`). Every job gets one thread
 # (--max-threads 1) so that no torch process spins on a core another process holds.
-WHOLE_RUN = ("--cores", "2", "--max-threads", "1", "--quiet")
+# One temporary graft at a time: the cap's test (test_workflow) reads that none overlapped.
+WHOLE_RUN = ("--cores", "2", "--max-threads", "1", "--resources", "temp_grafts=1", "--quiet")
 # fixture name -> (module file that defines the fixture, or None for conftest's; prepare(workdir) -> the
 # snakemake arguments after the workdir, as `snakemake` takes them).
 BACKGROUND: dict[str, tuple[str | None, Callable[[Path], tuple[tuple[str, ...], tuple[Path, ...]]]]] = {}

@@ -29,10 +29,20 @@ def test_sampling_and_cpu_jobs_by_hand():
     # OPSD decodes and passes whole sequences: 1.2e17 FLOPs at 40e12/s + 7.2e17 at 120e12/s = 3,000 + 6,000 s.
     o = job_resources("opsd", 1e9, generate=1.2e17, compute=7.2e17)
     assert (o["gpu"], o["runtime"]) == (1, 160)
-    # A graft holds 16 bytes/param in host memory: 4 GB + 128 GB.
-    g = job_resources("graft", 8e9, partitions=PARTITIONS)
-    assert (g["gpu"], g["mem_mb"], g["cpus_per_task"], g["slurm_partition"]) == (0, 132000, 1, "cpu-part")
-    assert "slurm_partition" not in job_resources("graft", 8e9)  # no cluster: no partition
+    # A graft job grafts (16 bytes/param in host memory: 4 GB + 128 GB, streamed at 50 MB/s: 42.7 min) and
+    # evaluates its model on a GPU (1.2e17 FLOPs at 40e12/s: 50 min), + 10 min.
+    g = job_resources("graft", 8e9, generate=1.2e17, partitions=PARTITIONS)
+    assert (g["gpu"], g["mem_mb"], g["runtime"], g["slurm_partition"]) == (1, 132000, 103, "gpu-part")
+    # A continual chain's graft is kept for the next stage and evaluated apart: a CPU job.
+    c = job_resources("chain_graft", 8e9, partitions=PARTITIONS)
+    assert (c["gpu"], c["mem_mb"], c["runtime"], c["cpus_per_task"], c["slurm_partition"]) == (
+        0,
+        132000,
+        53,
+        1,
+        "cpu-part",
+    )
+    assert "slurm_partition" not in job_resources("chain_graft", 8e9)  # no cluster: no partition
     assert job_resources("mine", 1e12, generate=2e23)["runtime"] == 48 * 60  # capped
 
 
@@ -81,6 +91,7 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
         "rollouts",
         "fisher",
         "evaluate",
+        "graft",
     }
     # Qwen3-1.7B (the preset's 1.72e9 hint): one GPU each, 4 GB + 4 bytes/param of host memory.
     assert all(seen[r][:2] == (1, 10880) for r in ("mine", "star", "sft", "fisher", "evaluate"))
@@ -91,7 +102,11 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
     # Mining samples 16 x 10,000: 2 x 1.72e9 x 160,000 x 8,704 = 4.7907e18 at 40e12/s = 1,996.1 min, + 10;
     # STaR 32 attempts x 4,800: 2 x 1.72e9 x 153,600 x 8,704 = 4.5991e18 = 1,916.3 min, + 10.
     assert (seen["mine"][2], seen["star"][2]) == (2007, 1927)
-    assert seen["graft"] == (0, 4000 + 16 * 1720, 20)  # 16 bytes/param, streamed at 50 MB/s
+    # A graft job evaluates its model as an evaluation of a model that size does (the donor is the base
+    # model, as large as post), after streaming 16 bytes/param through host memory at 50 MB/s: 9.2 minutes.
+    assert seen["graft"][:2] == (1, 4000 + 16 * 1720)
+    assert seen["graft"][2] - seen["evaluate"][2] in (9, 10)
+    assert all(res["temp_grafts"] == "1" for rule, res in jobs if rule == "graft")
     assert seen["fetch_model"][0] == 0
 
 

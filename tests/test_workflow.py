@@ -91,7 +91,25 @@ def test_models_load_in_transformers_and_grafts_are_temporary(smoke):
     for model in ["results/world/ladder/step~50", "results/world/post", "results/expert/sft/post/lr~1e-3/epoch~2"]:
         AutoModelForCausalLM.from_pretrained(smoke / model)
         assert AutoTokenizer.from_pretrained(smoke / model).eos_token == "<|im_end|>"
-    assert not list((smoke / "results/expert/graft").rglob("model.safetensors"))
+    assert not list((smoke / "results").rglob("graft/**/model.safetensors"))
+
+
+def test_grafts_on_disk_never_exceed_the_cap_and_the_run_reports_its_disk(smoke):
+    # The smoke run holds `--resources temp_grafts=1` on 2 cores (conftest.WHOLE_RUN): every graft's model
+    # existed alone, though other jobs ran beside the grafts.
+    from graftlab.disk import graft_peak
+
+    records = [json.loads(p.read_text()) for p in (smoke / "results").glob("*/graft/**/seconds.json")]
+    assert len(records) == 25 and all(r["model_bytes"] > 0 for r in records)
+    spans = sorted((r["model_written_at"], r["model_deleted_at"]) for r in records)
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+    count, peak = graft_peak(smoke)
+    assert count == 1 and peak == max(r["model_bytes"] for r in records)
+    # results/disk.tsv, written when the run succeeded: every rule that left outputs, and the grafts' peak.
+    disk = pl.read_csv(smoke / "results/disk.tsv", separator="\t")
+    assert {"sft", "fisher", "evaluate", "graft", "world_pretrain", "graft (temporary, peak)"} <= set(disk["rule"])
+    sft = disk.filter(rule="sft")
+    assert sft["outputs"].item() == 12
 
 
 def test_evaluation_records_and_metrics(smoke):

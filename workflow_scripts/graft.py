@@ -1,19 +1,50 @@
 """Graft one donor update onto the post model (merging when the donor is the post model), masked by the
-post model's retention Fisher unless the mask is `none`; the seconds it took go to `seconds.json`."""
+post model's retention Fisher unless the mask is `none`, into this job's scratch directory; evaluate it,
+measure its update's sensitivity share, delete it. `seconds.json` holds the graft's seconds, and when its
+model was written and deleted (unix seconds) and its bytes: the latency analysis reads the one,
+`graftlab.disk` the others."""
 
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from graftlab.analysis.sensitivity_shares import write_update_sensitivity
 from graftlab.atomic import write_json
+from graftlab.disk import size_of
+from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.fisher import make_mask
 from graftlab.graft import graft
 from graftlab.joblog import job_log, timed
+from graftlab.sampling import Engine, SamplingConfig
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 tuned = f"{inp.tuned}/epoch~{p.epoch}"
-seconds = {}
+record = {}
 with job_log(snakemake.log[0], snakemake.threads):
-    # One figure for mask and graft: a mask may rank lazily, tensor by tensor, while the graft runs.
-    with timed(seconds, "graft_s"):
-        mask = None
-        if p.mask != "none":
-            mask = make_mask(p.mask, inp.fisher, inp.post, p.donor, tuned, float(p.rho), **p.mask_settings)
-        graft(inp.post, p.donor, tuned, float(p.lam), out.model, project=mask)
-    write_json(out.seconds, seconds)
+    scratch = Path(tempfile.mkdtemp(prefix="graft-", dir=snakemake.resources.tmpdir))
+    try:
+        model = scratch / "model"
+        record["model_written_at"] = time.time()
+        # One figure for mask and graft: a mask may rank lazily, tensor by tensor, while the graft runs.
+        with timed(record, "graft_s"):
+            mask = None
+            if p.mask != "none":
+                mask = make_mask(p.mask, inp.fisher, inp.post, p.donor, tuned, float(p.rho), **p.mask_settings)
+            graft(inp.post, p.donor, tuned, float(p.lam), model, project=mask)
+        record["model_bytes"] = size_of(model)
+        benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
+        evaluate(
+            model,
+            benchmarks,
+            SamplingConfig.from_config(p.sampling, p.seed),
+            Path(out.metrics).parent,
+            p.run,
+            Engine.of(p.backend, seed=p.seed),
+            validation=p.validation,
+        )
+        write_update_sensitivity(inp.sensitivity_fisher, inp.post, p.run, model, out.share, top=p.top)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        record["model_deleted_at"] = time.time()
+    write_json(out.seconds, record)

@@ -192,7 +192,7 @@ def _add_drift(subparsers: argparse._SubParsersAction) -> None:
 def _cmd_plan(args: argparse.Namespace) -> None:
     from graftlab.config import ConfigError
     from graftlab.errors import GraftlabError
-    from graftlab.plan import Assumptions, dag_jobs, estimate, load_config, render
+    from graftlab.plan import Assumptions, dag_jobs, estimate, free_disk, load_config, render
 
     fields = [f.name for f in dataclasses.fields(Assumptions)]
     try:
@@ -209,6 +209,9 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     except (ConfigError, ValueError, RuntimeError) as e:
         raise GraftlabError(str(e)) from None
     print(render(plan))
+    free = args.disk_free * 1e9 if args.disk_free is not None else free_disk(Path(args.directory))
+    if problem := plan.shortfall(free):
+        raise GraftlabError(f"{problem} ({args.directory})")
 
 
 def _add_plan(subparsers: argparse._SubParsersAction) -> None:
@@ -231,8 +234,13 @@ def _add_plan(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--benchmark-problems", type=int, default=a.benchmark_problems, help="problems per benchmark")
     p.add_argument("--kept", type=float, default=a.kept, help="share of candidates mining keeps")
     p.add_argument("--checkpoint-bytes", type=int, default=a.checkpoint_bytes, help="bytes per saved parameter")
-    p.add_argument("--jobs", type=int, default=a.jobs, help="jobs at once, as snakemake --jobs (graft disk peak)")
+    p.add_argument("--jobs", type=int, default=a.jobs, help="jobs at once, as snakemake --jobs")
+    p.add_argument(
+        "--temp-grafts", type=int, default=a.temp_grafts, help="grafts on disk at once, as --resources temp_grafts=N"
+    )
     p.add_argument("--dag", action="store_true", help="check the job counts against Snakemake's dry-run")
+    p.add_argument("--directory", default=".", help="where the run will write (the disk checked for room)")
+    p.add_argument("--disk-free", type=float, help="GB free for the run (default: measured at --directory)")
     p.set_defaults(run=_cmd_plan)
 
 

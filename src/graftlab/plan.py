@@ -27,7 +27,8 @@ class Assumptions(work.Assumptions):
     mfu: float = 0.3  # share of the GPU's peak FLOP/s a whole-sequence pass reaches
     decode_mfu: float = 0.1  # share that decoding reaches: it is bound by memory bandwidth
     gpu_flops: float = 989e12  # an H100's dense bf16 peak
-    jobs: int = 1  # jobs at once (Snakemake's --jobs): bounds the grafts on disk together
+    jobs: int = 1  # jobs at once (Snakemake's --jobs)
+    temp_grafts: int = 2  # grafts on disk at once (`--resources temp_grafts=N`, profiles/default)
 
 
 @dataclass
@@ -75,8 +76,10 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     # The sensitivity analysis always ranks by the diagonal Fisher; masks may add kfac.
     kinds = sorted({"diag"} | {r.keys["mask"] for r in grafts} - {"none"})
     jobs += [("rollouts", {})] + [("fisher", {"mask": k}) for k in kinds] + [("graft", {})] * len(grafts)
-    jobs += [("evaluate", {"run": r.key}) for r in runs]
-    jobs += [("sensitivity_update", {})] * len(layout.sensitivity_runs())
+    # A graft job evaluates its own model and measures its sensitivity share (rules/graft.smk).
+    jobs += [("evaluate", {"run": r.key}) for r in runs if r.kind != "graft"]
+    grafted = {r.key for r in grafts}
+    jobs += [("sensitivity_update", {})] * len(set(layout.sensitivity_runs()) - grafted)
     return jobs + [(rule, {}) for rule in ("summary", "pareto", "latency", "sensitivity", "gain_forgetting")]
 
 
@@ -84,7 +87,6 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
 # reads them there). A rule not listed is sized under its own name.
 SIZED_AS = {
     "chain_sft": "sft",
-    "chain_graft": "graft",
     "chain_rollouts": "rollouts",
     "chain_fisher": "fisher",
     "chain_opsd": "opsd",
@@ -214,6 +216,27 @@ class Plan:
         disk together at the worst moment."""
         return self.total.kept + self.temp_peak
 
+    def shortfall(self, free: float) -> str | None:
+        """Why the run would not fit in `free` bytes of disk, or None when it fits."""
+        if self.peak_disk <= free:
+            return None
+        biggest = max(self.costs, key=lambda rule: self.costs[rule].kept)
+        return (
+            f"the run needs {self.peak_disk / GB:.3g} GB of disk at its peak but {free / GB:.3g} GB are free; "
+            f"{biggest} keeps the most ({self.costs[biggest].kept / GB:.3g} GB): fewer sweep values, "
+            f"save_dtype bf16 or fewer --resources temp_grafts shrink it"
+        )
+
+
+def free_disk(directory: Path) -> float:
+    """Free bytes on the file system `directory` would live on (its nearest existing ancestor)."""
+    import shutil
+
+    directory = directory.resolve()
+    while not directory.exists():
+        directory = directory.parent
+    return float(shutil.disk_usage(directory).free)
+
 
 def _fetched(config: dict, x: dict) -> set[str]:
     """The models an experiment fetches: its post model, donors and (teacher traces) teacher; a continual
@@ -243,9 +266,8 @@ def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root
 def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path(".")) -> Plan:
     """The plan of a resolved config (graftlab.config.resolve): each rule's jobs, FLOPs and bytes.
 
-    Peak disk assumes Snakemake deletes a temp() graft once its evaluation and sensitivity jobs are done
-    and runs those as soon as the graft exists: then at most `a.jobs` grafts are being written and as
-    many await evaluation. A scheduler that writes every graft first would need all of them at once.
+    A grafted model lives in its own job's scratch, which evaluates and deletes it (rules/graft.smk), and
+    each job holds a `temp_grafts` resource: at most min(`a.jobs`, `a.temp_grafts`) are on disk at once.
     """
     costs = _Costs()
     grafts: list[float] = []
@@ -267,7 +289,7 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     for key, uses in by_world.items():
         _world(costs, worlds[key], uses)
     _analysis(costs, config)
-    temp_peak = sum(sorted(grafts, reverse=True)[: 2 * a.jobs])
+    temp_peak = sum(sorted(grafts, reverse=True)[: min(a.jobs, a.temp_grafts)])
     return Plan({r: c for r, c in costs.items() if c.jobs}, a, notes, temp_peak)
 
 
@@ -296,17 +318,19 @@ def render(plan: Plan) -> str:
     """The plan as Markdown: a row per rule, the totals, the disk peak and what it assumed."""
     a = plan.assumptions
     rules = sorted(plan.costs, key=lambda r: (ORDER.index(r) if r in ORDER else len(ORDER), r))
-    lines = ["| rule | jobs | GPU-hours | disk written (GB) |", "|---|---:|---:|---:|"]
+    # "kept" is what the rule's outputs use on disk after the run: `graftlab.disk` measures the same per rule.
+    lines = ["| rule | jobs | GPU-hours | disk written (GB) | kept (GB) |", "|---|---:|---:|---:|---:|"]
     for rule in rules:
         c = plan.costs[rule]
-        lines.append(f"| {rule} | {c.jobs} | {_hours(plan.gpu_hours(c))} | {c.written / GB:.3g} |")
+        lines.append(f"| {rule} | {c.jobs} | {_hours(plan.gpu_hours(c))} | {c.written / GB:.3g} | {c.kept / GB:.3g} |")
     t = plan.total
-    lines.append(f"| **total** | **{t.jobs}** | **{_hours(plan.gpu_hours(t))}** | **{t.written / GB:.3g}** |")
+    total = (f"**{t.jobs}**", f"**{_hours(plan.gpu_hours(t))}**", f"**{t.written / GB:.3g}**", f"**{t.kept / GB:.3g}**")
+    lines.append("| **total** | " + " | ".join(total) + " |")
     lines += [
         "",
         f"Peak disk: {plan.peak_disk / GB:.3g} GB = {t.kept / GB:.3g} GB kept to the end (checkpoints, Fishers, "
-        f"fetched models) + {plan.temp_peak / GB:.3g} GB of temporary grafts (at most {2 * a.jobs} at once: "
-        f"{a.jobs} being written and {a.jobs} awaiting evaluation, at --jobs {a.jobs}).",
+        f"fetched models) + {plan.temp_peak / GB:.3g} GB of temporary grafts (at most "
+        f"{min(a.jobs, a.temp_grafts)} at once: --jobs {a.jobs}, --resources temp_grafts={a.temp_grafts}).",
         "",
         f"Assumed: {a.gpu_flops:.3g} FLOP/s per GPU at {a.mfu:g} utilisation for whole-sequence passes and "
         f"{a.decode_mfu:g} for decoding; 2 x params FLOPs per sampled or scored token, 6 x params per trained or "

@@ -47,6 +47,7 @@ SAMPLE = (
     "pedagogical_traces",
     "rollouts",
     "evaluate",
+    "graft",  # grafts, then evaluates its model (rules/graft.smk)
     "chain_rollouts",
     "response_kl",
     "stage_star",
@@ -54,7 +55,8 @@ SAMPLE = (
 FISHER = ("fisher", "chain_fisher")
 GPU_KINDS = TRAIN + SAMPLE + FISHER
 # Host-memory bytes per parameter of the CPU rules that hold whole models.
-CPU_BYTES_PER_PARAM = {"graft": 16, "sensitivity_update": 8}
+# A graft streams its three inputs through host memory (graftlab.graft), on a GPU node too.
+HOST_BYTES_PER_PARAM = {"graft": 16, "chain_graft": 16, "sensitivity_update": 8}
 CPU_MEM_MB = {"dataset": 8000, "fetch_model": 4000}
 CPU_KINDS = (
     "all",
@@ -67,7 +69,6 @@ CPU_KINDS = (
     "expert_traces",
     "fetch_model",
     "gain_forgetting",
-    "graft",
     "knowledge",
     "latency",
     "moe",
@@ -121,13 +122,15 @@ def job_resources(
     kind = classify(rule)
     grow = GROWTH ** (attempt - 1)
     gpus = 0
+    host = HOST_BYTES_PER_PARAM.get(rule, 0)
+    streamed = params * host / 50e6 / 60  # minutes of tensors streamed through host memory at ~50 MB/s
     if kind == "gpu":
         gpus = max(1, math.ceil(params * _gpu_bytes(rule) * HEADROOM / (GPU_MEMORY_GB * 1e9)))
-        mem_mb = BASE_MEM_MB + params * 4 / 1e6
-        runtime = SETUP_MIN + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / gpus / 60
+        mem_mb = BASE_MEM_MB + params * max(4, host) / 1e6
+        runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / gpus / 60
     else:
-        mem_mb = CPU_MEM_MB.get(rule, BASE_MEM_MB) + params * CPU_BYTES_PER_PARAM.get(rule, 0) / 1e6
-        runtime = SETUP_MIN + params * CPU_BYTES_PER_PARAM.get(rule, 0) / 50e6 / 60  # ~50 MB/s of tensors
+        mem_mb = CPU_MEM_MB.get(rule, BASE_MEM_MB) + params * host / 1e6
+        runtime = SETUP_MIN + streamed
     out = {
         "gpu": gpus,
         "mem_mb": math.ceil(mem_mb * grow),

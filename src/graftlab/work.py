@@ -282,8 +282,9 @@ def job_work(
         base = run["donor"] if run["method"] in ("donor", "donor_sft", "sft") and run["donor"] else POST
         model = model_of(config, layout, base, root)
         return Work(model, generate=2 * model.params * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"]))
-    if rule == "graft":
-        return Work(post, written=post.bytes, kept=0)  # temp(): deleted once evaluated
+    if rule == "graft":  # grafted in the job's scratch, evaluated there and deleted: written, never kept
+        generate = 2 * P * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"])
+        return Work(post, generate=generate, written=post.bytes, kept=0)
     if rule == "fetch_model":
         model = model_of(config, layout, wildcards["name"], root)
         return Work(model, written=model.bytes)
@@ -309,7 +310,7 @@ def continual_work(
     view = layout.stage_view(min(k + 1 if rule in ("rollouts", "fisher") else k, len(layout.stages)))
     if rule == "sft":
         return sft_work(model_of(config, view, wildcards["donor"], root), view.x, stage_examples(layout, k, a), a)
-    if rule == "graft":
+    if rule == "chain_graft":
         post = model_of(config, view, POST, root)
         return Work(post, written=post.bytes)  # kept: the chain's next stage starts from it
     if rule == "star":  # a `data: star` stage: the post model samples its training problems
