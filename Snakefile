@@ -27,6 +27,8 @@ rule all:
         expand("results/{exp}/summary.parquet", exp=EXPERIMENTS),
         expand("results/{exp}/sensitivity.png", exp=EXPERIMENTS),
         "results/moe/moe.png",
+        # Every summary table as a report page (`snakemake --report`).
+        "results/tables",
         expand("results/{exp}/latency.png", exp=EXPERIMENTS),
         expand("results/{exp}/gain_forgetting.png", exp=EXPERIMENTS),
         expand("results/{exp}/gain_forgetting.parquet", exp=EXPERIMENTS),

@@ -240,6 +240,6 @@ def test_continual_jobs_match_snakemake_dag(tmp_path, capsys, monkeypatch):
     path = tmp_path / "continual.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.chdir(ROOT)
-    assert main(["plan", "--configfile", str(path), "--dag"]) == 0
+    assert main(["plan", "--configfile", str(path), "--dag", "--disk-free", "1e6"]) == 0
     out = capsys.readouterr().out
     assert "| chain_fisher | 8 |" in out and "Snakemake's DAG has the same jobs per rule." in out

@@ -10,12 +10,12 @@ from tests.conftest import REPO, snakemake
 
 # Jobs of a dry-run from nothing: fetches, data sets, traces, SFT, grafts, evaluations, analysis.
 PRESETS = {
-    "qwen3-1.7b-star.yaml": 150,
-    "qwen3-1.7b-teacher.yaml": 291,
-    "qwen3-8b-star.yaml": 150,
-    "olmo3-7b-knowledge.yaml": 508,
-    "qwen3-4b-sdpo.yaml": 185,
-    "qwen3-4b-continual.yaml": 152,
+    "qwen3-1.7b-star.yaml": 79,
+    "qwen3-1.7b-teacher.yaml": 148,
+    "qwen3-8b-star.yaml": 79,
+    "olmo3-7b-knowledge.yaml": 239,
+    "qwen3-4b-sdpo.yaml": 144,
+    "qwen3-4b-continual.yaml": 153,
 }
 
 

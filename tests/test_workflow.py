@@ -22,6 +22,7 @@ ANALYSES = {
     "gain_forgetting": 1,
     "takeover": 1,
     "study": 1,
+    "report_tables": 1,
     "all": 1,
 }
 
@@ -203,7 +204,8 @@ def test_drift_and_the_study_cover_every_tiny_world_experiment(smoke):
 
 def test_the_study_can_cover_part_of_the_experiments(smoke, tmp_path):
     part = write_config(tmp_path, "part", {"study": {"experiments": ["narrow"]}})
-    assert planned_jobs(smoke, part) == {"study": 1, "all": 1}  # the table only; every result is kept
+    # The table and its report page only; every result is kept.
+    assert planned_jobs(smoke, part) == {"study": 1, "report_tables": 1, "all": 1}
 
 
 def test_takeover_reads_every_run_of_the_tiny_world_experiments(smoke):
@@ -237,27 +239,27 @@ def test_second_run_schedules_nothing(smoke):
 
 def test_new_lambda_schedules_only_its_grafts_and_evaluations(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "lam", {"graft": {"lam": ["1", "2"]}}))
-    # Unmasked and diag-masked (masks.lam follows graft.lam) at both epochs.
-    # Each new update is also measured for the sensitive-weight analysis, while its graft exists.
-    assert jobs == {"graft": 4, "evaluate": 4, "sensitivity_update": 4} | ANALYSES
+    # Unmasked and diag-masked (masks.lam follows graft.lam) at both epochs. Each graft job evaluates its
+    # model and measures its update for the sensitive-weight analysis (rules/graft.smk).
+    assert jobs == {"graft": 4} | ANALYSES
 
 
 def test_new_rho_schedules_only_its_masked_grafts_not_the_fisher(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "rho", {"graft": {"masks": {"rho": ["0.1", "0.2", "0.5"]}}}))
-    expected = {"graft": 4, "evaluate": 4, "sensitivity_update": 4}  # 2 rho x 2 epochs
+    expected = {"graft": 4}  # 2 rho x 2 epochs
     assert jobs == expected | ANALYSES
 
 
 def test_new_mask_kind_computes_its_fisher_once_from_the_same_rollouts(smoke, tmp_path):
     both = {"kinds": ["diag", "kfac"]}
     jobs = planned_jobs(smoke, overlay(tmp_path, "kfac", {"graft": {"masks": both}, "merge": {"masks": both}}))
-    expected = {"fisher": 1, "graft": 3, "evaluate": 3, "sensitivity_update": 3}
+    expected = {"fisher": 1, "graft": 3}
     assert jobs == expected | ANALYSES
 
 
 def test_mask_settings_rerun_masked_grafts_only(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "scope", {"graft": {"masks": {"scope": "tensor"}}}))
-    expected = {"graft": 2, "evaluate": 2, "sensitivity_update": 2}
+    expected = {"graft": 2}
     assert jobs == expected | ANALYSES
 
 
@@ -265,11 +267,10 @@ def test_fisher_settings_rerun_the_fisher_they_shape_and_never_the_rollouts(smok
     assert planned_jobs(smoke, overlay(tmp_path, "ekfac", {"fisher": {"ekfac": True}})) == Counter()  # no KFAC in use
     # The batch size is memory, not results: nothing re-runs.
     assert planned_jobs(smoke, overlay(tmp_path, "batch", {"fisher": {"batch_size": 4}})) == Counter()
-    # More rollouts: new rollouts, a new Fisher, its masked grafts, and every update's sensitivity (the
-    # temporary grafts are rebuilt for it, and so re-evaluated): 2 SFT epochs, 7 grafts, 3 OPSD, 1 GRPO and
-    # 4 SDPO runs.
+    # More rollouts: new rollouts, a new Fisher, and every update's sensitivity: the 7 graft jobs (which
+    # measure their own, and so graft and evaluate again), and 2 SFT epochs, 3 OPSD, 1 GRPO and 4 SDPO runs.
     jobs = planned_jobs(smoke, overlay(tmp_path, "more", {"fisher": {"rollouts": 30}}))
-    assert jobs["rollouts"] == 1 and jobs["fisher"] == 1 and jobs["sensitivity_update"] == 17 and jobs["graft"] == 7
+    assert jobs["rollouts"] == 1 and jobs["fisher"] == 1 and jobs["sensitivity_update"] == 10 and jobs["graft"] == 7
     assert not {"opsd", "grpo", "sdpo"} & set(jobs)  # the runs themselves are kept
 
 
@@ -283,15 +284,16 @@ def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
 
 def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "lr", {"sft": {"lr": ["2e-3"]}}))
-    # SFT of post and of the donor; per epoch one graft and one merge, the grafts masked too, the merge
-    # masked at epoch 2; every new model evaluated. The Fisher belongs to the post model: kept.
-    expected = {"sft": 2, "graft": 4 + 3, "evaluate": 4 + 7, "sensitivity_update": 2 + 7}  # SFT of post + grafts
+    # SFT of post and of the donor, each evaluated per epoch; per epoch one graft and one merge, the grafts
+    # masked too, the merge masked at epoch 2, each graft job evaluating its own model. The Fisher belongs to
+    # the post model: kept.
+    expected = {"sft": 2, "graft": 4 + 3, "evaluate": 4, "sensitivity_update": 2}  # SFT of post
     assert jobs == expected | ANALYSES | {"drift": 1}  # new SFT updates: the cosines with the donor's
 
 
 # The smoke experiment `narrow` on its own world: every job of it, as re-planned when its inputs change.
-NARROW = {"mine": 1, "expert_traces": 1, "sft": 2, "graft": 2, "opsd": 1, "rollouts": 1, "fisher": 1, "evaluate": 6}
-NARROW |= {"sensitivity_update": 5, "drift": 1} | ANALYSES
+NARROW = {"mine": 1, "expert_traces": 1, "sft": 2, "graft": 2, "opsd": 1, "rollouts": 1, "fisher": 1, "evaluate": 4}
+NARROW |= {"sensitivity_update": 3, "drift": 1} | ANALYSES
 # A world's build: three old-task benchmarks, a job each.
 WORLD_BUILD = {"world_tokenizer": 1, "world_benchmarks": 3, "world_candidates": 1, "world_corpus": 1}
 WORLD_BUILD |= {"world_pretrain": 1, "world_posttrain": 1}

@@ -180,7 +180,7 @@ def _world(costs: dict, world: dict, uses: list[dict]) -> None:
 
 def _analysis(costs: dict, config: dict) -> None:
     """The analyses over experiments: the study, where it holds an experiment, with the drift and takeover
-    tables of its experiments, and the MoE model. A continual experiment is
+    tables of its experiments, the MoE model and the report's tables. A continual experiment is
     no part of the study; its own analyses are among its jobs (`continual_jobs`)."""
     study = study_experiments(config)
     for e in study:
@@ -188,7 +188,7 @@ def _analysis(costs: dict, config: dict) -> None:
             costs["drift"].add()
         if e["takeover"]:
             costs["takeover"].add()
-    for rule in ("study", "moe", "all") if study else ("moe", "all"):
+    for rule in ("study", "moe", "report_tables", "all") if study else ("moe", "report_tables", "all"):
         costs[rule].add()
 
 
@@ -305,7 +305,7 @@ ORDER = (
     "dataset stage_data mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces "
     "sft chain_sft opsd grpo sdpo chain_opsd chain_grpo chain_sdpo rollouts fisher graft chain_graft "
     "chain_rollouts chain_fisher evaluate sensitivity_update summary pareto latency sensitivity gain_forgetting "
-    "continual param_drift response_kl drift takeover study moe all"
+    "continual param_drift response_kl drift takeover study moe report_tables all"
 ).split()
 GB = 1e9
 

@@ -73,6 +73,7 @@ CPU_KINDS = (
     "latency",
     "moe",
     "pareto",
+    "report_tables",
     "sensitivity",
     "sensitivity_update",
     "study",
