@@ -80,6 +80,7 @@ def test_identity_graft_from_the_command_line_leaves_torch_out(tmp_path):
         ) as w:
             w.write_bytes("w", (4, 3), rng.integers(0x3C00, 0x4000, 12, dtype=np.uint16))
             w.write_bytes("ids", (2,), np.arange(2, dtype=np.int64))
+        (tmp_path / role / "config.json").write_text('{"model_type": "toy"}')  # graft refuses a dir without one
         dirs.append(str(tmp_path / role))
     code = (
         "import sys; from graftlab.cli import main; "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from graftlab import inspect_cli  # its parser only: polars and Snakemake load when it runs
 from graftlab.fisher import KINDS  # names only: the kinds' modules (torch) load when one runs
+from graftlab.provenance import refuse_foreign_dir  # standard library only
 from graftlab.train import sft_cli  # its parser only: training loads when `graftlab sft` runs
 
 
@@ -24,23 +25,6 @@ def _set_threads(threads: int | None) -> None:
         # Rules run several jobs side by side; two torch processes with 2 threads each
         # on 2 cores ran 7x slower than one.
         torch.set_num_threads(threads)
-
-
-def refuse_foreign_dir(out: str | Path) -> None:
-    """Refuse an output directory that exists, is not empty and has no graftlab.json: the command
-    writes its output atomically, which replaces the directory whole, and a user's own directory
-    given as --out by mistake must not vanish. One that graftlab wrote (a re-run) is replaced."""
-    from graftlab.errors import GraftlabError
-    from graftlab.provenance import PROVENANCE_NAME
-
-    path = Path(out)
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        raise GraftlabError(f"--out {out} exists and is not a directory; choose another --out")
-    if path.is_dir() and any(path.iterdir()) and not (path / PROVENANCE_NAME).is_file():
-        raise GraftlabError(
-            f"--out {out} is a non-empty directory without {PROVENANCE_NAME}, so not graftlab's output, and "
-            "writing it would replace it whole; choose another --out or remove it"
-        )
 
 
 def _cmd_graft(args: argparse.Namespace) -> None:

@@ -56,3 +56,19 @@ def write_provenance(
     path = Path(out_dir) / PROVENANCE_NAME
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     return path
+
+
+def refuse_foreign_dir(out: str | Path) -> None:
+    """Refuse an output directory that exists, is not empty and has no graftlab.json: the command
+    writes its output atomically, which replaces the directory whole, and a user's own directory
+    given as --out by mistake must not vanish. One that graftlab wrote (a re-run) is replaced."""
+    from graftlab.errors import GraftlabError
+
+    path = Path(out)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise GraftlabError(f"--out {out} exists and is not a directory; choose another --out")
+    if path.is_dir() and any(path.iterdir()) and not (path / PROVENANCE_NAME).is_file():
+        raise GraftlabError(
+            f"--out {out} is a non-empty directory without {PROVENANCE_NAME}, so not graftlab's output, and "
+            "writing it would replace it whole; choose another --out or remove it"
+        )

@@ -9,9 +9,8 @@ kind is used: this package is imported by every workflow parse, which must not p
 import importlib
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from graftlab.atomic import write_json
+from graftlab.atomic import atomic_dir, write_json
 from graftlab.errors import GraftlabError
 
 
@@ -68,9 +67,11 @@ def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int =
     if unknown:
         raise GraftlabError(f"options {unknown} do not apply to Fisher kind {kind} (its options: {list(spec.options)})")
     start = time.perf_counter()
-    _resolve(spec.writer)(model_dir, rollouts_path, Path(out_dir), batch_size, **options)
-    # Beside the Fisher, for the latency analysis: a masked graft is charged the Fisher it ranks by.
-    write_json(Path(out_dir) / "seconds.json", {"fisher_s": time.perf_counter() - start})
+    # The seconds go inside the same atomic directory as the Fisher (a kill between the two must not leave
+    # a Fisher without them), for the latency analysis: a masked graft is charged the Fisher it ranks by.
+    with atomic_dir(out_dir) as tmp:
+        _resolve(spec.writer)(model_dir, rollouts_path, tmp, batch_size, **options)
+        write_json(tmp / "seconds.json", {"fisher_s": time.perf_counter() - start})
 
 
 def make_mask(

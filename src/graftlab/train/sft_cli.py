@@ -104,7 +104,7 @@ def _config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> None:
     """Train and write DIR (`args.out`); every refusal is a GraftlabError raised before DIR exists."""
-    from graftlab.cli import refuse_foreign_dir
+    from graftlab.provenance import refuse_foreign_dir
     from graftlab.safetensors_io import refuse_nonfinite
 
     cfg = _config(args)
