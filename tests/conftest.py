@@ -177,6 +177,27 @@ def _uses(item: pytest.Item, fixture: str, module: str | None) -> bool:
     return Path(defs[-1].func.__code__.co_filename).resolve() == Path(module or __file__).resolve()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--determinism",
+        action="store_true",
+        help="also run the tests marked determinism: configs/smoke.yaml run whole a second time, beside the first",
+    )
+
+
+def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:
+    """Deselect the determinism tests unless asked for (a second whole smoke run doubles the suite's
+    critical path); then tests that wait for a whole run go last, in their order: one early in the file
+    order would hold every later unit test until the run is done, when they should run beside it."""
+    if not config.getoption("--determinism"):
+        skipped = [item for item in items if item.get_closest_marker("determinism")]
+        if skipped:
+            config.hook.pytest_deselected(items=skipped)
+            items[:] = [item for item in items if not item.get_closest_marker("determinism")]
+    waits = {id(item) for item in items if any(_uses(item, f, m) for f, (m, _) in BACKGROUND.items())}
+    items.sort(key=lambda item: id(item) in waits)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def background(request, tmp_path_factory):
     """Starts, before the first test, every registered whole run that a selected test uses."""

@@ -1,0 +1,55 @@
+"""Two whole runs of configs/smoke.yaml on the CPU, in two directories, give bit-identical tables.
+
+`python -m pytest --determinism tests/test_determinism.py`: the second run doubles the suite's critical
+path, so a plain `pytest` deselects these tests.
+
+Every job seeds its own randomness from the config (docs/methods.md), runs on one thread in the suite
+(conftest.WHOLE_RUN) and writes its tables with the same libraries, so nothing may differ but the time a
+job took. The summary tables hold no timing column; the latency tables' timing columns are the `*_s`
+costs (`graftlab.analysis.latency.COSTS`) and are compared apart from those.
+"""
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from conftest import SMOKE, WHOLE_RUN, in_background
+
+from graftlab.analysis.latency import COSTS
+
+pytestmark = [pytest.mark.workflow, pytest.mark.determinism]
+
+
+@in_background("smoke_again", __file__)
+def _second_smoke_run(workdir: Path) -> tuple[tuple[str, ...], tuple[Path, ...]]:
+    return WHOLE_RUN, (SMOKE,)
+
+
+@pytest.fixture(scope="session")
+def smoke_again(background) -> Path:
+    """configs/smoke.yaml run whole a second time, in a directory of its own, beside the first."""
+    return background.wait("smoke_again")
+
+
+def tables(workdir: Path, pattern: str) -> list[Path]:
+    return sorted(p.relative_to(workdir) for p in workdir.glob(pattern))
+
+
+def test_two_smoke_runs_write_bit_identical_summaries(smoke, smoke_again):
+    summaries = tables(smoke, "results/**/summary.parquet") + tables(smoke, "results/*/continual.parquet")
+    assert len(summaries) == 8  # the seven experiments' summaries and the continual table
+    assert summaries == tables(smoke_again, "results/**/summary.parquet") + tables(
+        smoke_again, "results/*/continual.parquet"
+    )
+    for table in summaries:
+        assert (smoke / table).read_bytes() == (smoke_again / table).read_bytes(), table
+
+
+def test_two_smoke_runs_differ_in_timings_only(smoke, smoke_again):
+    latencies = tables(smoke, "results/*/latency.parquet")
+    assert latencies and latencies == tables(smoke_again, "results/*/latency.parquet")
+    for table in latencies:
+        first, second = pl.read_parquet(smoke / table), pl.read_parquet(smoke_again / table)
+        timing = [c for c in first.columns if c in COSTS]
+        assert timing, table
+        assert first.drop(timing).equals(second.drop(timing)), table
