@@ -155,7 +155,7 @@ rule chain_graft:
             else {k: xcfg(w, "graft", "masks", k) for k in ("scope", "score")}
         ),
     script:
-        "../workflow_scripts/graft.py"
+        "../workflow_scripts/chain_graft.py"
 
 
 # The retention Fisher of a graft chain's model after stage k, for its masked graft at stage k+1: its own

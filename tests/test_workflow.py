@@ -375,9 +375,10 @@ def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
     jobs = planned_jobs(
         tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}), targets=("results/expert/summary.parquet",)
     )
-    # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2;
-    # evaluated with post, the donor as it is, the 4 SFT checkpoints, the 3 OPSD runs, GRPO and 4 SDPO runs.
-    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 1 + 4 + 5 + 3 + 5
+    # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2
+    # (each graft job evaluates its own model); evaluated apart: post, the donor as it is, the 4 SFT
+    # checkpoints, the 3 OPSD runs, GRPO and 4 SDPO runs.
+    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 1 + 4 + 3 + 5
 
 
 @pytest.mark.parametrize(

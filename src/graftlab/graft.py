@@ -569,6 +569,18 @@ def graft(
     return counts
 
 
+def masked_graft(post, donor, donor_tuned, scale: float, out, mask: str = "none", fisher=None, rho=0.0, **settings):
+    """`graft`, its update masked by the post model's retention Fisher (`fisher`, of kind `mask`, zeroing the
+    top-`rho` share; `settings`: scope and score) unless `mask` is `none`: what a workflow graft job runs.
+    The mask may rank lazily, tensor by tensor, while the graft runs."""
+    project = None
+    if mask != "none":
+        from graftlab.fisher import make_mask
+
+        project = make_mask(mask, fisher, post, donor, donor_tuned, float(rho), **settings)
+    return graft(post, donor, donor_tuned, scale, out, project=project)
+
+
 def _workers(threads: int | None) -> int:
     return max(1, min(threads or 1, 4))
 
