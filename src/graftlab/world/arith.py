@@ -8,6 +8,7 @@ A problem is a dict `{"id", "task", "prompt", "answer", "thinking"}`; `prompt` i
 `thinking` the expert trace that goes between `<think>` tags, `answer` the graded final text.
 """
 
+import functools
 import random
 import re
 from collections import Counter
@@ -125,6 +126,9 @@ def operands(task: str, rng: random.Random) -> tuple[int, int]:
     return rng.randint(0, 99), rng.randint(0, 99)
 
 
+# Cached: it solves every operand pair (10,000 of them), and config validation asks it for each task of
+# every experiment's world, so an uncached config of 30 experiments spent 8 s here at every snakemake start.
+@functools.cache
 def distinct_problems(task: str) -> int:
     """How many different problems `task` has (subtraction is canonicalised larger-first)."""
     a_range, b_range = (range(10, 100), range(2, 10)) if task in ONE_DIGIT else (range(100), range(100))
@@ -146,6 +150,8 @@ def sample_problems(task: str, count: int, purpose: str, seed: int, exclude: set
     `purpose` (benchmark, posttrain, retention, replay, candidates, ...), `task` and `seed`."""
     if task not in SOLVERS:
         raise ValueError(f"unknown task {task!r}; known: {sorted(SOLVERS)}")
+    if count > distinct_problems(task):  # at once, rather than after count * 200 draws
+        raise ValueError(f"task {task!r} has {distinct_problems(task)} distinct problems, fewer than {count}")
     rng, seen, out = stream(purpose, task, seed), set(exclude), []
     for _ in range(count * 200):
         p = problem(task, *operands(task, rng))
