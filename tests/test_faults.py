@@ -298,12 +298,13 @@ def test_evaluation_killed_between_benchmarks_leaves_no_scores_and_the_rerun_sco
 
 
 # The tiny world of configs/smoke.yaml up to its donor ladder: 3 jobs (tokenizer, corpus, pretraining),
-# compared with the same files of the `smoke` fixture's finished run.
+# compared with the same files of the smoke run's. The test waits for that run only to compare, so that it
+# runs beside it rather than after it, when one core would sit idle (conftest: tests asking for `smoke` go last).
 WORLD = ["tokenizer", "corpus.parquet", "init", "ladder"]
 
 
 @pytest.mark.workflow
-def test_snakemake_killed_mid_run_recovers_as_documented_and_ends_with_the_uninterrupted_outputs(smoke, tmp_path):
+def test_snakemake_killed_mid_run_recovers_as_documented_and_ends_with_the_uninterrupted_outputs(background, tmp_path):
     cores, threads, quiet = WHOLE_RUN[:2], WHOLE_RUN[2:4], WHOLE_RUN[4:]  # the smoke run's flags
     cmd = snakemake_cmd(tmp_path, *cores, *threads, "results/world/ladder", *quiet)
     world = tmp_path / "results" / "world"
@@ -320,6 +321,7 @@ def test_snakemake_killed_mid_run_recovers_as_documented_and_ends_with_the_unint
     for recovery in ((*args, "--unlock"), args):
         done = snakemake(tmp_path, *recovery)
         assert done.returncode == 0, done.stderr[-3000:]
+    smoke = background.wait("smoke")
     for name in WORLD:
         assert_same_output(world / name, smoke / "results" / "world" / name)
     assert leftovers(world) == []
