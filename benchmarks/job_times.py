@@ -15,30 +15,19 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from graftlab.inspect_results import read_benchmark
+
 UNKNOWN = "(no rule_name)"  # a file written without --benchmark-extended
-
-
-def read_benchmark(path: Path) -> tuple[str, float]:
-    """(rule, seconds) of one benchmark file: the mean over its rows, one per repeat."""
-    header, *rows = path.read_text().splitlines()
-    columns = header.split("\t")
-    # Split no further than the rule's column: later ones (wildcards, params) may hold tabs of their own.
-    last = columns.index("rule_name") if "rule_name" in columns else columns.index("s")
-    rows = [row.split("\t", last + 1) for row in rows if row.strip()]
-    if not rows:
-        raise ValueError(f"{path}: a benchmark file without a row")
-    seconds = sum(float(row[columns.index("s")]) for row in rows) / len(rows)
-    rule = rows[0][last] if "rule_name" in columns else UNKNOWN
-    return rule, seconds
 
 
 def job_times(root: Path) -> tuple[Counter, dict[str, float]]:
     """Job count and summed seconds per rule over every benchmark file under `root`."""
     count, seconds = Counter(), defaultdict(float)
     for path in sorted(root.rglob("*.tsv")):
-        rule, s = read_benchmark(path)
+        timed = read_benchmark(path)
+        rule = timed["rule"] or UNKNOWN
         count[rule] += 1
-        seconds[rule] += s
+        seconds[rule] += timed["s"]
     return count, seconds
 
 

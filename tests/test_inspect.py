@@ -232,7 +232,8 @@ def test_a_dry_runs_reasons_are_read_per_output():
 
 def test_a_benchmark_file_is_read_past_tabs_in_its_params(tmp_path):
     bench(tmp_path, "logs/a.log", (1.0, 2.0, 30.0), (3.0, 4.0, 50.0))
-    assert read_benchmark(tmp_path / "benchmarks/jobs/a.tsv") == {"s": 2.0, "cpu_time": 3.0, "max_rss": 40.0}
+    means = {"s": 2.0, "cpu_time": 3.0, "max_rss": 40.0, "rule": "rule"}
+    assert read_benchmark(tmp_path / "benchmarks/jobs/a.tsv") == means
     (tmp_path / "b.tsv").write_text("s\th:m:s\n1\t0:00:01\n")
     with pytest.raises(GraftlabError, match="b.tsv: not a Snakemake benchmark file"):
         read_benchmark(tmp_path / "b.tsv")

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from graftlab.errors import GraftlabError
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "job_times.py"
 spec = importlib.util.spec_from_file_location("job_times", SCRIPT)
 job_times = importlib.util.module_from_spec(spec)
@@ -28,7 +30,7 @@ def write(path: Path, rule: str, *seconds: float, extended: bool = True) -> None
 
 def test_a_benchmark_file_gives_its_rule_and_mean_seconds(tmp_path):
     write(tmp_path / "x/sft/post/lr~1e-3.tsv", "sft", 10.0, 14.0)
-    assert job_times.read_benchmark(tmp_path / "x/sft/post/lr~1e-3.tsv") == ("sft", 12.0)
+    assert job_times.job_times(tmp_path) == ({"sft": 1}, {"sft": 12.0})
 
 
 def test_jobs_are_summed_per_rule_over_the_tree(tmp_path):
@@ -43,10 +45,10 @@ def test_jobs_are_summed_per_rule_over_the_tree(tmp_path):
 
 def test_a_file_without_its_rule_is_counted_apart(tmp_path):
     write(tmp_path / "moe.tsv", "moe", 2.0, extended=False)
-    assert job_times.read_benchmark(tmp_path / "moe.tsv") == (job_times.UNKNOWN, 2.0)
+    assert job_times.job_times(tmp_path) == ({job_times.UNKNOWN: 1}, {job_times.UNKNOWN: 2.0})
     (tmp_path / "empty.tsv").write_text(EXTENDED + "\n")
-    with pytest.raises(ValueError, match="without a row"):
-        job_times.read_benchmark(tmp_path / "empty.tsv")
+    with pytest.raises(GraftlabError, match="without a row"):
+        job_times.job_times(tmp_path)
 
 
 def test_every_rule_that_does_work_writes_a_benchmark_file():

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from graftlab import inspect_cli  # its parser only: polars and Snakemake load when it runs
+from graftlab.config_args import add_config_args, snakemake_config_args  # standard library only
 from graftlab.fisher import KINDS  # names only: the kinds' modules (torch) load when one runs
 from graftlab.provenance import refuse_foreign_dir  # standard library only
 from graftlab.train import sft_cli  # its parser only: training loads when `graftlab sft` runs
@@ -182,8 +183,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     try:
         plan = estimate(load_config(args.configfile, args.config), Assumptions(**{f: getattr(args, f) for f in fields}))
         if args.dag:
-            snakemake_args = ["--configfile", *args.configfile] if args.configfile else []
-            dag = dag_jobs(snakemake_args + (["--config", *args.config] if args.config else []))
+            dag = dag_jobs(snakemake_config_args(args))
             ours = {rule: cost.jobs for rule, cost in plan.costs.items()}
             plan.notes += [
                 f"{rule}: Snakemake's DAG has {dag.get(rule, 0)} jobs, the cost model {ours.get(rule, 0)}"
@@ -208,8 +208,7 @@ def _add_plan(subparsers: argparse._SubParsersAction) -> None:
         description="Estimate a run from its config, as Snakemake would resolve it: jobs per rule, GPU-hours "
         "(tokens x FLOPs per token at a utilisation), disk written and the peak on disk (docs/cli.md).",
     )
-    p.add_argument("--configfile", nargs="+", default=[], help="config files, as given to snakemake")
-    p.add_argument("--config", nargs="+", default=[], help="KEY=VALUE overrides, as given to snakemake")
+    add_config_args(p)
     p.add_argument("--mfu", type=float, default=a.mfu, help="share of the GPU's peak FLOP/s a training pass reaches")
     p.add_argument("--decode-mfu", type=float, default=a.decode_mfu, help="share that decoding reaches")
     p.add_argument("--gpu-flops", type=float, default=a.gpu_flops, help="peak FLOP/s (default: H100 bf16 dense)")

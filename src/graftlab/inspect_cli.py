@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from graftlab.config_args import add_config_args, snakemake_config_args  # standard library only
+
 STATES = ("ok", "stale", "missing", "orphan")
 SHOWN = 6  # runs a text line names; a config change can add hundreds
 REASON_CHARS = 160
@@ -43,34 +45,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--exp", nargs="+", help="only these experiments (default: every one)")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys: docs/cli.md)")
     p.add_argument("--all", action="store_true", help="every evaluated model, not only the frontier points")
-    p.add_argument(
-        "--configfile",
-        nargs="+",
-        default=[],
-        help="the config files the workdir was run with, as given to snakemake (default: the workflow's "
+    add_config_args(
+        p,
+        "the config files the workdir was run with, as given to snakemake (default: the workflow's "
         "config.yaml, as snakemake without --configfile)",
     )
-    p.add_argument("--config", nargs="+", default=[], help="KEY=VALUE overrides, as given to snakemake")
     p.set_defaults(run=run)
-
-
-def snakemake_args(args: argparse.Namespace) -> list[str]:
-    """The config arguments for Snakemake; config files made absolute, since it runs in the workdir."""
-    from pathlib import Path
-
-    from graftlab.errors import GraftlabError
-
-    for path in args.configfile:
-        if not Path(path).is_file():
-            raise GraftlabError(f"--configfile {path}: no such file")
-    out = ["--configfile", *(str(Path(p).resolve()) for p in args.configfile)] if args.configfile else []
-    return out + (["--config", *args.config] if args.config else [])
 
 
 def run(args: argparse.Namespace) -> None:
     from graftlab.inspect_results import inspect, workdir_of
 
-    config = snakemake_args(args)
+    config = snakemake_config_args(args)
     report = inspect(args.results_dir, args.exp, config, every=args.all)
     workdir = workdir_of(args.results_dir)
     if args.json:

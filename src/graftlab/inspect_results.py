@@ -248,22 +248,25 @@ class Lineage:
         return sorted(causes) or ([own] if own else [])
 
 
-def read_benchmark(path: Path) -> dict[str, float]:
+def read_benchmark(path: Path) -> dict:
     """Wall seconds `s`, `cpu_time` and `max_rss` (MB) of one Snakemake benchmark file, each the mean
-    over its rows (one per repeat). The columns after `rule_name` may hold tabs: split no further."""
+    over its rows (one per repeat), and `rule`: its `rule_name` (written with --benchmark-extended) or
+    None. The columns after `rule_name` may hold tabs: split no further."""
     header, *rows = path.read_text().splitlines()
     columns = header.split("\t")
     wanted = ("s", "cpu_time", "max_rss")
     if not set(wanted) <= set(columns):
         raise GraftlabError(f"{path}: not a Snakemake benchmark file (no {wanted} columns)")
-    width = max(columns.index(c) for c in wanted) + 1
+    named = "rule_name" in columns
+    width = max(columns.index(c) for c in wanted + (("rule_name",) if named else ())) + 1
     cells = [row.split("\t", width)[:width] for row in rows if row.strip()]
     if not cells:
         raise GraftlabError(f"{path}: a benchmark file without a row")
     try:
-        return {c: sum(float(r[columns.index(c)]) for r in cells) / len(cells) for c in wanted}
+        means = {c: sum(float(r[columns.index(c)]) for r in cells) / len(cells) for c in wanted}
     except (ValueError, IndexError) as err:
         raise GraftlabError(f"{path}: unreadable benchmark row ({err})") from None
+    return means | {"rule": cells[0][columns.index("rule_name")] if named else None}
 
 
 def benchmark_file(workdir: Path, log: str) -> Path | None:
