@@ -93,7 +93,14 @@ rule chain_sft:
         ),
         data=lambda w: chains(w).sft_data(stage_of(w)),
     output:
-        directory("results/{exp}/chain/{tune}/{donor}/lr~{lr}/stage~{k}"),
+        report(
+            directory("results/{exp}/chain/{tune}/{donor}/lr~{lr}/stage~{k}"),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={"method": "{tune}", "run": "{donor} lr~{lr}", "stage": "{k}"},
+        ),
     log:
         "logs/{exp}/chain/{tune}/{donor}/lr~{lr}/stage~{k}.log",
     benchmark:

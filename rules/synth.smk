@@ -84,6 +84,13 @@ rule pedagogical_teacher:
     output:
         teacher=directory("results/{exp}/pedagogical/teacher"),
         steps="results/{exp}/pedagogical/steps.jsonl",
+        curves=report(
+            "results/{exp}/pedagogical/training.png",
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={"method": "pedagogical teacher", "run": "-", "stage": "-"},
+        ),
     log:
         "logs/{exp}/pedagogical/teacher.log",
     benchmark:

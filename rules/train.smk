@@ -7,7 +7,14 @@ rule sft:
         model=lambda w: layout(w).model_input(w.donor),
         data="results/{exp}/data/sft.parquet",
     output:
-        directory("results/{exp}/sft/{donor}/lr~{lr}"),
+        report(
+            directory("results/{exp}/sft/{donor}/lr~{lr}"),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={"method": "sft", "run": "{donor} lr~{lr}", "stage": "-"},
+        ),
     log:
         "logs/{exp}/sft/{donor}/lr~{lr}.log",
     benchmark:

@@ -133,9 +133,13 @@ def test_report_holds_every_figure_table_and_training_curve(report, smoke):
     assert figures - set(results) == set()  # every figure the workflow drew, training curves included
     assert tables and tables - set(results) == set()
     curves = {f for f in figures if f.endswith("/training.png")}
-    # Every on-policy run of the expert setting (OPSD x3, GRPO, SDPO x3, SDPO-CoT) and of every chain stage.
-    assert len([c for c in curves if c.startswith("results/expert/")]) == 8
+    # Every on-policy and SFT run of the expert setting (OPSD x3, GRPO, SDPO x3, SDPO-CoT; SFT of the post
+    # model and of the donor), of every chain stage, and the pedagogical teacher's GRPO.
+    assert len([c for c in curves if c.startswith("results/expert/")]) == 10
+    assert {"results/expert/sft/post/lr~1e-3/training.png", "results/expert/sft/step~50/lr~1e-3/training.png"} <= curves
     assert any("/chain/sdpo/" in c for c in curves) and any("/chain/grpo/" in c for c in curves)
+    assert any("/chain/sft/" in c for c in curves) and any("/chain/tune/" in c for c in curves)
+    assert "results/pedagogical/pedagogical/training.png" in curves
     exps = [p.parent.name for p in (smoke / "results").glob("*/summary.parquet")]
     for exp in exps:
         assert f"results/tables/{exp}/summary.html" in results

@@ -137,9 +137,12 @@ def test_sft_killed_mid_epoch_resumes_at_the_saved_step_and_ends_with_the_same_w
 
     log = killed_and_rerun("sft", model, data, tmp_path / "run", tmp_path / "resume" / "run", SFT, kill_at=3)
     assert f"resume: continuing from {tmp_path / 'resume' / 'run' / 'checkpoint-3'}" in log
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch~1", "epoch~2", "steps.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch~1", "epoch~2", "steps.jsonl", "training.png"]
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").open()]
     assert [s["step"] for s in steps] == list(range(1, 9)) and [s["epoch"] for s in steps] == [1] * 4 + [2] * 4
+    # Each step's loss, those before the kill from the kept records: the uninterrupted run's, bit for bit.
+    reference = [json.loads(line) for line in (tmp_path / "reference" / "steps.jsonl").open()]
+    assert [s["loss"] for s in steps] == [s["loss"] for s in reference]
     for epoch in ("epoch~1", "epoch~2"):
         assert_same_weights(tmp_path / "reference" / epoch, tmp_path / "run" / epoch)
         assert not (tmp_path / "run" / epoch / "optimizer.pt").exists()
@@ -171,6 +174,7 @@ def test_a_kill_after_training_ends_reruns_only_the_writing_of_the_output(model,
         assert_same_weights(tmp_path / "reference" / epoch, tmp_path / "run" / epoch)
         assert not (tmp_path / "run" / epoch / "optimizer.pt").exists()
     assert (tmp_path / "run" / "steps.jsonl").read_text().count("\n") == 8
+    assert (tmp_path / "run" / "training.png").is_file()
 
 
 def test_opsd_killed_after_training_writes_its_output_without_training(model, tmp_path):

@@ -52,6 +52,7 @@ def test_epochs_write_the_last_epoch_as_dir_and_each_earlier_one_inside_it(model
     assert sft(model, data, out, "--epochs", "2", "--batch-size", "8") == 0
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "config.json", "tokenizer.json", "graftlab.json", "steps.jsonl", "epoch~1"} <= names
+    assert "training.png" in names
     assert "epoch~2" not in names and ".stage" not in names
     final, first = (json.loads((d / "graftlab.json").read_text()) for d in (out, out / "epoch~1"))
     assert (final["checkpoint"], first["checkpoint"]) == (2, 1)
@@ -68,6 +69,8 @@ def test_steps_write_one_model_in_the_dtype_asked_for(model, data, tmp_path):
     out = tmp_path / "donor"
     assert sft(model, data, out, "--steps", "2", "--batch-size", "4", "--save-dtype", "bfloat16") == 0
     assert not list(out.glob("epoch~*"))
+    assert (out / "training.png").read_bytes().startswith(b"\x89PNG")
+    assert all("loss" in json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines())
     record = json.loads((out / "graftlab.json").read_text())
     assert record["params"]["steps"] == 2 and record["save_dtype"] == "bfloat16"
     assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.bfloat16}

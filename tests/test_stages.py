@@ -110,7 +110,7 @@ def test_sft_writes_one_loadable_checkpoint_per_epoch_that_moved(world_model, tm
     data = tmp_path / "sft.parquet"
     expert_traces(pl.DataFrame(arith.sample_problems("mul", 32, "test", 0)))[0].write_parquet(data)
     sft_epochs(world_model, data, TrainConfig(lr=1e-2, batch_size=8, epochs=2), tmp_path / "run")
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch~1", "epoch~2", "steps.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["epoch~1", "epoch~2", "steps.jsonl", "training.png"]
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").open()]
     assert [s["step"] for s in steps] == list(range(1, 9))  # 32 traces / 8 a batch x 2 epochs
     assert [s["epoch"] for s in steps] == [1] * 4 + [2] * 4

@@ -1,4 +1,5 @@
-"""Pedagogical RL: GRPO-train a copy of the post model as the teacher; reward components per step."""
+"""Pedagogical RL: GRPO-train a copy of the post model as the teacher; reward components per step, and
+the step log's curves (training.png)."""
 
 from graftlab.joblog import job_log
 from graftlab.sampling import Engine
@@ -21,4 +22,6 @@ with job_log(snakemake.log[0], snakemake.threads):
         backend=backend,
     )
     resume = Resume(resume_dir(out.teacher), p.resume_minutes)
-    train_teacher(inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task, resume=resume)
+    train_teacher(
+        inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task, resume=resume, curves_out=out.curves
+    )

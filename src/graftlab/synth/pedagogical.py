@@ -265,12 +265,15 @@ def teacher_dataset(tokenizer, problems):
     )
 
 
-def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task: str = "arith", resume=None) -> None:
+def train_teacher(
+    post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task: str = "arith", resume=None, curves_out=None
+) -> None:
     """GRPO-train a copy of the post model at `post_dir` as the teacher on the problems parquet, graded
     by registry task `task`; write the teacher to `out_dir` (atomically, with provenance) and the
-    per-step log, reward components included, as JSON lines to `log_out`. With `resume` (a
-    `graftlab.train.resume.Resume`), the Trainer saves its full state there every `resume.minutes` and a
-    rerun continues from the newest."""
+    per-step log, reward components included, as JSON lines to `log_out`, and with `curves_out` that
+    log's curves (`graftlab.train.curves.plot_training`: GRPO's loss, reward, entropy) as a PNG. With
+    `resume` (a `graftlab.train.resume.Resume`), the Trainer saves its full state there every
+    `resume.minutes` and a rerun continues from the newest."""
     import polars as pl
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
@@ -317,6 +320,10 @@ def train_teacher(post_dir, problems, cfg: TeacherConfig, out_dir, log_out, task
         write_provenance(tmp, inputs, asdict(cfg), extra={"problems": problems_read, "save_dtype": dtype})
     steps = [h for h in trainer.state.log_history if "pedagogical/reward" in h]
     Path(log_out).write_text("".join(json.dumps(h) + "\n" for h in steps))
+    if curves_out is not None:
+        from graftlab.train.curves import plot_training
+
+        plot_training(steps, curves_out)
     if resume is not None:
         resume.finish()
 

@@ -60,8 +60,9 @@ def encode_traces(tokenizer, prompts: list[str], completions: list[str]) -> list
 def step_timer(records: list[dict], keep: Path | None = None):
     """A TrainerCallback appending each optimizer step's epoch and wall seconds (forward, backward and
     update: SFT samples nothing) to `records`, for the latency comparison with OPSD, whose steps also
-    sample, and to charge a checkpoint `epoch~e` the steps it took. With `keep`, the records so far are
-    written there at every checkpoint, for a resumed run to start from."""
+    sample, and to charge a checkpoint `epoch~e` the steps it took; and the step's training `loss`, for
+    its curve (`training.png`). With `keep`, the records so far are written there at every checkpoint,
+    for a resumed run to start from."""
     import math
     import time
 
@@ -80,6 +81,20 @@ def step_timer(records: list[dict], keep: Path | None = None):
         def on_step_end(self, args, state, control, **kwargs):
             seconds = time.perf_counter() - self.start
             records.append({"step": state.global_step, "epoch": self.epoch, "sample_s": 0.0, "update_s": seconds})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            # Called after on_step_end and before on_save, so the loss is in the step's record when `keep`
+            # is written. With logging_steps=1 (`_sft_args`), transformers' `_maybe_log_save_evaluate` logs
+            # the loss summed since the last log over the steps since it: this step's loss alone, the
+            # token-mean cross-entropy on the completion tokens of its whole batch (its micro-batches and
+            # processes together). The end-of-training log has `train_loss`, not `loss`, and is skipped.
+            if not logs or "loss" not in logs:
+                return
+            for record in reversed(records):
+                if record["step"] == state.global_step:
+                    loss = float(logs["loss"])
+                    record["loss"] = loss if math.isfinite(loss) else None  # JSON has no NaN: null
+                    break
 
         def on_save(self, args, state, control, **kwargs):
             if keep is not None:
@@ -187,7 +202,10 @@ def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool, m
         completion_only_loss=masked,
         seed=cfg.seed,
         data_seed=cfg.seed,
-        logging_steps=10,
+        # Every step logged, its own loss (not a running mean: `step_timer`), with a NaN or inf shown as
+        # one rather than replaced by the mean of the losses before it.
+        logging_steps=1,
+        logging_nan_inf_filter=False,
         report_to=[],
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
@@ -250,7 +268,8 @@ def finetune(
     resume: Resume | None = None,
 ) -> None:
     """Train the model at `model_dir` (or the given fresh `model`) and write one checkpoint per target,
-    each with its `graftlab.json` provenance, and the seconds of every step as JSON lines to `steps_out`.
+    each with its `graftlab.json` provenance, and the seconds and loss of every step as JSON lines to
+    `steps_out`, with their curves (`graftlab.train.curves.plot_training`) as `training.png` beside it.
 
     Training state lives in a hidden work directory beside the first target, so a failed run leaves no
     directory that looks like a finished checkpoint; with `resume`, in its directory instead, which a
@@ -290,7 +309,10 @@ def finetune(
             checkpoints, steps = [work / name for name in done["checkpoints"]], done["steps"]
         publish_checkpoints(checkpoints, targets, link=resume is not None, dtype=dtype)
         if steps_out is not None:
+            from graftlab.train.curves import plot_training
+
             Path(steps_out).write_text("".join(json.dumps(r) + "\n" for r in steps))
+            plot_training(steps, Path(steps_out).with_name("training.png"))
     finally:
         if resume is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -299,9 +321,10 @@ def finetune(
 
 
 def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path, resume: Resume | None = None) -> None:
-    """SFT on a traces parquet (`prompt`, `completion`); writes `out_dir/epoch~{e}` for every epoch and
-    `out_dir/steps.jsonl`, the seconds of every step (as OPSD's, with no sampling). With `resume`, a killed
-    run continues from its newest saved state."""
+    """SFT on a traces parquet (`prompt`, `completion`); writes `out_dir/epoch~{e}` for every epoch,
+    `out_dir/steps.jsonl`, the seconds (as OPSD's, with no sampling) and loss of every step, and
+    `out_dir/training.png`, its curves; all at once, so a failed run leaves nothing. With `resume`, a
+    killed run continues from its newest saved state."""
     from transformers import AutoTokenizer
 
     from graftlab.atomic import atomic_dir

@@ -4,7 +4,7 @@ Snakemake, as `trl sft` would run it: for making a donor by hand.
 DIR is the trained model, a Hugging Face directory with its `graftlab.json`. With `--epochs E` it holds
 the last epoch's model, and every earlier epoch e lies inside it as `DIR/epoch~e` (the workflow grafts
 every epoch, and a model directory loads the same with subdirectories beside its files). `DIR/steps.jsonl`
-holds the seconds of every step. A failed run leaves no DIR.
+holds the seconds and loss of every step, `DIR/training.png` its curves. A failed run leaves no DIR.
 
 `accelerate launch -m graftlab.train.sft_cli sft ...` runs the same over several processes
 (`launch_command` builds that line; docs/real-models.md#more-than-one-gpu).
@@ -61,7 +61,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="recompute activations in the backward pass; auto: on for CUDA, off on CPU",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    # The workflow's layout (DIR/epoch~e for every epoch, DIR/steps.jsonl), for its runs over several GPUs.
+    # The workflow's layout (DIR/epoch~e for every epoch, DIR/steps.jsonl and training.png), for its runs over
+    # several GPUs.
     p.add_argument("--epoch-dirs", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(run=run)
 
