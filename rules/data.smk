@@ -35,6 +35,8 @@ rule mine:
     input:
         model=post_dir,
         candidates=lambda w: layout(w).candidates(),
+        # Checked for leaks: a candidate that an old-task benchmark holds (mining.leaks).
+        benchmarks=lambda w: [f for f, _ in layout(w).old_benchmarks().values()],
     output:
         train="results/{exp}/data/train.parquet",
         heldout="results/{exp}/data/heldout.parquet",

@@ -179,3 +179,23 @@ def test_write_problems_writes_parquet_and_stats(tmp_path):
     assert pl.read_parquet(out)["id"].to_list() == ["q1", "q2", "q3"]
     assert json.loads(stats_out.read_text()) == stats and stats["dataset"] == "toy"
     assert sorted(p.name for p in out.parent.iterdir()) == ["bench.parquet", "bench.stats.json"]
+
+
+def test_a_leak_is_found_by_id_or_by_prompt_and_refused_or_reported(tmp_path, capsys):
+    from graftlab.problem_sources import find_leaks, refuse_leaks
+
+    bench = tmp_path / "bench.parquet"
+    pl.DataFrame({"id": ["b1", "b2"], "prompt": ["What is 2+2?", "Name  a\tprime."]}).write_parquet(bench)
+    problems = pl.DataFrame(
+        {"id": ["p0", "b1", "p2", "p3"], "prompt": ["What is 3+3?", "other", "Name a prime.", "Name a prime!"]}
+    )
+    # Row 1 shares an id, row 2 a prompt up to white space; row 3's punctuation differs: no leak.
+    assert find_leaks(problems, [bench]) == [(str(bench), 1, "b1", 2)]
+    with pytest.raises(
+        GraftlabError, match=r"row 1 \(id 'b1'\) is also a problem of the benchmark .*bench.parquet \(2"
+    ):
+        refuse_leaks(problems, [bench], "candidates")
+    refuse_leaks(problems, [bench], "candidates", report=True)
+    assert "WARNING: candidates: row 1 (id 'b1')" in capsys.readouterr().err
+    refuse_leaks(problems.slice(3), [bench], "candidates")  # nothing leaks: nothing said
+    assert capsys.readouterr().err == ""

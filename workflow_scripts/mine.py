@@ -14,4 +14,5 @@ with job_log(snakemake.log[0], snakemake.threads):
         snakemake.output.heldout,
         Engine.of(p.backend, seed=p.seed),
         p.task,
+        benchmark_files=snakemake.input.benchmarks,
     )

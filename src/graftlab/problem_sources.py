@@ -252,11 +252,12 @@ def check_problems(frame: pl.DataFrame, name: str) -> pl.DataFrame:
     return frame
 
 
-def refuse_leaks(problems: pl.DataFrame, benchmark_files, name: str) -> None:
-    """Refuse training `problems` that a benchmark holds, by id or by prompt text up to white space: a
-    model trained on a benchmark's problems scores its memory of them. Names the first such row."""
+def find_leaks(problems: pl.DataFrame, benchmark_files) -> list[tuple[str, int, str, int]]:
+    """(benchmark file, first row, its id, rows) for each benchmark holding some of the training
+    `problems`, by id or by prompt text up to white space."""
     from graftlab.tables import read_table as read_parquet_table
 
+    found = []
     for file in benchmark_files:
         bench = read_parquet_table(file, ("id", "prompt"), "benchmark")
         ids, prompts = set(bench["id"].cast(pl.String)), {normalised(p) for p in bench["prompt"]}
@@ -266,8 +267,20 @@ def refuse_leaks(problems: pl.DataFrame, benchmark_files, name: str) -> None:
             if pid in ids or normalised(prompt) in prompts
         ]
         if leaks:
-            row, pid = leaks[0]
-            raise GraftlabError(
-                f"{name}: row {row} (id {pid!r}) is also a problem of the benchmark {file} ({len(leaks)} such "
-                "rows): training on it leaks the benchmark; remove them from the training data"
-            )
+            found.append((str(file), *leaks[0], len(leaks)))
+    return found
+
+
+def refuse_leaks(problems: pl.DataFrame, benchmark_files, name: str, report: bool = False) -> None:
+    """Refuse training `problems` that a benchmark holds: a model trained on a benchmark's problems
+    scores its memory of them. Names the first such row. With `report`, keep them and say so loudly on
+    stderr instead (for a check of mechanics that trains on a benchmark on purpose)."""
+    import sys
+
+    for file, row, pid, count in find_leaks(problems, benchmark_files):
+        what = f"{name}: row {row} (id {pid!r}) is also a problem of the benchmark {file} ({count} such rows)"
+        if not report:
+            raise GraftlabError(f"{what}: training on it leaks the benchmark; remove them from the training data")
+        print(
+            f"WARNING: {what}: kept (mining.leaks: report); that benchmark's scores are not held out", file=sys.stderr
+        )

@@ -22,6 +22,7 @@ class MiningConfig:
     heldout: int
     temperature: float
     max_new_tokens: int
+    leaks: str = "refuse"  # or "report": keep candidates that a benchmark holds, with a warning
     seed: int = 0
 
 
@@ -57,7 +58,8 @@ def mine(
 ) -> None:
     """Sample the model on every candidate, grade by registry task `task`, keep the hard ones, write
     disjoint train / held-out sets. Candidates that repeat an id, lack a prompt or answer, or are
-    problems of any of `benchmark_files` are refused before the model loads."""
+    problems of any of `benchmark_files` are refused before the model loads (with `cfg.leaks` "report",
+    kept and warned of)."""
     from transformers import AutoTokenizer
 
     from graftlab.problem_sources import check_problems, refuse_leaks
@@ -65,7 +67,7 @@ def mine(
 
     name = f"mining candidates ({candidates})"
     frame = check_problems(read_table(candidates, PROBLEM_COLUMNS, "mining candidates"), name)
-    refuse_leaks(frame, benchmark_files, name)
+    refuse_leaks(frame, benchmark_files, name, report=cfg.leaks == "report")
     problems = frame.to_dicts()
     sampler, tokenizer = load_sampler(model_dir, backend), AutoTokenizer.from_pretrained(model_dir)
     rates = pass_rates(sampler, tokenizer, problems, cfg, task)
