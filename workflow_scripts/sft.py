@@ -1,4 +1,5 @@
-"""SFT of one model at one learning rate; a checkpoint per epoch. Over several GPUs through accelerate."""
+"""SFT of one model at one learning rate; a checkpoint per epoch. Over several GPUs through accelerate.
+Also a continual chain's SFT stage (rule chain_sft)."""
 
 from pathlib import Path
 
@@ -21,6 +22,11 @@ cfg = TrainConfig(
 )
 with job_log(snakemake.log[0], snakemake.threads):
     import torch
+
+    from graftlab.safetensors_io import refuse_nonfinite
+
+    # As `graftlab sft` does: a NaN or Inf in the start model trains a model of NaN without a word.
+    refuse_nonfinite(p.model, "SFT start model")
 
     # More than one GPU is asked for only when the model does not fit one (graftlab.resources): FSDP.
     gpus = min(int(getattr(snakemake.resources, "gpu", 0) or 0), torch.cuda.device_count())
