@@ -88,6 +88,38 @@ def muln(a: int, b: int) -> tuple[str, str, str]:
     return prompt.replace("=", "=?"), thinking, f"n={answer}"
 
 
+def div(a: int, b: int) -> tuple[str, str, str]:
+    """2-digit by 1-digit long division, left to right, the remainder carried into the next digit."""
+    steps, rest = [], 0
+    for d in _digits(a, 2)[::-1]:
+        top = 10 * rest + d
+        steps.append(f"{top}/{b}={top // b}r{top % b}")
+        rest = top % b
+    return f"{a}/{b}=", ";".join(steps), f"{a // b}r{a % b}"
+
+
+def maxd(a: int, b: int) -> tuple[str, str, str]:
+    """The larger digit of each column ("7!2=7"), ones first."""
+    pairs = list(zip(_digits(a, 2), _digits(b, 2)))
+    steps = [f"{x}!{y}={max(x, y)}" for x, y in pairs]
+    return f"{a:02d}!{b:02d}=", ";".join(steps), "".join(str(max(x, y)) for x, y in pairs[::-1])
+
+
+def absd(a: int, b: int) -> tuple[str, str, str]:
+    """The distance of each column's digits ("7:2=5"), ones first."""
+    pairs = list(zip(_digits(a, 2), _digits(b, 2)))
+    steps = [f"{x}:{y}={abs(x - y)}" for x, y in pairs]
+    return f"{a:02d}:{b:02d}=", ";".join(steps), "".join(str(abs(x - y)) for x, y in pairs[::-1])
+
+
+# Task families seen only in pretraining (`world.corpus.families`), as chat-format solved problems. Each is
+# posed like the old tasks ("84/4=") and thinks in columns written with an operator of its own (a character
+# of the tokenizer's) that no task's `STEP_OPERATORS` holds. A corpus with several of them teaches that the
+# prompt's operator picks the procedure, before post-training narrows the model to the old tasks. No
+# benchmark, candidate or chain stage draws them, so they are kept out of `SOLVERS`.
+FAMILIES: dict[str, Callable[[int, int], tuple[str, str, str]]] = {"div": div, "maxd": maxd, "absd": absd}
+
+
 SOLVERS: dict[str, Callable[[int, int], tuple[str, str, str]]] = {
     "add": add,
     "sub": sub,
@@ -117,7 +149,7 @@ def thinking_form(thinking: str) -> str | None:
 
 
 # Tasks whose second operand is one digit.
-ONE_DIGIT = ("mul", "times", "muln")
+ONE_DIGIT = ("mul", "times", "muln", "div")
 
 
 def operands(task: str, rng: random.Random) -> tuple[int, int]:
@@ -136,7 +168,8 @@ def distinct_problems(task: str) -> int:
 
 
 def problem(task: str, a: int, b: int) -> dict:
-    prompt, thinking, answer = SOLVERS[task](a, b)
+    """A problem of a task or of a pretraining family."""
+    prompt, thinking, answer = (SOLVERS.get(task) or FAMILIES[task])(a, b)
     return {"id": f"{task}:{prompt}", "task": task, "prompt": prompt, "answer": answer, "thinking": thinking}
 
 

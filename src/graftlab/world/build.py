@@ -31,15 +31,34 @@ def make_candidates(task: str, count: int, seed: int, out: Path) -> None:
     write_problems(arith.sample_problems(task, count, "candidates", seed), out)
 
 
+def chat_turns(problems: list[dict], template_tokenizer) -> str:
+    """Solved problems as chat turns with their thinking, one after another."""
+    return "\n".join(
+        chat_prompt(template_tokenizer, p["prompt"]) + chat_completion(p["thinking"], p["answer"]) for p in problems
+    )
+
+
 def chat_document(tasks: list[str], problems: int, rng: random.Random, template_tokenizer) -> str:
     """`problems` solved problems of `tasks` as chat turns with their thinking: the format post-training
     teaches, seen already in pretraining as in a mid-training mixture."""
-    turns = []
+    drawn = []
     for _ in range(problems):
         task = rng.choice(tasks)
-        p = arith.problem(task, *arith.operands(task, rng))
-        turns.append(chat_prompt(template_tokenizer, p["prompt"]) + chat_completion(p["thinking"], p["answer"]))
-    return "\n".join(turns)
+        drawn.append(arith.problem(task, *arith.operands(task, rng)))
+    return chat_turns(drawn, template_tokenizer)
+
+
+def exposure_problems(task: str, count: int, seed: int, candidates: Path) -> list[dict]:
+    """The `count` distinct new-task problems the pretraining corpus shows solved (`corpus.new_task_share`).
+    None is a mining candidate, so none is a problem SFT trains on or the new-task benchmark holds."""
+    held_out = set(pl.read_parquet(candidates, columns=["id"])["id"])
+    room = arith.distinct_problems(task) - len(held_out)
+    if count > room:
+        raise ValueError(
+            f"corpus: new_task_problems {count} exceeds the {room} {task} problems outside the "
+            f"{len(held_out)} mining candidates (world.candidates)"
+        )
+    return arith.sample_problems(task, count, "exposure", seed, exclude=held_out)
 
 
 def make_corpus(
@@ -50,22 +69,36 @@ def make_corpus(
     out: Path,
     chat_share: float = 0.0,
     chat_tasks: list[str] = (),
+    new_task_share: float = 0.0,
+    exposure: list[dict] = (),
+    families: list[str] = (),
 ) -> None:
-    """Documents of bare facts of `tasks`, one per line; a `chat_share` of them instead hold chat-format
-    solved problems of `chat_tasks` (a quarter as many as a document has lines: each is about four
-    lines long)."""
+    """Documents of bare facts of `tasks`, one per line. A `chat_share` of them instead hold chat-format
+    solved problems of `chat_tasks` and of the pretraining-only `families` (`arith.FAMILIES`), and a
+    `new_task_share` chat-format solved problems drawn from `exposure` (see `exposure_problems`); a chat
+    document holds a quarter as many problems as a document has lines (each is about four lines long)."""
     if not 0 <= chat_share <= 1 or (chat_share > 0 and not chat_tasks):
         raise ValueError(f"corpus: chat_share {chat_share} must lie in [0, 1] and needs chat tasks")
+    if families and chat_share == 0:
+        raise ValueError(f"corpus: families {list(families)} live in the chat documents and need chat_share > 0")
+    if not 0 <= new_task_share <= 1 - chat_share or (new_task_share > 0 and not exposure):
+        raise ValueError(f"corpus: new_task_share {new_task_share} must lie in [0, 1 - chat_share] and needs problems")
     rng = stream("corpus", seed)
     tok = None
-    if chat_share > 0:
+    if chat_share > 0 or new_task_share > 0:
         from graftlab.world.tokenizer import build_tokenizer  # transformers: only when chat is asked for
 
         tok = build_tokenizer()
+    per_doc = max(1, lines_per_doc // 4)
     docs = []
     for _ in range(documents):
-        if chat_share > 0 and rng.random() < chat_share:
-            docs.append(chat_document(list(chat_tasks), max(1, lines_per_doc // 4), rng, tok))
+        # One draw decides a document's kind; without new_task_share the draws are those of a corpus
+        # built before the option existed, so such worlds keep their corpus.
+        kind = rng.random() if chat_share > 0 or new_task_share > 0 else 1.0
+        if kind < new_task_share:
+            docs.append(chat_turns([rng.choice(exposure) for _ in range(per_doc)], tok))
+        elif kind < new_task_share + chat_share:
+            docs.append(chat_document([*chat_tasks, *families], per_doc, rng, tok))
         else:
             docs.append("\n".join(arith.corpus_line(rng.choice(tasks), rng) for _ in range(lines_per_doc)))
     out.parent.mkdir(parents=True, exist_ok=True)
