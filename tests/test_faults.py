@@ -304,30 +304,40 @@ def test_evaluation_killed_between_benchmarks_leaves_no_scores_and_the_rerun_sco
 
 
 # The tiny world of configs/smoke.yaml up to its donor ladder: 3 jobs (tokenizer, corpus, pretraining),
-# compared with the same files of the smoke run's. The test waits for that run only to compare, so that it
-# runs beside it rather than after it, when one core would sit idle (conftest: tests asking for `smoke` go last).
+# made by a snakemake killed mid-run and recovered, then compared with the same files of the smoke run's.
+# Two tests share one session-scoped recovery: the first runs in file order, beside the smoke run; the
+# second, which waits for that run, goes last (conftest), so no core idles while the kill is rerun.
 WORLD = ["tokenizer", "corpus.parquet", "init", "ladder"]
 
 
-@pytest.mark.workflow
-def test_snakemake_killed_mid_run_recovers_as_documented_and_ends_with_the_uninterrupted_outputs(background, tmp_path):
+@pytest.fixture(scope="session")
+def killed_snakemake(tmp_path_factory) -> dict:
+    """The world built by a snakemake killed -9 mid-run, then by the recovery docs/sweeps.md gives: the
+    same command (which refuses the killed run's lock and names --unlock), with --unlock, then as it was."""
+    workdir = tmp_path_factory.mktemp("killed-snakemake")
     cores, threads, quiet = WHOLE_RUN[:2], WHOLE_RUN[2:4], WHOLE_RUN[4:]  # the smoke run's flags
-    cmd = snakemake_cmd(tmp_path, *cores, *threads, "results/world/ladder", *quiet)
-    world = tmp_path / "results" / "world"
+    args = (*cores, *threads, "results/world/ladder", *quiet)
+    world = workdir / "results" / "world"
     # Pretraining has saved its first ladder checkpoint and goes on training: jobs are running.
     first_rung = f".ladder.tmp-{HOST}-*/.work-step~50/checkpoint-50"
-    kill_mid_way(cmd, lambda: any(world.glob(first_rung)), tmp_path, tmp_path / "killed.log")
-    assert not (world / "ladder").exists()
+    kill_mid_way(snakemake_cmd(workdir, *args), lambda: any(world.glob(first_rung)), workdir, workdir / "killed.log")
+    ladder_after_kill = (world / "ladder").exists()
+    locked = snakemake(workdir, *args)
+    recoveries = [snakemake(workdir, *recovery) for recovery in ((*args, "--unlock"), args)]
+    return {"world": world, "ladder_after_kill": ladder_after_kill, "locked": locked, "recoveries": recoveries}
 
-    # The recovery docs/sweeps.md gives: the same command refuses the killed run's lock and names
-    # --unlock; the same command with --unlock, then as it was, reruns what was running.
-    args = (*cores, *threads, "results/world/ladder", *quiet)
-    locked = snakemake(tmp_path, *args)
+
+@pytest.mark.workflow
+def test_snakemake_killed_mid_run_recovers_as_documented(killed_snakemake):
+    assert not killed_snakemake["ladder_after_kill"]
+    locked = killed_snakemake["locked"]
     assert locked.returncode != 0 and "--unlock" in locked.stderr + locked.stdout
-    for recovery in ((*args, "--unlock"), args):
-        done = snakemake(tmp_path, *recovery)
+    for done in killed_snakemake["recoveries"]:
         assert done.returncode == 0, done.stderr[-3000:]
-    smoke = background.wait("smoke")
+    assert leftovers(killed_snakemake["world"]) == []
+
+
+@pytest.mark.workflow
+def test_snakemake_killed_mid_run_ends_with_the_uninterrupted_outputs(killed_snakemake, smoke):
     for name in WORLD:
-        assert_same_output(world / name, smoke / "results" / "world" / name)
-    assert leftovers(world) == []
+        assert_same_output(killed_snakemake["world"] / name, smoke / "results" / "world" / name)
