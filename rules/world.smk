@@ -55,6 +55,13 @@ rule world_candidates:
 
 
 rule world_corpus:
+    input:
+        # The new task's solved problems (corpus.new_task_share) are drawn outside the mining candidates.
+        candidates=lambda w: (
+            f"results/{w.world}/candidates.parquet"
+            if wcfg(w, "corpus", "new_task_share") > 0
+            else []
+        ),
     output:
         "results/{world}/corpus.parquet",
     log:
@@ -69,6 +76,10 @@ rule world_corpus:
         lines_per_doc=lambda w: wcfg(w, "corpus", "lines_per_doc"),
         chat_share=lambda w: wcfg(w, "corpus", "chat_share"),
         chat_tasks=lambda w: wcfg(w, "old_tasks"),
+        families=lambda w: wcfg(w, "corpus", "families"),
+        new_task=lambda w: wcfg(w, "new_task"),
+        new_task_share=lambda w: wcfg(w, "corpus", "new_task_share"),
+        new_task_problems=lambda w: wcfg(w, "corpus", "new_task_problems"),
         seed=lambda w: wcfg(w, "seed"),
     script:
         "../workflow_scripts/world_corpus.py"

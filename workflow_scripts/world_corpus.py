@@ -1,10 +1,27 @@
-"""Pretraining corpus of bare arithmetic facts, with a share of chat-format solved problems if asked."""
+"""Pretraining corpus of bare arithmetic facts, with a share of chat-format solved problems if asked: of
+the old tasks and pretraining-only families, and of the new task (exposure)."""
 
 from pathlib import Path
 
 from graftlab.joblog import job_log
-from graftlab.world.build import make_corpus
+from graftlab.world.build import exposure_problems, make_corpus
 
 p = snakemake.params
 with job_log(snakemake.log[0]):
-    make_corpus(p.tasks, p.documents, p.lines_per_doc, p.seed, Path(snakemake.output[0]), p.chat_share, p.chat_tasks)
+    exposure = (
+        exposure_problems(p.new_task, p.new_task_problems, p.seed, Path(snakemake.input.candidates))
+        if p.new_task_share > 0
+        else []
+    )
+    make_corpus(
+        p.tasks,
+        p.documents,
+        p.lines_per_doc,
+        p.seed,
+        Path(snakemake.output[0]),
+        p.chat_share,
+        p.chat_tasks,
+        p.new_task_share,
+        exposure,
+        p.families,
+    )
