@@ -23,7 +23,6 @@ skipped, which drops `</think>`, so the reward decodes `completion_ids` itself; 
 a `log_metric` callback, through which every reward component is logged per step.
 """
 
-import json
 import math
 import shutil
 from collections.abc import Sequence
@@ -270,10 +269,10 @@ def train_teacher(
 ) -> None:
     """GRPO-train a copy of the post model at `post_dir` as the teacher on the problems parquet, graded
     by registry task `task`; write the teacher to `out_dir` (atomically, with provenance) and the
-    per-step log, reward components included, as JSON lines to `log_out`, and with `curves_out` that
-    log's curves (`graftlab.train.curves.plot_training`: GRPO's loss, reward, entropy) as a PNG. With
-    `resume` (a `graftlab.train.resume.Resume`), the Trainer saves its full state there every
-    `resume.minutes` and a rerun continues from the newest."""
+    per-step log, reward components included, as JSON lines to `log_out`, and that log's curves
+    (`graftlab.train.curves.plot_training`: GRPO's loss, reward, entropy) to `curves_out`, by default
+    `training.png` beside it. With `resume` (a `graftlab.train.resume.Resume`), the Trainer saves its
+    full state there every `resume.minutes` and a rerun continues from the newest."""
     import polars as pl
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
@@ -319,11 +318,9 @@ def train_teacher(
         inputs = {"post": str(post_dir), "problems": str(problems)}
         write_provenance(tmp, inputs, asdict(cfg), extra={"problems": problems_read, "save_dtype": dtype})
     steps = [h for h in trainer.state.log_history if "pedagogical/reward" in h]
-    Path(log_out).write_text("".join(json.dumps(h) + "\n" for h in steps))
-    if curves_out is not None:
-        from graftlab.train.curves import plot_training
+    from graftlab.train.curves import write_step_log
 
-        plot_training(steps, curves_out)
+    write_step_log(steps, log_out, curves_out)
     if resume is not None:
         resume.finish()
 

@@ -90,6 +90,16 @@ def _numeric(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def write_step_log(log: list[dict], path, png=None) -> None:
+    """`log` (one dict per step) as JSON lines at `path`, and its curves (`plot_training`) at `png`,
+    by default `training.png` beside it: every trainer's `steps.jsonl` and the figure drawn from it."""
+    import json
+
+    path = Path(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in log))
+    plot_training(log, png if png is not None else path.with_name("training.png"))
+
+
 def plot_training(log: list[dict], png) -> None:
     """Every metric of `METRICS` that `log` (one dict per step, with `step`) holds a number for, against
     step, one small panel each; written as a PNG, atomically. A log without any draws one empty panel

@@ -10,7 +10,6 @@ directory; they are hard-linked into the output, so publishing costs no disk.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Callable
@@ -32,7 +31,7 @@ def publish_run(
     at the end."""
     from graftlab.atomic import atomic_dir
     from graftlab.train import resume as rs
-    from graftlab.train.curves import plot_training
+    from graftlab.train.curves import write_step_log
 
     out_dir = Path(out_dir)
     if resume is not None:
@@ -44,8 +43,7 @@ def publish_run(
         with atomic_dir(out_dir) as tmp:
             for name in [f"step~{step}" for step in checkpoints] + list(extras):
                 rs.link_tree(work / name, tmp / name)
-            (tmp / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-            plot_training(log, tmp / "training.png")
+            write_step_log(log, tmp / "steps.jsonl")
     finally:
         if resume is None:
             shutil.rmtree(work, ignore_errors=True)

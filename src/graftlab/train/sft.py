@@ -309,10 +309,9 @@ def finetune(
             checkpoints, steps = [work / name for name in done["checkpoints"]], done["steps"]
         publish_checkpoints(checkpoints, targets, link=resume is not None, dtype=dtype)
         if steps_out is not None:
-            from graftlab.train.curves import plot_training
+            from graftlab.train.curves import write_step_log
 
-            Path(steps_out).write_text("".join(json.dumps(r) + "\n" for r in steps))
-            plot_training(steps, Path(steps_out).with_name("training.png"))
+            write_step_log(steps, steps_out)
     finally:
         if resume is None:
             shutil.rmtree(work, ignore_errors=True)
