@@ -38,6 +38,18 @@ def test_shipped_configs_validate(name):
         ({"world": {"pretrain": {"ladder": [400, 100]}}}, "config key world.pretrain.ladder: must increase"),
         ({"world": {"candidates": 800}}, "config key world.candidates: exceeds the 720 distinct mul problems"),
         ({"world": {"model": {"kv_heads": 3}}}, "config key world.model.kv_heads: must divide world.model.heads = 4"),
+        (
+            {"world": {"candidates": 700, "corpus": {"new_task_share": 0.03, "new_task_problems": 40}}},
+            "config key world.corpus.new_task_problems: with world.candidates = 700 exceeds the 720 distinct mul",
+        ),
+        (
+            {"world": {"candidates": 600, "corpus": {"chat_share": 0.8, "new_task_share": 0.3}}},
+            "config key world.corpus.new_task_share: with world.corpus.chat_share = 0.8 exceeds 1",
+        ),
+        (
+            {"world": {"corpus": {"families": ["div"]}}},
+            "config key world.corpus.families: need world.corpus.chat_share > 0",
+        ),
         ({"experiments": {"x": {"sft": {"lr": ["1.2.3"]}}}}, "config key experiments.x.sft.lr.0: '1.2.3' is invalid"),
         ({"experiments": {"x": {"mining": {"heldout": 720}}}}, "config key experiments.x.mining.heldout: leaves no"),
         (

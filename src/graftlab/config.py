@@ -139,6 +139,29 @@ def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:
             f"exceeds the {distinct_problems(world['new_task'])} distinct {world['new_task']} problems",
         ),
     ]
+    corpus, distinct = world["corpus"], distinct_problems(world["new_task"])
+    # Checked again when the corpus is built, but a sweep should not fail an hour in, after pretraining.
+    if corpus["new_task_share"] > 0:
+        checks.append(
+            (
+                world["candidates"] + corpus["new_task_problems"] <= distinct,
+                f"{key}.corpus.new_task_problems",
+                f"with {key}.candidates = {world['candidates']} exceeds the {distinct} distinct "
+                f"{world['new_task']} problems (the exposed problems lie outside the mining candidates)",
+            )
+        )
+    checks += [
+        (
+            corpus["chat_share"] + corpus["new_task_share"] <= 1,
+            f"{key}.corpus.new_task_share",
+            f"with {key}.corpus.chat_share = {corpus['chat_share']} exceeds 1 (both are shares of the documents)",
+        ),
+        (
+            not corpus["families"] or corpus["chat_share"] > 0,
+            f"{key}.corpus.families",
+            f"need {key}.corpus.chat_share > 0: the families are mixed into the chat documents",
+        ),
+    ]
     for task in world["old_tasks"]:
         room = distinct_problems(task) - world["benchmark_size"]
         checks.append(
