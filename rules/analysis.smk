@@ -182,6 +182,8 @@ rule study:
         "../envs/cpu.yaml"
     params:
         experiments=STUDY,
+        moe=config["moe"],
+        seed=config["seed"],
     script:
         "../workflow_scripts/study.py"
 

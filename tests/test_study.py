@@ -1,14 +1,19 @@
 """The study table: per experiment the verdict on both splits and the drift numbers, per group the counts
 of seeds that reproduce; a summary without validation scores leaves those columns empty."""
 
+import math
+
 import polars as pl
 import pytest
 
-from graftlab.analysis.study import write_study
+from graftlab.analysis.moe import MoeConfig
+from graftlab.analysis.study import _moe_columns, write_study
+from graftlab.config import resolve
 from graftlab.layout import parse_run
 
 GRAFT = "graft/step~100/lr~1e-3/epoch~2/lam~1/mask~none/rho~0"
 SFT = "sft/post/lr~1e-3/epoch~2"
+MOE = MoeConfig.from_config(resolve({}))  # the schema's §3 model: orthogonal tasks (task_cosine 0)
 
 
 def _summary(path, graft_old: float, validation: bool = True, graft_new: float = 0.6, sft_new: float = 0.5):
@@ -87,11 +92,27 @@ def test_takeover_is_averaged_per_method_and_unmasked_grafts_only(tmp_path):
         }
     ]
     out = tmp_path / "out"
-    groups = write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
+    groups = write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png", MOE)
     row = pl.read_parquet(out / "study.parquet").row(0, named=True)
     assert (row["takeover_sft"], row["takeover_donor_sft"], row["takeover_graft"]) == (pytest.approx(0.8), 0.8, 0.4)
     assert (row["misrouted_post"], row["misrouted_donor"]) == (0.9, pytest.approx(0.3))  # eps_P and eps_D
     assert groups["takeover_sft"].item() == pytest.approx(0.8)
+    # The §3 model at (eps_D, eps_P) = (0.3, 0.9), by hand for orthogonal unit tasks (task_cosine 0), expert
+    # A = w_A*, B = 0: residuals u = eps_D w_A - w_B and v = eps_P w_A - w_B, so cos theta = (eps_D eps_P + 1)
+    # / sqrt((eps_D^2 + 1)(eps_P^2 + 1)); k = eps_D s_P / (eps_P m) with s_P = 0.9^2 + 0.1^2, m = g_P . g_D.
+    cos = (0.27 + 1) / math.sqrt(1.09 * 1.81)
+    k = 0.3 * 0.82 / (0.9 * (0.27 + 0.07))
+    assert (row["moe_cos_theta"], row["moe_k"]) == (pytest.approx(cos), pytest.approx(k))
+    # cos 0.904 > k 0.804: a win near the post model; below 2k / (1 + k^2) = 0.977: not all the way.
+    assert row["moe_wins_small"] and not row["moe_wins_to_best"] and groups["moe_wins_to_best"].item() == 0
+
+
+@pytest.mark.parametrize("eps_p, eps_d", [(0.0, 0.0), (0.5, 0.5), (1.0, 0.0), (0.4, 0.9)])
+def test_the_section_3_model_predicts_no_win_where_the_donor_routes_no_better(eps_p, eps_d):
+    """No misrouting to undo, or a donor that misroutes as much or more: no win, and no division error."""
+    cols = _moe_columns(eps_p, eps_d, MOE)
+    assert cols["moe_wins_small"] is False and cols["moe_wins_to_best"] is False
+    assert _moe_columns(eps_p, None, MOE)["moe_wins_small"] is None  # not measured: no prediction
 
 
 def test_an_experiment_without_validation_scores_or_drift_leaves_those_columns_empty(tmp_path):

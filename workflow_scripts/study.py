@@ -1,9 +1,11 @@
 """The study over every experiment: verdicts on both splits and drift per experiment, seeds that
-reproduce per group."""
+reproduce per group, and the §3 model's prediction at each experiment's measured routing."""
 
+from graftlab.analysis.moe import MoeConfig
 from graftlab.analysis.study import write_study
 from graftlab.joblog import job_log
 
 out = snakemake.output
 with job_log(snakemake.log[0]):
-    write_study(snakemake.params.experiments, out.runs, out.groups, out.png)
+    moe = MoeConfig(**snakemake.params.moe, seed=snakemake.params.seed)
+    write_study(snakemake.params.experiments, out.runs, out.groups, out.png, moe)

@@ -6,17 +6,24 @@ seed. Per experiment the table holds the world's drift ratio and the donor/post 
 verdict of `graftlab.analysis.verdict` on the validation split and on the test split: whether a graft
 reproduces the paper's result, and the best margin of a frontier graft that learned the new task (its
 old-task lower bound minus the upper bound of the SFT points it must beat; > 0 reproduces; None when no
-frontier graft learned).
+frontier graft learned). Beside them, where a `moe` config is given, the prediction of the grafting
+paper's §3 model (`graftlab.analysis.moe.graft_condition`) at the experiment's measured routing
+(eps_D, eps_P): whether a graft beats SFT of post near the post model (`moe_wins_small`) and at every
+new-task loss up to its best scale (`moe_wins_to_best`), so that what the model predicts and what the
+world does sit on one row.
 
-Per group: how many seeds reproduce on each split, and the means. A world is chosen on the validation
-columns; the test columns are what gets reported (no result is tuned on the held-out problems).
+Per group: how many seeds reproduce on each split and at how many the §3 model predicts a win, and the
+means. A world is chosen on the validation columns; the test columns are what gets reported (no result
+is tuned on the held-out problems).
 """
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import polars as pl
 
+from graftlab.analysis.moe import MoeConfig, graft_condition, tasks
 from graftlab.analysis.verdict import reproduces
 from graftlab.atomic import atomic_file
 
@@ -60,6 +67,24 @@ def _takeover_columns(takeover: pl.DataFrame | None) -> dict:
     return {f"takeover_{m}": takeover.filter(keep)["takeover"].mean() for m, keep in rows.items()} | misrouted
 
 
+def _moe_columns(eps_p: float | None, eps_d: float | None, moe: MoeConfig | None) -> dict:
+    """The §3 model's verdict at the measured routing. Where eps_P is 0 the post model misroutes nothing
+    and where eps_D >= eps_P the donor routes no better: the model predicts no gain (k >= 1, or k undefined
+    when every input goes one way, reported as None)."""
+    none = {"moe_cos_theta": None, "moe_k": None, "moe_wins_small": None, "moe_wins_to_best": None}
+    if moe is None or eps_p is None or eps_d is None:
+        return none
+    targets, experts = tasks(moe)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cond = graft_condition(experts, targets, eps_d, eps_p)
+    if not (np.isfinite(cond["k"]) and np.isfinite(cond["cos_theta"])):
+        return none | {"moe_wins_small": False, "moe_wins_to_best": False}
+    # The conditions are derived for k < 1; at k >= 1 the second can hold (2k / (1 + k^2) < 1 again)
+    # though the graft is SFT of post's own route or a worse one.
+    cond |= {w: bool(cond[w]) and eps_d < eps_p for w in ("wins_small", "wins_to_best")}
+    return {f"moe_{k}": v for k, v in cond.items()}
+
+
 def experiment_row(
     exp: str,
     group: str,
@@ -67,6 +92,7 @@ def experiment_row(
     summary: pl.DataFrame,
     drift: pl.DataFrame | None,
     takeover: pl.DataFrame | None = None,
+    moe: MoeConfig | None = None,
 ) -> dict:
     """One experiment's line of the study."""
     sft = summary.filter(method="sft")
@@ -82,18 +108,21 @@ def experiment_row(
         row |= {"drift_ratio": drift["drift_ratio"][0], "cos": drift["cos"].mean(), "cos_mlp": drift["cos_mlp"].mean()}
     else:
         row |= {"drift_ratio": None, "cos": None, "cos_mlp": None}
-    return row | _takeover_columns(takeover) | _verdict_columns(summary)
+    routing = _takeover_columns(takeover)
+    moe_columns = _moe_columns(routing["misrouted_post"], routing["misrouted_donor"], moe)
+    return row | routing | moe_columns | _verdict_columns(summary)
 
 
-def study_tables(experiments: list[dict]) -> tuple[pl.DataFrame, pl.DataFrame]:
+def study_tables(experiments: list[dict], moe: MoeConfig | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(per experiment, per group) from dicts with `exp`, `group`, `seed`, `summary` (parquet path),
-    `drift` and `takeover` (parquet paths or None)."""
+    `drift` and `takeover` (parquet paths or None); the §3 model's columns from `moe`."""
     rows = []
     for e in experiments:
         drift, takeover = (pl.read_parquet(e[k]) if e.get(k) else None for k in ("drift", "takeover"))
-        rows.append(experiment_row(e["exp"], e["group"], e["seed"], pl.read_parquet(e["summary"]), drift, takeover))
+        summary = pl.read_parquet(e["summary"])
+        rows.append(experiment_row(e["exp"], e["group"], e["seed"], summary, drift, takeover, moe))
     per_exp = pl.DataFrame(rows, infer_schema_length=None).sort("group", "seed")
-    counts = [pl.col(c).fill_null(False).sum().alias(c) for c in ("reproduces_val", "reproduces")]
+    counts = [pl.col(c).fill_null(False).sum().alias(c) for c in ("reproduces_val", "reproduces", "moe_wins_to_best")]
     means = [
         pl.col(c).mean().alias(c)
         for c in (
@@ -159,9 +188,11 @@ def study_figure(per_exp: pl.DataFrame) -> "Figure":
     return fig
 
 
-def write_study(experiments: list[dict], out_parquet, out_groups, out_png) -> pl.DataFrame:
+def write_study(
+    experiments: list[dict], out_parquet, out_groups, out_png, moe: MoeConfig | None = None
+) -> pl.DataFrame:
     """`study_tables` as two parquets and `study_figure` as PNG, each atomic."""
-    per_exp, per_group = study_tables(experiments)
+    per_exp, per_group = study_tables(experiments, moe)
     print(per_group)
     for frame, out in ((per_exp, out_parquet), (per_group, out_groups)):
         with atomic_file(out) as tmp:
