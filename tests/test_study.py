@@ -16,11 +16,11 @@ SFT = "sft/post/lr~1e-3/epoch~2"
 MOE = MoeConfig.from_config(resolve({}))  # the schema's §3 model: orthogonal tasks (task_cosine 0)
 
 
-def _summary(path, graft_old: float, validation: bool = True, graft_new: float = 0.6, sft_new: float = 0.5):
-    """post (0, 0.9), SFT (sft_new, 0.2), a graft (graft_new, graft_old); intervals +-0.05; validation =
-    test scores."""
+def _summary(path, graft_old: float, validation: bool = True, graft_new: float = 0.6, sft_new: float = 0.5, more=()):
+    """post (0, 0.9), SFT (sft_new, 0.2), a graft (graft_new, graft_old) and `more` (run, new, old);
+    intervals +-0.05; validation = test scores."""
     rows = []
-    for run, new, old in (("post", 0.0, 0.9), (SFT, sft_new, 0.2), (GRAFT, graft_new, graft_old)):
+    for run, new, old in (("post", 0.0, 0.9), (SFT, sft_new, 0.2), (GRAFT, graft_new, graft_old), *more):
         row = {"run": run, "new": new, "old": old} | parse_run(run)
         row |= {"old_lo": old - 0.05, "old_hi": old + 0.05, "new_lo": new - 0.05, "new_hi": new + 0.05}
         if validation:
@@ -141,3 +141,15 @@ def test_a_graft_that_learned_nothing_has_no_margin(tmp_path):
     write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
     row = pl.read_parquet(out / "study.parquet").row(0, named=True)
     assert not row["reproduces"] and row["margin"] is None and row["margin_val"] is None
+
+
+def test_a_merge_is_judged_beside_the_grafts(tmp_path):
+    # A merge (the post model's own SFT update, halved) at (0.55, 0.6): 0.55 over SFT's old_hi 0.25; a
+    # graft at (0.6, 0.8) dominates it, yet it is judged, not left off the frontier.
+    merge = ("graft/post/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0", 0.55, 0.6)
+    exps = [{"exp": "e", "group": "g", "seed": 0, "summary": _summary(tmp_path / "s.parquet", 0.8, more=[merge])}]
+    out = tmp_path / "out"
+    groups = write_study(exps, out / "study.parquet", out / "groups.parquet", out / "study.png")
+    row = pl.read_parquet(out / "study.parquet").row(0, named=True)
+    assert row["merge_margin"] == pytest.approx(0.3) and row["merge_margin_val"] == pytest.approx(0.3)
+    assert groups["merge_margin"].item() == pytest.approx(0.3)

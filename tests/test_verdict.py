@@ -4,7 +4,7 @@ beyond the intervals, every SFT point of no greater new-task accuracy."""
 import polars as pl
 import pytest
 
-from graftlab.analysis.verdict import reproduces
+from graftlab.analysis.verdict import judge_runs, reproduces
 from graftlab.layout import parse_run
 
 
@@ -138,3 +138,18 @@ def test_the_validation_split_is_judged_on_its_own_scores():
         reproduces(test, split="validation")
     with pytest.raises(ValueError, match="split must be"):
         reproduces(test, split="heldout")
+
+
+def test_a_baseline_is_judged_by_the_grafts_yardstick_off_the_frontier_too():
+    # The merge beats SFT's epoch 1 (0.77 > 0.63) but a graft dominates it: off the frontier, still judged.
+    points = BASE | {MERGE: (0.5, 0.8, 0.03), graft("1"): (0.6, 0.85, 0.03), OPSD: (0.0, 0.5, 0.03)}
+    (merge,) = judge_runs(summary(points), "merge")
+    assert merge["learned"] and merge["closest_sft"] == sft(1) and merge["margin"] == pytest.approx(0.77 - 0.63)
+    assert merge["run"] not in [g["run"] for g in reproduces(summary(points))["frontier_grafts"]]
+    # OPSD learned nothing (0.0 - 0.03 is not above the post model's 0.03): no win, and no SFT point below it.
+    (opsd,) = judge_runs(summary(points), "opsd")
+    assert not opsd["learned"] and opsd["margin"] is None and not opsd["reproduces"]
+    with pytest.raises(ValueError, match="'donor' is not a candidate"):
+        judge_runs(summary(points), "donor")
+    with pytest.raises(ValueError, match=f"without intervals.*{OPSD}"):
+        judge_runs(summary(points | {OPSD: (0.0, 0.5, None)}), "opsd")

@@ -6,11 +6,12 @@ seed. Per experiment the table holds the world's drift ratio and the donor/post 
 verdict of `graftlab.analysis.verdict` on the validation split and on the test split: whether a graft
 reproduces the paper's result, and the best margin of a frontier graft that learned the new task (its
 old-task lower bound minus the upper bound of the SFT points it must beat; > 0 reproduces; None when no
-frontier graft learned). Beside them, where a `moe` config is given, the prediction of the grafting
-paper's §3 model (`graftlab.analysis.moe.graft_condition`) at the experiment's measured routing
-(eps_D, eps_P): whether a graft beats SFT of post near the post model (`moe_wins_small`) and at every
-new-task loss up to its best scale (`moe_wins_to_best`), so that what the model predicts and what the
-world does sit on one row.
+frontier graft learned), and the best margin of a merge that learned, judged by the same yardstick
+(`merge_margin`: does interpolating toward the post model's own SFT update do what grafting should?).
+Beside them, where a `moe` config is given, the prediction of the grafting paper's §3 model
+(`graftlab.analysis.moe.graft_condition`) at the experiment's measured routing (eps_D, eps_P): whether a
+graft beats SFT of post near the post model (`moe_wins_small`) and at every new-task loss up to its best
+scale (`moe_wins_to_best`), so that what the model predicts and what the world does sit on one row.
 
 Per group: how many seeds reproduce on each split and at how many the §3 model predicts a win, and the
 means. A world is chosen on the validation columns; the test columns are what gets reported (no result
@@ -24,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from graftlab.analysis.moe import MoeConfig, graft_condition, tasks
-from graftlab.analysis.verdict import reproduces
+from graftlab.analysis.verdict import judge_runs, reproduces
 from graftlab.atomic import atomic_file
 
 if TYPE_CHECKING:
@@ -41,13 +42,18 @@ def _verdict_columns(summary: pl.DataFrame) -> dict:
             verdict = reproduces(summary, split=split)
         except ValueError as err:
             if split == "validation" and "no validation scores" in str(err):
-                out |= {f"reproduces{suffix}": None, f"margin{suffix}": None}
+                out |= {f"reproduces{suffix}": None, f"margin{suffix}": None, f"merge_margin{suffix}": None}
                 continue
             raise
         # Only a graft that learned the new task can win; another's margin (a graft that kept the old
         # tasks by learning nothing, beside SFT points that forgot first) would read as a near miss.
         margins = [g["margin"] for g in verdict["frontier_grafts"] if g["learned"] and g["margin"] is not None]
-        out |= {f"reproduces{suffix}": verdict["reproduces"], f"margin{suffix}": max(margins, default=None)}
+        merges = [m["margin"] for m in judge_runs(summary, "merge", split) if m["learned"] and m["margin"] is not None]
+        out |= {
+            f"reproduces{suffix}": verdict["reproduces"],
+            f"margin{suffix}": max(margins, default=None),
+            f"merge_margin{suffix}": max(merges, default=None),
+        }
     return out
 
 
@@ -135,6 +141,8 @@ def study_tables(experiments: list[dict], moe: MoeConfig | None = None) -> tuple
             "takeover_graft",
             "margin_val",
             "margin",
+            "merge_margin_val",
+            "merge_margin",
             "sft_best_new",
             "graft_best_new",
         )

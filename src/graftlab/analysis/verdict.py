@@ -116,3 +116,19 @@ def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:
     verdicts = [_judge(g, sft, post_new) for g in grafts.iter_rows(named=True)]
     winners = sorted((v for v in verdicts if v["reproduces"]), key=lambda v: -v["margin"])
     return {"reproduces": bool(winners), "qualifying": [v["run"] for v in winners], "frontier_grafts": verdicts}
+
+
+def judge_runs(summary: pl.DataFrame, method: str, split: str = "test") -> list[dict]:
+    """Every run of `method` (a baseline such as `merge`, or `graft` off the frontier too) judged by the
+    rule's conditions 2-4, without condition 1: did it learn beyond the post model, and by what margin does
+    it keep more of the old tasks than the SFT-of-post points of no more new-task accuracy. The grafts'
+    own yardstick, held to another method: each dict as in `reproduces`' `frontier_grafts`."""
+    if method not in CANDIDATES:
+        raise ValueError(f"judge_runs: method {method!r} is not a candidate; known: {list(CANDIDATES)}")
+    scored = _scored(on_split(summary, split))
+    runs = scored.filter(method=method).sort("new", "run")
+    blind = runs.filter(pl.col("old_lo").is_null() | pl.col("new_lo").is_null())["run"].to_list()
+    if blind:
+        raise ValueError(f"judge_runs: run(s) without intervals (re-evaluate them): {blind}")
+    sft, post_new = scored.filter(method="sft"), _post_new_bound(scored)
+    return [_judge(r, sft, post_new) for r in runs.iter_rows(named=True)]
