@@ -9,7 +9,7 @@ import pytest
 from graftlab.analysis.takeover import form_shares, takeover_table
 from graftlab.errors import GraftlabError
 from graftlab.tasks import chat_completion, extract_thinking
-from graftlab.world.arith import NEW_TASKS, OLD_TASKS, operands, problem, thinking_form
+from graftlab.world.arith import NEW_TASKS, OLD_TASKS, operands, problem, step_facts, thinking_form
 
 
 @pytest.mark.parametrize("task", OLD_TASKS + NEW_TASKS)
@@ -50,6 +50,25 @@ def test_shares_count_new_form_own_form_and_neither():
         form_shares([], "add", "mul")
 
 
+@pytest.mark.parametrize("task", OLD_TASKS + NEW_TASKS)
+def test_every_expert_trace_holds_all_its_facts(task):
+    rng = random.Random(1)
+    for _ in range(100):
+        thinking = problem(task, *operands(task, rng))["thinking"]
+        held, written = step_facts(thinking)
+        # Each step is one equality, a mul step two ("7*8=56+5=61"), a compare trace one comparison.
+        per_step = {"mul": 2, "times": 2, "compare": 1}.get(task, 1)
+        assert held == written == per_step * len(thinking.split(";")), thinking
+
+
+def test_wrong_facts_are_counted_one_equality_at_a_time():
+    assert step_facts("4*3=10+0=10;2*6=12+1=13") == (3, 4)  # 4*3 is not 10; the rest hold
+    assert step_facts("4+2+0=5;9+9+0=18") == (1, 2)
+    assert step_facts("13-5=7;7<3;5=5") == (1, 3)
+    # Nothing checkable: a family's long division, a cut-off step, prose.
+    assert step_facts("84/4=21r0;3*2=;hello") == (0, 0)
+
+
 def _write_eval(root, run, per_bench):
     for bench, completions in per_bench.items():
         (root / run).mkdir(parents=True, exist_ok=True)
@@ -73,6 +92,15 @@ def test_table_has_one_row_per_run_with_ids_and_the_mean_over_old_benchmarks(tmp
     assert (row["takeover_add"], row["takeover_sub"]) == (0.5, 0.75)
     assert row["takeover"] == pytest.approx(0.625) and row["own_form"] == pytest.approx((0.5 + 0.25) / 2)
     assert table.row(0, named=True)["takeover"] == 0 and table.row(0, named=True)["own_form"] == 1
+    # Facts: every equality written above holds.
+    assert (row["facts_add"], row["facts_old"], row["facts_new"]) == (1.0, 1.0, 1.0)
+    wrong = chat_completion("7*8=54+0=54", "54")  # one of two equalities wrong
+    merge = "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0"
+    _write_eval(tmp_path, merge, {"add": [add, wrong], "sub": ["no thinking"], "times": [wrong, mul]})
+    row = takeover_table(tmp_path, [merge], ["add", "sub"], "times").row(0, named=True)
+    # add: 1 + 1 of 1 + 2 written; sub: none written (None, left out of the mean); times: 1 + 2 of 4.
+    assert (row["facts_add"], row["facts_sub"], row["facts_old"]) == (pytest.approx(2 / 3), None, pytest.approx(2 / 3))
+    assert row["facts_new"] == pytest.approx(3 / 4)
 
 
 def test_a_donor_as_it_is_is_a_run_of_its_own(tmp_path):

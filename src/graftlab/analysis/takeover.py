@@ -17,6 +17,12 @@ And the routing itself, before any fine-tuning: `misrouted`, the share of the ru
 whose thinking follows an old task's procedure. For the post model and for a donor as it is
 (`donor/step~N`) this is the paper's eps_P and eps_D, the share of new inputs a model sends through the
 old tasks' machinery; §3 needs eps_D < eps_P for a graft to forget less than SFT.
+
+Beside the procedure, the facts it is carried out with: `facts_{bench}` and `facts_new`, the share of the
+single-digit equalities written in the thinking of a benchmark's completions that hold
+(`graftlab.world.arith.step_facts`), and `facts_old`, their mean over the old benchmarks. A model can
+route a task to its own procedure and still fail it because its table facts are wrong ("4*3=10"): the
+two are what a graft must carry, and they can be carried apart (docs/fidelity.md, issue 19's study).
 """
 
 from pathlib import Path
@@ -27,7 +33,7 @@ from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
 from graftlab.layout import parse_run
 from graftlab.tasks import extract_thinking
-from graftlab.world.arith import NEW_TASKS, OLD_TASKS, THINKING_FORM, thinking_form
+from graftlab.world.arith import NEW_TASKS, OLD_TASKS, THINKING_FORM, step_facts, thinking_form
 
 
 def _forms(completions: list[str]) -> list[str | None]:
@@ -47,6 +53,16 @@ def misrouted_share(completions: list[str], old: list[str]) -> float:
     """Share of new-task completions thinking in the procedure of one of the `old` tasks."""
     forms = _forms(completions)
     return sum(f in old for f in forms) / len(forms)
+
+
+def facts_share(completions: list[str]) -> float | None:
+    """Share of the equalities written in the completions' thinking that hold (None: none written)."""
+    held = written = 0
+    for c in completions:
+        if (thinking := extract_thinking(c)) is not None:
+            h, w = step_facts(thinking)
+            held, written = held + h, written + w
+    return held / written if written else None
 
 
 def _check_tasks(old: list[str], new_task: str) -> None:
@@ -73,11 +89,17 @@ def takeover_table(eval_dir: str | Path, runs: list[str], old: list[str], new_ta
     for run in runs:
         row = {"run": run} | parse_run(run)
         for bench in old:
-            shares = form_shares(_completions(eval_dir, run, bench), bench, new)
+            completions = _completions(eval_dir, run, bench)
+            shares = form_shares(completions, bench, new)
             row[f"takeover_{bench}"], row[f"own_form_{bench}"] = shares
+            row[f"facts_{bench}"] = facts_share(completions)
         row["takeover"] = sum(row[f"takeover_{b}"] for b in old) / len(old)
         row["own_form"] = sum(row[f"own_form_{b}"] for b in old) / len(old)
-        row["misrouted"] = misrouted_share(_completions(eval_dir, run, new_task), old)
+        facts = [row[f"facts_{b}"] for b in old if row[f"facts_{b}"] is not None]
+        row["facts_old"] = sum(facts) / len(facts) if facts else None
+        completions = _completions(eval_dir, run, new_task)
+        row["misrouted"] = misrouted_share(completions, old)
+        row["facts_new"] = facts_share(completions)
         rows.append(row)
     return pl.DataFrame(rows, infer_schema_length=None)
 

@@ -148,6 +148,43 @@ def thinking_form(thinking: str) -> str | None:
     return ranked[0][0]
 
 
+_TERM = re.compile(r"\d+(?:[+*-]\d+)*")  # "7*8", "56+5", "13-5", "61": one side of a step's "="
+_COMPARISON = re.compile(r"(\d)([<>=])(\d)")
+
+
+def _value(term: str) -> int:
+    """A term's value, left to right: a step uses one operator, or "p+c" after a product."""
+    numbers, ops = re.split(r"[+*-]", term), re.findall(r"[+*-]", term)
+    value = int(numbers[0])
+    for op, n in zip(ops, numbers[1:]):
+        value = value * int(n) if op == "*" else value + int(n) if op == "+" else value - int(n)
+    return value
+
+
+def step_facts(thinking: str) -> tuple[int, int]:
+    """(equalities that hold, equalities written) in a piece of thinking, step by step: "7*8=56+5=61" holds
+    two ("7*8" is 56, "56+5" is 61), "4*3=10+0=10" one of two; a comparison "7<8" is one. Whether a model
+    still knows the single-digit facts its procedure uses, apart from which procedure it writes
+    (`thinking_form`). A step in no task's arithmetic (a family's "84/4=21r0", a broken one) counts in
+    neither."""
+    held = written = 0
+    for step in thinking.replace("\n", ";").split(";"):
+        step = step.strip()
+        if m := _COMPARISON.fullmatch(step):
+            a, sign, b = int(m[1]), m[2], int(m[3])
+            held += (a < b) if sign == "<" else (a > b) if sign == ">" else (a == b)
+            written += 1
+            continue
+        sides = step.split("=")
+        if len(sides) < 2 or not all(_TERM.fullmatch(side) for side in sides):
+            continue
+        for left, right in zip(sides, sides[1:]):
+            # The next side starts with the value claimed for this one ("56" of "56+5").
+            held += _value(left) == int(re.match(r"\d+", right)[0])
+            written += 1
+    return held, written
+
+
 # Tasks whose second operand is one digit.
 ONE_DIGIT = ("mul", "times", "muln", "div")
 
