@@ -111,7 +111,7 @@ def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:
     from graftlab.world.arith import distinct_problems
 
     ladder, steps = world["pretrain"]["ladder"], world["pretrain"]["steps"]
-    model = world["model"]
+    model, distinct = world["model"], distinct_problems(world["new_task"])
     checks = [
         (
             ladder == sorted(ladder) and ladder[-1] == steps,
@@ -134,13 +134,28 @@ def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:
             f"exceeds {key}.model.max_positions = {model['max_positions']}",
         ),
         (
-            world["candidates"] <= distinct_problems(world["new_task"]),
+            world["candidates"] <= distinct,
             f"{key}.candidates",
-            f"exceeds the {distinct_problems(world['new_task'])} distinct {world['new_task']} problems",
+            f"exceeds the {distinct} distinct {world['new_task']} problems",
         ),
+        *_corpus_checks(world, key, distinct),
     ]
-    corpus, distinct = world["corpus"], distinct_problems(world["new_task"])
-    # Checked again when the corpus is built, but a sweep should not fail an hour in, after pretraining.
+    for task in world["old_tasks"]:
+        room = distinct_problems(task) - world["benchmark_size"]
+        checks.append(
+            (
+                world["posttrain"]["examples_per_task"] <= room,
+                f"{key}.posttrain.examples_per_task",
+                f"exceeds the {room} {task} problems left outside its benchmark",
+            )
+        )
+    return checks
+
+
+def _corpus_checks(world: dict, key: str, distinct: int) -> list[tuple[bool, str, str]]:
+    """Issue 19's corpus options, checked again when the corpus is built; a sweep should not fail an hour
+    in, after pretraining. `distinct`: the new task's distinct problems."""
+    corpus, checks = world["corpus"], []
     if corpus["new_task_share"] > 0:
         checks.append(
             (
@@ -162,15 +177,6 @@ def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:
             f"need {key}.corpus.chat_share > 0: the families are mixed into the chat documents",
         ),
     ]
-    for task in world["old_tasks"]:
-        room = distinct_problems(task) - world["benchmark_size"]
-        checks.append(
-            (
-                world["posttrain"]["examples_per_task"] <= room,
-                f"{key}.posttrain.examples_per_task",
-                f"exceeds the {room} {task} problems left outside its benchmark",
-            )
-        )
     return checks
 
 
