@@ -151,7 +151,7 @@ def write_trio(work: Path, shapes: dict[str, tuple[int, ...]], dtype: str, shard
     plus noise everywhere; and the mergekit config that grafts them."""
     import numpy as np
 
-    from graftlab.safetensors_io import INDEX_NAME, SINGLE_NAME, SafetensorsWriter
+    from graftlab.io.safetensors_io import INDEX_NAME, SINGLE_NAME, SafetensorsWriter
 
     names = list(shapes)
     per_shard = math.ceil(len(names) / shards)

@@ -15,7 +15,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from graftlab.inspect_results import read_benchmark
+from graftlab.commands.inspect_results import read_benchmark
 
 UNKNOWN = "(no rule_name)"  # a file written without --benchmark-extended
 

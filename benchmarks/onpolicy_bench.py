@@ -19,18 +19,19 @@ from pathlib import Path
 
 import torch
 
-from graftlab.tasks import TASKS, Task, chat_completion
+from graftlab.synth.demonstrations import opsd_examples
+from graftlab.tasks import TASKS, Task, arith, chat_completion
 from graftlab.train.grpo import GrpoConfig, train_grpo
-from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
+from graftlab.train.opsd import OpsdConfig, train_opsd
 from graftlab.train.sdpo import SdpoConfig, train_sdpo
-from graftlab.world import arith, build
+from graftlab.world import build
 from graftlab.world.tokenizer import build_tokenizer
 
 
 def post_model(root: Path) -> Path:
     import yaml
 
-    from graftlab.config import resolve
+    from graftlab.planning.config import resolve
 
     config = resolve(yaml.safe_load((Path(__file__).parents[1] / "config.yaml").read_text()))
     tok = build_tokenizer()

@@ -28,7 +28,7 @@ def world_setup(root: Path):
     """The default world's arch, post-training settings and SFT rows (benchmarks written to `root`)."""
     import yaml
 
-    from graftlab.config import resolve
+    from graftlab.planning.config import resolve
 
     config = resolve(yaml.safe_load((Path(__file__).parents[1] / "config.yaml").read_text()))
     world, tok = config["world"], build_tokenizer()

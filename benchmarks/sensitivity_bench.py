@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from graftlab.graft_numpy import narrow_bf16
-from graftlab.safetensors_io import SafetensorsWriter
+from graftlab.io.safetensors_io import SafetensorsWriter
 
 SIZES = {"pico": (16, 32, 2, 32), "mid": (512, 1536, 4, 32000)}  # hidden, mlp, layers, vocab
 JOB = """

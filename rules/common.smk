@@ -2,19 +2,19 @@ import functools
 import json
 from pathlib import Path
 
-from graftlab.config import ConfigError, load_schema, resolve
-from graftlab.fetch import hub_offline, looks_local
+from graftlab.planning.config import ConfigError, resolve
+from graftlab.io.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
-from graftlab.chains import Chain, Continual, is_continual, stage_data_kind
-from graftlab.layout import (
+from graftlab.planning.chains import Chain, Continual, is_continual, stage_data_kind
+from graftlab.planning.layout import (
     Experiment,
     kept_steps,
     section_of,
     study_experiments,
     worlds,
 )
-from graftlab.resources import classify, job_resources
-from graftlab.work import continual_work, job_work, world_work
+from graftlab.planning.resources import classify, job_resources
+from graftlab.planning.work import continual_work, job_work, world_work
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
 # leak into a run that names its own (layer it explicitly: `--configfile config.yaml mine.yaml`).
@@ -24,13 +24,11 @@ if not config:
 
 
 try:
-    resolve(
-        config, load_schema(Path(workflow.basedir) / "schemas" / "config.schema.yaml")
-    )
+    resolve(config)
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
 
-# Every job starts offline (graftlab.fetch.hub_offline); the local fetch rules switch the hub back on.
+# Every job starts offline (graftlab.io.fetch.hub_offline); the local fetch rules switch the hub back on.
 hub_offline()
 
 # Continual experiments (with `stages`, rules/continual.smk) apart from the single-domain ones.
@@ -39,7 +37,7 @@ EXPERIMENTS = [e for e in config["experiments"] if e not in CONTINUAL]
 MODELS = config["models"]
 # Every tiny world by its directory under results/ (the `{world}` wildcard of rules/world.smk).
 WORLDS = worlds(config)
-# Which runs each experiment evaluates and where their inputs lie: graftlab.layout and graftlab.chains,
+# Which runs each experiment evaluates and where their inputs lie: graftlab.planning.layout and graftlab.planning.chains,
 # unit-tested there.
 LAYOUTS = {exp: Experiment.of(config, exp) for exp in EXPERIMENTS} | {
     exp: Continual.of(config, exp) for exp in CONTINUAL
@@ -76,7 +74,7 @@ wildcard_constraints:
 
 
 def layout(wildcards):
-    """The runs and paths of the experiment a job belongs to (graftlab.layout.Experiment)."""
+    """The runs and paths of the experiment a job belongs to (graftlab.planning.layout.Experiment)."""
     return LAYOUTS[wildcards.exp]
 
 
@@ -117,7 +115,7 @@ def eval_params(**first):
 
 
 def graft_run(w):
-    """The evaluation key of a graft job's model (graftlab.layout)."""
+    """The evaluation key of a graft job's model (graftlab.planning.layout)."""
     return f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/lam~{w.lam}/mask~{w.mask}/rho~{w.rho}"
 
 
@@ -126,8 +124,8 @@ SENSITIVITY_TOP = 0.01
 
 
 def report_disk():
-    """Write results/disk.tsv (graftlab.disk) and log its table: the disk a finished run uses, per rule."""
-    from graftlab.disk import write_report
+    """Write results/disk.tsv (graftlab.planning.disk) and log its table: the disk a finished run uses, per rule."""
+    from graftlab.planning.disk import write_report
 
     table = write_report(Path("."), Path("results/disk.tsv"))
     logger.info(f"Disk used, per rule:\n{table}")
@@ -145,7 +143,7 @@ def local_source(source):
     return [str(Path(source).expanduser())] if looks_local(source) else []
 
 
-# Each job's resources, from the model it loads and the work it does (graftlab.resources, unit-tested
+# Each job's resources, from the model it loads and the work it does (graftlab.planning.resources, unit-tested
 # there): rules set them, and no profile sets per-rule resources, so nothing overrides them.
 def profile_partitions():
     """{cpu, gpu} partition names from the profile's default-resources: `slurm_partition` (every job's
@@ -165,7 +163,7 @@ PARTITIONS = profile_partitions()
 
 @functools.cache
 def work_of(rule_name, exp, wildcards):
-    """The work of one job (graftlab.work): its model and FLOPs; None for a job of no model. Cached:
+    """The work of one job (graftlab.planning.work): its model and FLOPs; None for a job of no model. Cached:
     each of a job's resources asks for it."""
     w = dict(wildcards)
     if rule_name in ("world_pretrain", "world_posttrain"):
@@ -208,9 +206,9 @@ def sized(rule_name):
     return {key: get(key) for key in keys}
 
 
-# The continual experiments' chains (rules/continual.smk; graftlab.chains).
+# The continual experiments' chains (rules/continual.smk; graftlab.planning.chains).
 def chains(w):
-    """The continual layout of the job's experiment (graftlab.chains.Continual)."""
+    """The continual layout of the job's experiment (graftlab.planning.chains.Continual)."""
     return LAYOUTS[w.exp]
 
 

@@ -1,5 +1,5 @@
 # Continual experiments (`stages:`, docs/continual.md): every method as one chain of cached jobs, its stage k
-# trained from its own stage k-1 model (graftlab.chains, unit-tested there). Each rule's params hold only
+# trained from its own stage k-1 model (graftlab.planning.chains, unit-tested there). Each rule's params hold only
 # stage k's settings, so a change to stage k re-runs that stage and, through its new output, every later
 # one: nothing before it. Evaluation is rules/evaluate.smk's, keyed `chain/<chain>/stage~k`.
 
@@ -444,7 +444,7 @@ rule response_kl:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     resources:
-        # It samples every model (KL) and embeds their answers: graftlab.work.response_kl_work.
+        # It samples every model (KL) and embeds their answers: graftlab.planning.work.response_kl_work.
         **sized("response_kl"),
     params:
         post=post_dir,

@@ -22,7 +22,7 @@ rule graft:
     output:
         metrics="results/{exp}/eval/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/metrics.json",
         share="results/{exp}/sensitivity/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/share.parquet",
-        # The latency analysis charges each graft its time; graftlab.disk reads when its model existed.
+        # The latency analysis charges each graft its time; graftlab.planning.disk reads when its model existed.
         seconds="results/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/seconds.json",
     log:
         "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}.log",

@@ -11,7 +11,7 @@ rule fetch_model:
     input:
         # A local source is an input, so a rebuilt or edited local model is fetched again.
         lambda w: local_source(MODELS[w.name]["source"]),
-        # The model whose long-context rope scaling this one takes (graftlab.fetch.copy_rope).
+        # The model whose long-context rope scaling this one takes (graftlab.io.fetch.copy_rope).
         rope=lambda w: rope_dir(w.name),
     output:
         directory("resources/models/{name}"),

@@ -50,7 +50,7 @@ MUTATIONS = [
     ),
     Mutation(
         "opsd-shifted-logits",
-        "train/opsd.py",
+        "sampling.py",
         "logits[row, len(p) - 1 : len(p) + len(r) - 1]",
         "logits[row, len(p) : len(p) + len(r)]",
         (f"{OPSD}::test_response_logits_predict_each_response_token_from_exactly_what_precedes_it", TEACHER_READS),
@@ -83,7 +83,9 @@ MUTATIONS = [
         'score="fisher", deltas=None',
         (DIAG_DEFAULT,),
     ),
-    Mutation("diag-default-f-only (CLI)", "cli.py", 'default="fisher_delta",', 'default="fisher",', (DIAG_DEFAULT,)),
+    Mutation(
+        "diag-default-f-only (CLI)", "commands/cli.py", 'default="fisher_delta",', 'default="fisher",', (DIAG_DEFAULT,)
+    ),
     Mutation(
         "kfac-f-only-rotation-transposed",
         "fisher/kfac_mask.py",
@@ -125,7 +127,7 @@ MUTATIONS = [
     ),
     Mutation(
         "table-before-stats (write_table_with_stats)",
-        "atomic.py",
+        "io/atomic.py",
         "    write_json(stats_out, stats)\n    with atomic_file(out) as tmp:\n        table.write_parquet(tmp)\n",
         "    with atomic_file(out) as tmp:\n        table.write_parquet(tmp)\n    write_json(stats_out, stats)\n",
         (STATS_FIRST,),
@@ -157,15 +159,15 @@ MUTATIONS = [
     Mutation(
         "sdpo-loop-never-updates-teacher",
         "train/sdpo.py",
-        "            update_teacher(run.teacher, run.student, cfg.teacher, step, cfg.steps)\n",
+        "            update_teacher(run.teacher, run.student, cfg.schedule, step, cfg.steps)\n",
         "",
         (SCHEDULE,),
     ),
     Mutation(
         "sdpo-loop-teacher-step-late",
         "train/sdpo.py",
-        "update_teacher(run.teacher, run.student, cfg.teacher, step, cfg.steps)",
-        "update_teacher(run.teacher, run.student, cfg.teacher, max(step - 1, 1), cfg.steps)",
+        "update_teacher(run.teacher, run.student, cfg.schedule, step, cfg.steps)",
+        "update_teacher(run.teacher, run.student, cfg.schedule, max(step - 1, 1), cfg.steps)",
         (SCHEDULE,),
     ),
     Mutation(

@@ -9,7 +9,7 @@ import pytest
 
 from graftlab.analysis.pareto import plot_pareto
 from graftlab.analysis.summary import pareto_front, summarize, write_summary
-from graftlab.layout import parse_run
+from graftlab.planning.layout import parse_run
 
 GRAFT = "graft/step~400/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0"
 MERGE = "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.01"

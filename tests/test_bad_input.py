@@ -4,7 +4,7 @@ names the offending file, key, tensor or row, no traceback, and no output that l
 path stays absent, or unchanged when it existed.
 
 Each case builds its bad input in a scratch directory from a shared trio of pico models, then runs one
-`graftlab` command in-process (`graftlab.cli.main`) or the library function the workflow calls. Two run
+`graftlab` command in-process (`graftlab.commands.cli.main`) or the library function the workflow calls. Two run
 as real processes, to show what a user's terminal shows.
 """
 
@@ -25,10 +25,10 @@ import torch
 from conftest import build_pico_model, graft_args
 from safetensors.torch import load_file, save_file
 
-from graftlab.cli import main
-from graftlab.config import ConfigError, resolve
+from graftlab.commands.cli import main
 from graftlab.errors import GraftlabError
 from graftlab.fisher import write_fisher
+from graftlab.planning.config import ConfigError, resolve
 
 WEIGHT = "model.layers.0.mlp.up_proj.weight"
 VOCAB = 32  # the pico models' vocabulary
@@ -175,7 +175,7 @@ def _masked_nan(ctx: Ctx) -> None:
 
 
 def _dataset(ctx: Ctx, file: str, content: str, **source) -> None:
-    from graftlab.problem_sources import ProblemSource, write_problems
+    from graftlab.tasks.sources import ProblemSource, write_problems
 
     (ctx.tmp / file).write_text(content)
     src = ProblemSource("aime", str(ctx.tmp / file), **source)

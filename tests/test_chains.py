@@ -1,10 +1,10 @@
-"""A continual experiment's chains (graftlab.chains): where each method's stage k starts from, what a graft
+"""A continual experiment's chains (graftlab.planning.chains): where each method's stage k starts from, what a graft
 chain adds, where an SDPO teacher comes from, and the config checks of `stages`."""
 
 import pytest
 
-from graftlab.chains import Chain, Continual, parse_chain
-from graftlab.config import ConfigError, resolve
+from graftlab.planning.chains import Chain, Continual, parse_chain
+from graftlab.planning.config import ConfigError, resolve
 
 STAGES = [
     {"domain": "order", "epochs": 2, "steps": 3},

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graftlab.config import REFERENCE_PAGE, REGENERATE, ConfigError, load_schema, render_page, resolve
+from graftlab.planning.config import REFERENCE_PAGE, REGENERATE, ConfigError, load_schema, render_page, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,11 +1,11 @@
-"""graftlab.disk: the disk a finished run uses per rule, read from Snakemake's records of its outputs, and the
+"""graftlab.planning.disk: the disk a finished run uses per rule, read from Snakemake's records of its outputs, and the
 most the temporary grafts held at once, read from their jobs' timings."""
 
 import base64
 import json
 from pathlib import Path
 
-from graftlab.disk import TEMP_GRAFTS, graft_peak, human, usage
+from graftlab.planning.disk import TEMP_GRAFTS, graft_peak, human, usage
 
 
 def record(workdir: Path, output: str, rule: str, name_max: int = 255) -> None:

@@ -28,12 +28,12 @@ import torch
 from conftest import WHOLE_RUN, graft_args, snakemake, snakemake_cmd
 from safetensors.torch import load_file
 
-from graftlab import cli
-from graftlab.atomic import HOST
+from graftlab.commands import cli
 from graftlab.evaluate.run import Benchmark, evaluate
+from graftlab.io.atomic import HOST
 from graftlab.sampling import SamplingConfig
 from graftlab.synth.traces import expert_traces
-from graftlab.world import arith
+from graftlab.tasks import arith
 
 GRAFTLAB = [sys.executable, "-m", "graftlab"]
 # Fields no rerun reproduces: wall-clock times (the provenance file's time of creation, SFT's seconds per

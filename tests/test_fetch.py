@@ -13,9 +13,9 @@ import torch
 from huggingface_hub.utils import filter_repo_objects
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from graftlab import fetch
 from graftlab.errors import GraftlabError
-from graftlab.fetch import fetch_model
+from graftlab.io import fetch
+from graftlab.io.fetch import fetch_model
 from graftlab.world.tokenizer import build_tokenizer
 
 TOK = build_tokenizer()

@@ -90,7 +90,7 @@ import json  # noqa: E402
 from conftest import graft_args  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from graftlab.cli import main  # noqa: E402
+from graftlab.commands.cli import main  # noqa: E402
 from graftlab.fisher import make_mask  # noqa: E402
 from graftlab.graft import graft  # noqa: E402
 
@@ -273,7 +273,7 @@ def test_cli_global_mask_masks_exactly_rho_of_the_entries(trio, tmp_path):
 
 
 def test_the_fisher_registry_is_what_the_command_line_offers_and_refuses_foreign_options(tmp_path):
-    from graftlab.cli import build_parser
+    from graftlab.commands.cli import build_parser
     from graftlab.fisher import FISHERS, KINDS, write_fisher
 
     actions = {a.dest: a for p in build_parser()._subparsers._group_actions[0].choices.values() for a in p._actions}

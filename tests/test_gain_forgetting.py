@@ -11,7 +11,7 @@ from graftlab.analysis.gain_forgetting import (
     shown_runs,
     write_gain_forgetting,
 )
-from graftlab.layout import parse_run
+from graftlab.planning.layout import parse_run
 
 ROLES = {"add": "old", "sub": "old", "mul": "new"}
 SFT1, SFT2 = "sft/post/lr~1e-3/epoch~1", "sft/post/lr~1e-3/epoch~2"

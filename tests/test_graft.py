@@ -14,13 +14,13 @@ import torch
 from conftest import build_pico_model, graft_args
 from safetensors.torch import load_file, save_file
 
-from graftlab.atomic import atomic_dir
-from graftlab.cli import main
+from graftlab.commands.cli import main
 from graftlab.errors import GraftlabError
-from graftlab.fetch import copy_model_files
 from graftlab.graft import graft
-from graftlab.provenance import write_provenance
-from graftlab.safetensors_io import SafetensorsWriter, read_header, tensor_index
+from graftlab.io.atomic import atomic_dir
+from graftlab.io.fetch import copy_model_files
+from graftlab.io.provenance import write_provenance
+from graftlab.io.safetensors_io import SafetensorsWriter, read_header, tensor_index
 
 
 def load_model(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -304,7 +304,7 @@ def test_atomic_dir_leaves_nothing_on_error_and_replaces_on_success(tmp_path):
 
 
 def test_atomic_file_leaves_nothing_on_error_and_replaces_on_success(tmp_path):
-    from graftlab.atomic import atomic_file
+    from graftlab.io.atomic import atomic_file
 
     out = tmp_path / "sub" / "table.parquet"
     with pytest.raises(RuntimeError):

@@ -12,11 +12,10 @@ from transformers import AutoModelForCausalLM
 
 import graftlab.tasks as tasks
 from graftlab.errors import GraftlabError
-from graftlab.tasks import EMPTY_THINK, chat_completion
+from graftlab.tasks import EMPTY_THINK, arith, chat_completion
 from graftlab.train.grpo import GrpoConfig, _Clock, grpo_dataset, make_reward, make_trainer, train_grpo
 from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume
-from graftlab.world import arith
 
 COLUMNS = {"step", "loss", "reward", "accuracy", "entropy", "response_len", "repeated_rate", "sample_s", "update_s"}
 COLUMNS |= {"response_tokens", "flat_groups"}

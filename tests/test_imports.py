@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from graftlab.safetensors_io import SafetensorsWriter
+from graftlab.io.safetensors_io import SafetensorsWriter
 
 REPO = Path(__file__).resolve().parents[1]
 SRC = REPO / "src"
@@ -60,10 +60,37 @@ def test_no_import_cycle_counting_imports_inside_functions():
     assert len(graph) > 40 and not cycles, cycles
 
 
+def test_no_folder_imports_a_folder_that_imports_it_back():
+    """The layers: folding each module into its top-level package (or top-level module), no two import
+    each other, directly or round a loop."""
+    top = lambda m: ".".join(m.split(".")[:2])  # noqa: E731
+    folded: dict[str, set[str]] = {}
+    for m, targets in import_graph().items():
+        folded.setdefault(top(m), set()).update(top(t) for t in targets if top(t) != top(m))
+    reach = {node: set(edges) for node, edges in folded.items()}
+    changed = True
+    while changed:  # transitive closure: a few dozen nodes
+        changed = False
+        for seen in reach.values():
+            more = set().union(*(reach.get(n, set()) for n in seen)) - seen
+            if more:
+                seen |= more
+                changed = True
+    loops = sorted(node for node, seen in reach.items() if node in seen)
+    assert len(folded) > 10 and not loops, {n: sorted(folded[n] & {m for m in loops if n in reach[m]}) for n in loops}
+
+
+def test_the_top_level_holds_few_modules():
+    """The package reads as layers: io, planning, commands, methods and the domain folders; only a few
+    modules stay at the top."""
+    modules = [p.stem for p in (SRC / "graftlab").glob("*.py") if p.stem not in ("__init__", "__main__")]
+    assert len(modules) <= 8, sorted(modules)
+
+
 def test_the_modules_the_workflow_imports_leave_torch_out():
     """Every `snakemake` call, a dry-run included, parses rules/common.smk: it must not pay for torch."""
     imported = re.findall(r"^from (graftlab[\w.]*) import", (REPO / "rules" / "common.smk").read_text(), re.M)
-    assert {"graftlab.config", "graftlab.layout", "graftlab.fisher"} <= set(imported)
+    assert {"graftlab.planning.config", "graftlab.planning.layout", "graftlab.fisher"} <= set(imported)
     code = f"import sys; import {', '.join(imported)}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
@@ -83,7 +110,7 @@ def test_identity_graft_from_the_command_line_leaves_torch_out(tmp_path):
         (tmp_path / role / "config.json").write_text('{"model_type": "toy"}')  # graft refuses a dir without one
         dirs.append(str(tmp_path / role))
     code = (
-        "import sys; from graftlab.cli import main; "
+        "import sys; from graftlab.commands.cli import main; "
         f"code = main(['graft', '--post', {dirs[0]!r}, '--donor', {dirs[1]!r}, '--donor-tuned', {dirs[2]!r}, "
         f"'--scale', '0.5', '--out', {str(tmp_path / 'out')!r}]); "
         "print(code, sorted({'torch', 'transformers'} & set(sys.modules)))"

@@ -12,9 +12,8 @@ import pytest
 import yaml
 from conftest import REPO, SMOKE
 
-from graftlab.cli import main
-from graftlab.errors import GraftlabError
-from graftlab.inspect_results import (
+from graftlab.commands.cli import main
+from graftlab.commands.inspect_results import (
     PROPAGATED,
     Lineage,
     benchmark_file,
@@ -27,6 +26,7 @@ from graftlab.inspect_results import (
     run_costs,
     run_states,
 )
+from graftlab.errors import GraftlabError
 
 HEADER = (
     "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\t"

@@ -11,7 +11,7 @@ from test_fisher import _rollouts
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from graftlab.cli import main
+from graftlab.commands.cli import main
 from graftlab.fisher import make_mask
 from graftlab.fisher.diag import diag_fisher
 from graftlab.fisher.kfac import kfac_fisher

@@ -13,8 +13,8 @@ from transformers import AutoTokenizer
 
 from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
-from graftlab.tasks import EMPTY_THINK, chat_completion, get_task, is_correct
-from graftlab.world import arith, build
+from graftlab.tasks import EMPTY_THINK, arith, chat_completion, get_task, is_correct
+from graftlab.world import build
 from graftlab.world import knowledge as kn
 from graftlab.world.tokenizer import CHARS, build_tokenizer, save_tokenizer
 

@@ -51,7 +51,7 @@ def root(tmp_path):
 
 
 def _summary(runs=SCORES) -> pl.DataFrame:
-    from graftlab.layout import parse_run
+    from graftlab.planning.layout import parse_run
 
     rows = [{"run": r, "new": n, "old": o} | parse_run(r) for r, (n, o) in runs.items()]
     return pl.DataFrame(rows).select(

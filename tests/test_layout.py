@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graftlab.config import resolve
-from graftlab.layout import KEY_COLUMNS, Experiment, Run, eval_root, parse_run, run, study_experiments, worlds
+from graftlab.planning.config import resolve
+from graftlab.planning.layout import KEY_COLUMNS, Experiment, Run, eval_root, parse_run, run, study_experiments, worlds
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ("config.yaml", "configs/smoke.yaml", "configs/qwen3-1.7b-star.yaml", "configs/qwen3-4b-sdpo.yaml")
@@ -194,7 +194,7 @@ def test_key_values_are_the_strings_of_the_path():
 
 def test_importing_the_layout_loads_no_numerical_library():
     # Every workflow parse imports it (rules/common.smk): a dry-run must not wait for torch.
-    code = "import sys, graftlab.layout; print(sorted({'torch', 'polars', 'numpy'} & set(sys.modules)))"
+    code = "import sys, graftlab.planning.layout; print(sorted({'torch', 'polars', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

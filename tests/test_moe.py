@@ -8,8 +8,8 @@ from conftest import REPO, snakemake
 
 from graftlab.analysis import moe
 from graftlab.analysis.moe import MoeConfig
-from graftlab.config import ConfigError, resolve
 from graftlab.errors import GraftlabError
+from graftlab.planning.config import ConfigError, resolve
 
 DEFAULTS = resolve({})  # the schema's defaults, once: resolving checks the whole world (0.5 s)
 

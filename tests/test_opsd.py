@@ -8,17 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.errors import GraftlabError
-from graftlab.tasks import chat_completion, chat_prompt
-from graftlab.train.opsd import (
-    Opsd,
-    OpsdConfig,
-    demonstration,
-    opsd_examples,
-    response_logits,
-    teacher_text,
-    train_opsd,
-)
-from graftlab.world import arith, build
+from graftlab.sampling import response_logits
+from graftlab.synth.demonstrations import demonstration, opsd_examples
+from graftlab.tasks import arith, chat_completion, chat_prompt
+from graftlab.train.opsd import Opsd, OpsdConfig, teacher_text, train_opsd
+from graftlab.world import build
 from graftlab.world import knowledge as kn
 from graftlab.world.tokenizer import build_tokenizer
 
@@ -45,10 +39,10 @@ def examples(count=6):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"alpha": 1.5}, "alpha must lie in"),
-        ({"alpha": -0.1}, "alpha must lie in"),
-        ({"top_k": 0}, "top_k must be at least 1"),
-        ({"template": "{problem} only"}, r"lacks \['{demonstration}'\]"),
+        ({"alpha": 1.5}, r"alpha: \[1.5\] outside \[0, 1\]"),
+        ({"alpha": -0.1}, r"alpha: \[-0.1\] outside \[0, 1\]"),
+        ({"top_k": 0}, "top_k: must be >= 1"),
+        ({"template": "{problem} only"}, r"template: lacks the placeholder\(s\) \['{demonstration}'\]"),
         ({"save_steps": (5,)}, "save_steps"),
     ],
 )

@@ -17,7 +17,7 @@ from conftest import build_pico_model
 from safetensors.torch import load_file, save_file
 
 from graftlab.analysis.param_drift import matrix_drift, plot_drift, write_model_drift
-from graftlab.cli import main
+from graftlab.commands.cli import main
 from graftlab.errors import GraftlabError
 
 COLUMNS = [

@@ -14,8 +14,8 @@ import torch
 from graftlab.errors import GraftlabError
 from graftlab.synth import pedagogical as ped
 from graftlab.synth.star import StarConfig
-from graftlab.tasks import chat_completion, chat_prompt
-from graftlab.world import arith, build
+from graftlab.tasks import arith, chat_completion, chat_prompt
+from graftlab.world import build
 from graftlab.world.tokenizer import build_tokenizer
 
 TOK = build_tokenizer()

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from graftlab.cli import main
-from graftlab.config import resolve
-from graftlab.plan import Assumptions, estimate, load_config, render
+from graftlab.commands.cli import main
+from graftlab.planning.config import resolve
+from graftlab.planning.plan import Assumptions, estimate, load_config, render
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
@@ -117,10 +117,10 @@ def test_a_greedy_task_is_charged_one_answer_per_question():
     """Knowledge questions are answered once, greedily (graftlab.tasks): evaluation is charged so."""
     import yaml
 
-    from graftlab.config import resolve
-    from graftlab.layout import Experiment
-    from graftlab.plan import Assumptions
-    from graftlab.work import eval_sequences
+    from graftlab.planning.config import resolve
+    from graftlab.planning.layout import Experiment
+    from graftlab.planning.plan import Assumptions
+    from graftlab.planning.work import eval_sequences
 
     config = resolve(yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml").read_text()))
     name = next(e for e, x in config["experiments"].items() if x["data"] == "knowledge")
@@ -173,8 +173,8 @@ CONTINUAL = {
 
 
 def test_hand_computed_continual_plan(tmp_path):
-    from graftlab.chains import Continual
-    from graftlab.work import job_work
+    from graftlab.planning.chains import Continual
+    from graftlab.planning.work import job_work
 
     a = Assumptions(prompt_tokens=256)
     config = resolve(copy.deepcopy(CONTINUAL))
@@ -213,7 +213,7 @@ def test_continual_rules_are_sized_as_the_plan_says():
     """Each continual rule's `sized(...)` in rules/continual.smk is the rule the plan sizes it as."""
     import re
 
-    from graftlab.plan import SIZED_AS
+    from graftlab.planning.plan import SIZED_AS
 
     text = (ROOT / "rules" / "continual.smk").read_text()
     sized = dict(re.findall(r"^rule (\w+):(?:(?!^rule ).)*?\*\*sized\(\"(\w+)\"\)", text, flags=re.M | re.S))

@@ -5,9 +5,10 @@ import polars as pl
 import pytest
 import torch
 
+from graftlab.tasks import arith
 from graftlab.train import precision as prec
 from graftlab.train.precision import Precision, choose, native_bf16_flags
-from graftlab.world import arith, build
+from graftlab.world import build
 from graftlab.world.tokenizer import build_tokenizer
 
 ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=256)
@@ -139,8 +140,9 @@ def test_opsd_computes_its_logits_in_the_chosen_precision_over_fp32_weights(mode
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import graftlab.train.divergence as div
+    from graftlab.synth.demonstrations import opsd_examples
     from graftlab.tasks import chat_completion
-    from graftlab.train.opsd import Opsd, OpsdConfig, opsd_examples
+    from graftlab.train.opsd import Opsd, OpsdConfig
 
     seen, real = [], div.generalized_divergence
 

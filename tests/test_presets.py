@@ -21,7 +21,7 @@ PRESETS = {
 
 def local_sources(preset: str) -> list[str]:
     """The local data files a preset names (copied by hand before a run, as its comments say)."""
-    from graftlab.fetch import looks_local
+    from graftlab.io.fetch import looks_local
 
     text = (REPO / "configs" / preset).read_text()
     return [s for s in re.findall(r"source: (\S+?)[,}\s]", text) if looks_local(s)]
@@ -57,7 +57,7 @@ def test_olmo_pretraining_donors_take_the_post_models_rope():
 
 
 def test_the_continual_preset_is_planned_stage_by_stage(tmp_path):
-    from graftlab.plan import estimate, load_config
+    from graftlab.planning.plan import estimate, load_config
 
     plan = estimate(load_config([str(REPO / "configs" / "qwen3-4b-continual.yaml")], []))
     table = re.search(r"^job\s+count\n-+\s+-+\n(.*?)^total", dry_run("qwen3-4b-continual.yaml", tmp_path), re.M | re.S)

@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 
 from graftlab.errors import GraftlabError
-from graftlab.problem_sources import ProblemSource, load_problems, read_table, write_problems
 from graftlab.tasks.math import MATH_INSTRUCTION
+from graftlab.tasks.sources import ProblemSource, load_problems, read_table, write_problems
 
 ROWS = [
     {"uid": "q1", "question": "What is 1/2 as a decimal?", "final": "0.5", "level": 1},
@@ -113,7 +113,7 @@ def test_unparsable_answers_are_skipped_counted_and_logged(tmp_path, caplog):
         {"uid": "bad2", "question": "R?", "final": "", "level": 3},
         {"uid": "bad3", "question": "S?", "final": r"\frac{1}{", "level": 3},
     ]
-    with caplog.at_level(logging.WARNING, logger="graftlab.problem_sources"):
+    with caplog.at_level(logging.WARNING, logger="graftlab.tasks.sources"):
         problems, stats = load_problems(ProblemSource("toy", write(tmp_path, rows, "jsonl"), columns=MAPPING))
     assert problems["id"].to_list() == ["q1", "q2", "q3"]
     assert stats["skipped"] == {"empty": 1, "unparsable": 2, "duplicate": 0}
@@ -182,7 +182,7 @@ def test_write_problems_writes_parquet_and_stats(tmp_path):
 
 
 def test_a_leak_is_found_by_id_or_by_prompt_and_refused_or_reported(tmp_path, capsys):
-    from graftlab.problem_sources import find_leaks, refuse_leaks
+    from graftlab.tasks.sources import find_leaks, refuse_leaks
 
     bench = tmp_path / "bench.parquet"
     pl.DataFrame({"id": ["b1", "b2"], "prompt": ["What is 2+2?", "Name  a\tprime."]}).write_parquet(bench)

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from graftlab.resources import CPU_KINDS, GPU_KINDS, classify, job_resources
+from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, classify, job_resources
 from tests.conftest import REPO, snakemake
 
 PARTITIONS = {"cpu": "cpu-part", "gpu": "gpu-part"}
@@ -60,7 +60,7 @@ def test_every_rule_is_sized_once():
     rules = workflow_rules()
     assert not set(GPU_KINDS) & set(CPU_KINDS)
     unsized = sorted(r for r in rules if r not in GPU_KINDS and r not in CPU_KINDS)
-    assert not unsized, f"rules missing from graftlab.resources: {unsized}"
+    assert not unsized, f"rules missing from graftlab.planning.resources: {unsized}"
     assert not (set(GPU_KINDS) | set(CPU_KINDS)) - rules  # nothing stale either
 
 
@@ -96,7 +96,7 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
     # Qwen3-1.7B (the preset's 1.72e9 hint): one GPU each, 4 GB + 4 bytes/param of host memory.
     assert all(seen[r][:2] == (1, 10880) for r in ("mine", "star", "sft", "fisher", "evaluate"))
     # MATH sets no limit: 10,000 candidates, half kept as hard, 200 held out: 4,800 to train on; every
-    # sequence 512 prompt + 8,192 generated = 8,704 tokens (graftlab.work).
+    # sequence 512 prompt + 8,192 generated = 8,704 tokens (graftlab.planning.work).
     # SFT: 6 x 1.72e9 x 3 epochs x 4,800 x 8,704 = 1.2935e18 FLOPs at 120e12/s = 179.6 min, + 10.
     assert seen["sft"][2] == 190
     # Mining samples 16 x 10,000: 2 x 1.72e9 x 160,000 x 8,704 = 4.7907e18 at 40e12/s = 1,996.1 min, + 10;

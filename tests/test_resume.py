@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from graftlab.synth.demonstrations import opsd_examples
 from graftlab.synth.traces import expert_traces
-from graftlab.tasks import chat_completion
-from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
+from graftlab.tasks import arith, chat_completion
+from graftlab.train.opsd import OpsdConfig, train_opsd
 from graftlab.train.resume import Resume
 from graftlab.train.sft import TrainConfig, sft_epochs
-from graftlab.world import arith
 
 SFT = dict(lr=1e-2, batch_size=8, epochs=2)  # 32 traces: 4 steps an epoch
 OPSD = dict(alpha=0.5, lr=1e-2, steps=4, save_steps=[2, 4], batch_size=2, max_new_tokens=8)

@@ -21,8 +21,8 @@ from graftlab.fisher.rollouts import (
     write_rollouts,
 )
 from graftlab.sampling import HfSampler, SamplingConfig, _vllm_completion_ids
-from graftlab.tasks import chat_completion, chat_prompt
-from graftlab.world import arith, build
+from graftlab.tasks import arith, chat_completion, chat_prompt
+from graftlab.world import build
 from graftlab.world.tokenizer import build_tokenizer
 
 ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=128)

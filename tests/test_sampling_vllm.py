@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from graftlab.sampling import Engine, SamplingConfig, grpo_vllm_kwargs, load_sampler
-from graftlab.tasks import chat_completion
-from graftlab.world import arith, build
+from graftlab.tasks import arith, chat_completion
+from graftlab.world import build
 from graftlab.world.tokenizer import build_tokenizer
 
 FAKE = Path(__file__).parent / "fake_vllm"

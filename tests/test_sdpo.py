@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.errors import GraftlabError
+from graftlab.sampling import response_logits
 from graftlab.tasks import TASKS, THINK_CLOSE, Task, chat_completion, extract_answer
 from graftlab.train.divergence import generalized_divergence
-from graftlab.train.opsd import response_logits
 from graftlab.train.sdpo import (
     Rollout,
     Sdpo,

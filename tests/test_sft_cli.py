@@ -14,10 +14,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from graftlab.tasks import chat_completion
+from graftlab.commands.sft import FSDP_CONFIG, add_parser, cli_args, launch_command, main
+from graftlab.tasks import arith, chat_completion
 from graftlab.train.sft import TrainConfig
-from graftlab.train.sft_cli import FSDP_CONFIG, add_parser, cli_args, launch_command, main
-from graftlab.world import arith
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,7 +102,7 @@ def test_a_refusal_is_one_line_and_leaves_no_output(model, data, tmp_path, capsy
 
 def test_launch_command_runs_one_process_plainly_and_several_under_accelerate():
     argv = ["--model", "m", "--out", "o"]
-    assert launch_command(1, argv, fsdp=True) == [sys.executable, "-m", "graftlab.train.sft_cli", "sft", *argv]
+    assert launch_command(1, argv, fsdp=True) == [sys.executable, "-m", "graftlab.commands.sft", "sft", *argv]
     fsdp = launch_command(4, argv, fsdp=True)
     assert fsdp[:5] == [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "4"]
     assert fsdp[5:7] == ["--config_file", str(FSDP_CONFIG)] and fsdp[-5:] == ["sft", *argv]
@@ -114,10 +113,10 @@ def test_launch_command_runs_one_process_plainly_and_several_under_accelerate():
 
 
 def test_the_shipped_fsdp_config_shards_fully_per_decoder_layer_in_bf16_over_fp32():
-    """What configs/accelerate/fsdp.yaml must say for FSDP of a Qwen3 or OLMo 3 model."""
+    """What src/graftlab/commands/fsdp.yaml must say for FSDP of a Qwen3 or OLMo 3 model."""
     from accelerate.commands.config.config_args import load_config_from_file
 
-    assert FSDP_CONFIG == REPO / "configs/accelerate/fsdp.yaml"
+    assert FSDP_CONFIG == REPO / "src/graftlab/commands/fsdp.yaml"
     raw = yaml.safe_load(FSDP_CONFIG.read_text())
     loaded = load_config_from_file(str(FSDP_CONFIG))  # accelerate itself reads it
     fsdp = loaded.fsdp_config
@@ -148,7 +147,7 @@ def test_two_data_parallel_processes_train_as_one_and_write_once(model, data, tm
     single, parallel = tmp_path / "single", tmp_path / "parallel"
     assert sft(model, data, single, "--steps", "2", "--batch-size", "8") == 0
     argv = ["--model", str(model), "--data", str(data), "--lr", "1e-3", "--steps", "2", "--batch-size", "8"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "graftlab.train.sft_cli"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "graftlab.commands.sft"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(
         [*command, "sft", *argv, "--threads", "1", "--out", str(parallel)],
@@ -167,8 +166,8 @@ def test_two_data_parallel_processes_train_as_one_and_write_once(model, data, tm
 
 
 def test_the_workflow_launches_over_several_gpus_and_a_failure_is_one_line(monkeypatch, tmp_path):
+    from graftlab.commands import sft as sft_cli
     from graftlab.errors import GraftlabError
-    from graftlab.train import sft_cli
 
     seen = []
     monkeypatch.setattr(

@@ -11,9 +11,8 @@ import torch
 from PIL import Image
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from graftlab.tasks import chat_completion
+from graftlab.tasks import arith, chat_completion
 from graftlab.train.sft import TrainConfig, encode_traces, sft_epochs
-from graftlab.world import arith
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

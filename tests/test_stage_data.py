@@ -8,10 +8,10 @@ import os
 import polars as pl
 import pytest
 
-from graftlab.config import resolve
+from graftlab.planning.config import resolve
 from graftlab.synth.stage_data import write_stage_data
 from graftlab.tasks import get_task
-from graftlab.world.arith import sample_problems
+from graftlab.tasks.arith import sample_problems
 
 
 def stage(**keys) -> dict:

@@ -12,9 +12,9 @@ from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.sampling import SamplingConfig, generate, generate_ids
 from graftlab.synth.mining import MiningConfig, split_hard
 from graftlab.synth.traces import expert_traces
-from graftlab.tasks import chat_prompt, get_task
+from graftlab.tasks import arith, chat_prompt, get_task
 from graftlab.train.sft import TrainConfig, encode_chat, sft_epochs
-from graftlab.world import arith, build
+from graftlab.world import build
 from graftlab.world.tokenizer import build_tokenizer
 
 ARCH = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=128)

@@ -12,8 +12,7 @@ from graftlab.errors import GraftlabError
 from graftlab.streams import stream_seed
 from graftlab.synth import star
 from graftlab.synth.star import StarConfig, star_traces
-from graftlab.tasks import chat_completion, is_correct
-from graftlab.world import arith
+from graftlab.tasks import arith, chat_completion, is_correct
 from graftlab.world.tokenizer import build_tokenizer
 
 TOK = build_tokenizer()

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from graftlab.streams import stream, stream_key, stream_seed
-from graftlab.world import arith
+from graftlab.tasks import arith
 
 
 def test_a_seeds_streams_never_coincide_with_the_next_seeds_of_another_purpose():

@@ -8,8 +8,8 @@ import pytest
 
 from graftlab.analysis.moe import MoeConfig
 from graftlab.analysis.study import _moe_columns, write_study
-from graftlab.config import resolve
-from graftlab.layout import parse_run
+from graftlab.planning.config import resolve
+from graftlab.planning.layout import parse_run
 
 GRAFT = "graft/step~100/lr~1e-3/epoch~2/lam~1/mask~none/rho~0"
 SFT = "sft/post/lr~1e-3/epoch~2"

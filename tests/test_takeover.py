@@ -9,7 +9,7 @@ import pytest
 from graftlab.analysis.takeover import form_shares, takeover_table
 from graftlab.errors import GraftlabError
 from graftlab.tasks import chat_completion, extract_thinking
-from graftlab.world.arith import NEW_TASKS, OLD_TASKS, operands, problem, step_facts, thinking_form
+from graftlab.tasks.arith import NEW_TASKS, OLD_TASKS, operands, problem, step_facts, thinking_form
 
 
 @pytest.mark.parametrize("task", OLD_TASKS + NEW_TASKS)

@@ -8,9 +8,8 @@ from math_verify.errors import TimeoutException
 from graftlab import tasks
 from graftlab.errors import GraftlabError
 from graftlab.sampling import SamplingConfig
-from graftlab.tasks import EMPTY_THINK, TASKS, chat_completion, find_task, get_task
+from graftlab.tasks import EMPTY_THINK, TASKS, arith, chat_completion, find_task, get_task
 from graftlab.tasks.math import MATH_INSTRUCTION, last_boxed, math_grade, math_reference
-from graftlab.world import arith
 
 
 def turn(final: str, thinking: str = "let me think") -> str:

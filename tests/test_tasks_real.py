@@ -329,7 +329,7 @@ def test_data_sets_in_the_papers_shapes_load_through_a_problem_source(tmp_path):
     which a problem source reads as the list's Python repr), become problems; ungradable rows are skipped."""
     import polars as pl
 
-    from graftlab.problem_sources import ProblemSource, load_problems
+    from graftlab.tasks.sources import ProblemSource, load_problems
 
     tool_prompt = TOOLUSE_TEMPLATE.format(tools=TOOLS, question="A fact?")
     sets = {

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from graftlab.errors import GraftlabError
-from graftlab.train.teacher import parse_schedule, update_teacher
+from graftlab.methods.sdpo import parse_schedule
+from graftlab.train.teacher import update_teacher
 
 
 def pair(seed: int = 0):
@@ -28,12 +29,12 @@ def flat(m):
 def test_ema_is_exact_against_the_formula_and_blends_tied_weights_once():
     teacher, student = pair()
     t0, s = flat(teacher), flat(student)
-    assert update_teacher(teacher, student, "ema:0.25", 1, 10)
+    assert update_teacher(teacher, student, parse_schedule("ema:0.25"), 1, 10)
     for name, value in teacher.state_dict().items():
         if value.is_floating_point():
             torch.testing.assert_close(value, 0.75 * t0[name] + 0.25 * s[name], rtol=0, atol=1e-14)
     # Twice: (1-R)^2 t0 + (1 - (1-R)^2) s when the student stands still.
-    update_teacher(teacher, student, "ema:0.25", 2, 10)
+    update_teacher(teacher, student, parse_schedule("ema:0.25"), 2, 10)
     w = "0.weight"
     torch.testing.assert_close(teacher.state_dict()[w], 0.5625 * t0[w] + 0.4375 * s[w], rtol=0, atol=1e-14)
     assert teacher.state_dict()["steps"].item() == 0  # integer buffers are not blended
@@ -41,7 +42,7 @@ def test_ema_is_exact_against_the_formula_and_blends_tied_weights_once():
 
 def test_ema_one_copies_the_student():
     teacher, student = pair()
-    update_teacher(teacher, student, "ema:1", 3, 10)
+    update_teacher(teacher, student, parse_schedule("ema:1"), 3, 10)
     for a, b in zip(teacher.parameters(), student.parameters()):
         assert torch.equal(a, b)
 
@@ -49,7 +50,7 @@ def test_ema_one_copies_the_student():
 def test_frozen_never_changes():
     teacher, student = pair()
     t0 = flat(teacher)
-    assert not any(update_teacher(teacher, student, "frozen", step, 5) for step in range(1, 6))
+    assert not any(update_teacher(teacher, student, parse_schedule("frozen"), step, 5) for step in range(1, 6))
     assert all(torch.equal(teacher.state_dict()[k], v) for k, v in t0.items())
 
 
@@ -70,7 +71,7 @@ def test_refresh_steps(schedule, total, refreshed):
         with torch.no_grad():
             student[0].weight.add_(1.0)  # the student moves every step
         before = flat(teacher)
-        if update_teacher(teacher, student, schedule, step, total):
+        if update_teacher(teacher, student, parse_schedule(schedule), step, total):
             changed.append(step)
             assert all(torch.equal(a, b) for a, b in zip(teacher.parameters(), student.parameters()))
         else:
@@ -80,15 +81,14 @@ def test_refresh_steps(schedule, total, refreshed):
 
 @pytest.mark.parametrize("bad", ["ema", "ema:0", "ema:1.5", "refresh:-0.1", "refresh:x", "frozen:1", "EMA:0.1", ""])
 def test_bad_schedules_are_clear_errors(bad):
-    teacher, student = pair()
     with pytest.raises(GraftlabError, match="teacher schedule"):
-        update_teacher(teacher, student, bad, 1, 10)
+        parse_schedule(bad)
 
 
 def test_step_outside_the_run_is_an_error():
     teacher, student = pair()
     with pytest.raises(GraftlabError, match="step 11 outside 1..10"):
-        update_teacher(teacher, student, "ema:0.1", 11, 10)
+        update_teacher(teacher, student, parse_schedule("ema:0.1"), 11, 10)
 
 
 def test_parse_schedule():

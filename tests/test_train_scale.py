@@ -10,13 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from graftlab.commands.sft import main
 from graftlab.errors import GraftlabError
-from graftlab.tasks import chat_completion
+from graftlab.synth.demonstrations import opsd_examples
+from graftlab.tasks import arith, chat_completion
 from graftlab.train import precision as prec
-from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
+from graftlab.train.opsd import OpsdConfig, train_opsd
 from graftlab.train.sft import TrainConfig, encode_traces, finetune
-from graftlab.train.sft_cli import main
-from graftlab.world import arith
 from graftlab.world.tokenizer import build_tokenizer
 
 PROBLEMS = arith.sample_problems("mul", 32, "test", 0)
@@ -185,7 +185,7 @@ def test_save_dtype_auto_is_the_stored_dtype_and_cast_saved_rounds_once(tmp_path
     ],
 )
 def test_a_micro_batch_that_does_not_divide_its_batch_is_a_config_error(section, micro, message):
-    from graftlab.config import ConfigError, resolve
+    from graftlab.planning.config import ConfigError, resolve
 
     assert resolve({"experiments": {"e": {section: {"micro_batch_size": 4}}}})["experiments"]["e"][section]
     with pytest.raises(ConfigError, match=message):

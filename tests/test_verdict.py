@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from graftlab.analysis.verdict import judge_runs, reproduces
-from graftlab.layout import parse_run
+from graftlab.planning.layout import parse_run
 
 
 def graft(lam: str, mask: str = "none") -> str:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from graftlab.config import resolve
-from graftlab.layout import Experiment
-from graftlab.work import WORLD_VOCAB, Assumptions, decoder_model, job_work, model_of, size_in_name, world_work
+from graftlab.planning.config import resolve
+from graftlab.planning.layout import Experiment
+from graftlab.planning.work import WORLD_VOCAB, Assumptions, decoder_model, job_work, model_of, size_in_name, world_work
 from tests.test_plan import HAND
 
 QWEN3_1_7B = {

@@ -98,7 +98,7 @@ def test_models_load_in_transformers_and_grafts_are_temporary(smoke):
 def test_grafts_on_disk_never_exceed_the_cap_and_the_run_reports_its_disk(smoke):
     # The smoke run holds `--resources temp_grafts=1` on 2 cores (conftest.WHOLE_RUN): every graft's model
     # existed alone, though other jobs ran beside the grafts.
-    from graftlab.disk import graft_peak
+    from graftlab.planning.disk import graft_peak
 
     records = [json.loads(p.read_text()) for p in (smoke / "results").glob("*/graft/**/seconds.json")]
     assert len(records) == 25 and all(r["model_bytes"] > 0 for r in records)

@@ -6,8 +6,7 @@ import re
 import pytest
 from transformers import AutoTokenizer
 
-from graftlab.tasks import chat_completion, chat_prompt, extract_answer, is_correct
-from graftlab.world import arith
+from graftlab.tasks import arith, chat_completion, chat_prompt, extract_answer, is_correct
 from graftlab.world.tokenizer import save_tokenizer
 
 

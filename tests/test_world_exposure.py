@@ -8,10 +8,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from graftlab.config import ConfigError, resolve
+from graftlab.planning.config import ConfigError, resolve
 from graftlab.streams import stream
-from graftlab.tasks import extract_thinking, is_correct
-from graftlab.world import arith
+from graftlab.tasks import arith, extract_thinking, is_correct
 from graftlab.world.build import exposure_problems, make_candidates, make_corpus
 from graftlab.world.tokenizer import CHARS
 

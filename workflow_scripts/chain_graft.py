@@ -2,9 +2,9 @@
 by that model's retention Fisher unless the mask is `none`. The model is kept (the next stage starts from
 it); the seconds it took go to `seconds.json`."""
 
-from graftlab.atomic import write_json
 from graftlab.graft import masked_graft
-from graftlab.joblog import job_log, timed
+from graftlab.io.atomic import write_json
+from graftlab.io.joblog import job_log, timed
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 seconds = {}

@@ -2,7 +2,7 @@
 average accuracy and forgetting with collapse per method and stage."""
 
 from graftlab.analysis.continual_results import write_continual_results
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 p, out = snakemake.params, snakemake.output
 with job_log(snakemake.log[0]):

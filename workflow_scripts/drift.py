@@ -2,7 +2,7 @@
 post model's own SFT update."""
 
 from graftlab.analysis.drift import write_drift
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 p, inp = snakemake.params, snakemake.input
 with job_log(snakemake.log[0], 1):

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from graftlab.evaluate.run import Benchmark, evaluate
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine, SamplingConfig
 
 p = snakemake.params

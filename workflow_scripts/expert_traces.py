@@ -1,6 +1,6 @@
 """Expert traces of the mined problems: the tiny world's solver, or a data set's written solutions."""
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.synth.traces import write_traces
 
 with job_log(snakemake.log[0]):

@@ -1,10 +1,10 @@
 """Fetch one configured model (a local directory or a hub id at a revision) into resources/models/."""
 
-from graftlab.fetch import fetch_model, hub_online
+from graftlab.io.fetch import fetch_model, hub_online
 
 hub_online()  # a local rule: the one job that downloads models
 
-from graftlab.joblog import job_log  # noqa: E402
+from graftlab.io.joblog import job_log  # noqa: E402
 
 p = snakemake.params
 with job_log(snakemake.log[0]):

@@ -1,7 +1,7 @@
 """Retention Fisher of the post model on its rollouts (kind: diag or kfac)."""
 
 from graftlab.fisher import write_fisher
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 p, inp = snakemake.params, snakemake.input
 batch_size = snakemake.config["experiments"][snakemake.wildcards.exp]["fisher"]["batch_size"]

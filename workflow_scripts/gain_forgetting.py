@@ -1,7 +1,7 @@
 """Gain and forgetting per run and benchmark against the post model (Denser ≠ Better), and its heatmap."""
 
 from graftlab.analysis.gain_forgetting import write_gain_forgetting
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 out = snakemake.output
 with job_log(snakemake.log[0]):

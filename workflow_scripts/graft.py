@@ -2,7 +2,7 @@
 post model's retention Fisher unless the mask is `none`, into this job's scratch directory; evaluate it,
 measure its update's sensitivity share, delete it. `seconds.json` holds the graft's seconds, and when its
 model was written and deleted (unix seconds) and its bytes: the latency analysis reads the one,
-`graftlab.disk` the others."""
+`graftlab.planning.disk` the others."""
 
 import shutil
 import tempfile
@@ -10,11 +10,11 @@ import time
 from pathlib import Path
 
 from graftlab.analysis.sensitivity_shares import write_update_sensitivity
-from graftlab.atomic import write_json
-from graftlab.disk import size_of
 from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.graft import masked_graft
-from graftlab.joblog import job_log, timed
+from graftlab.io.atomic import write_json
+from graftlab.io.joblog import job_log, timed
+from graftlab.planning.disk import size_of
 from graftlab.sampling import Engine, SamplingConfig
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output

@@ -2,7 +2,7 @@
 
 import polars as pl
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.train.grpo import GrpoConfig, train_grpo
 from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume, resume_dir

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.world.knowledge import KnowledgeConfig, write_knowledge_data
 
 p = snakemake.params

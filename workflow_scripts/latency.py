@@ -2,7 +2,7 @@
 the figure comparing them."""
 
 from graftlab.analysis.latency import write_latency
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 out = snakemake.output
 with job_log(snakemake.log[0]):

@@ -1,6 +1,6 @@
 """Mine the new-task problems the post model rarely or never solves."""
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 from graftlab.synth.mining import MiningConfig, mine
 

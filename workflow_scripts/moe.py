@@ -1,7 +1,7 @@
 """The grafting paper's §3 model: closed forms and their simulation as a table, and the figure."""
 
 from graftlab.analysis.moe import MoeConfig, write_moe
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 with job_log(snakemake.log[0]):
     cfg = MoeConfig(**snakemake.params.moe, seed=snakemake.params.seed)

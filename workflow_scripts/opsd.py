@@ -2,8 +2,9 @@
 
 import polars as pl
 
-from graftlab.joblog import job_log
-from graftlab.train.opsd import OpsdConfig, opsd_examples, train_opsd
+from graftlab.io.joblog import job_log
+from graftlab.synth.demonstrations import opsd_examples
+from graftlab.train.opsd import OpsdConfig, train_opsd
 from graftlab.train.resume import Resume, resume_dir
 
 p, inp = snakemake.params, snakemake.input

@@ -1,7 +1,7 @@
 """Parameter drift of every chain's model after every stage, against its stage's start and the post model."""
 
 from graftlab.analysis.param_drift import write_chain_drift
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 p, out = snakemake.params, snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):

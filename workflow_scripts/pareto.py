@@ -3,7 +3,7 @@
 import polars as pl
 
 from graftlab.analysis.pareto import data_title, plot_pareto
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 with job_log(snakemake.log[0]):
     summary = pl.read_parquet(snakemake.input[0])

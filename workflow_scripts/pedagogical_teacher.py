@@ -1,7 +1,7 @@
 """Pedagogical RL: GRPO-train a copy of the post model as the teacher; reward components per step, and
 the step log's curves (training.png)."""
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 from graftlab.synth.pedagogical import RewardConfig, TeacherConfig, train_teacher
 from graftlab.train.resume import Resume, resume_dir

@@ -1,7 +1,7 @@
 """Pedagogical RL's data: the trained teacher's first verified trace per problem, stored without the
 reference solution it was shown."""
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 from graftlab.synth.pedagogical import write_teacher_traces
 from graftlab.synth.star import StarConfig

@@ -1,7 +1,7 @@
 """The run's summary tables as HTML pages, which `snakemake --report` shows inline."""
 
 from graftlab.analysis.report_tables import write_report_tables
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 with job_log(snakemake.log[0]):
     write_report_tables(snakemake.params.tables, snakemake.output[0])

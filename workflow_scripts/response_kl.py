@@ -1,7 +1,7 @@
 """Response drift of every continual model against the post model, and KL from it against forgetting."""
 
 from graftlab.analysis.continual_probes import write_probes
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 p, out = snakemake.params, snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):

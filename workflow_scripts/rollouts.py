@@ -2,7 +2,7 @@
 sampling seconds and share correct."""
 
 from graftlab.fisher.rollouts import RolloutConfig, write_rollouts
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 
 p, inp = snakemake.params, snakemake.input

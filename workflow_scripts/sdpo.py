@@ -3,7 +3,7 @@ kept step."""
 
 import polars as pl
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.sdpo import SdpoConfig, train_sdpo

@@ -5,7 +5,7 @@ pin its threads.
 """
 
 from graftlab.analysis.sensitivity import collect_sensitivity
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 out = snakemake.output
 with job_log(snakemake.log[0]):

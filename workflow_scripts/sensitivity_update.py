@@ -7,7 +7,7 @@ pin its threads; numpy's elementwise work here runs on one thread.
 """
 
 from graftlab.analysis.sensitivity_shares import write_update_sensitivity
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 inp, p = snakemake.input, snakemake.params
 with job_log(snakemake.log[0]):

@@ -3,10 +3,10 @@ Also a continual chain's SFT stage (rule chain_sft)."""
 
 from pathlib import Path
 
-from graftlab.joblog import job_log
+from graftlab.commands.sft import launch_epochs
+from graftlab.io.joblog import job_log
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.sft import TrainConfig, sft_epochs
-from graftlab.train.sft_cli import launch_epochs
 
 p = snakemake.params
 cfg = TrainConfig(
@@ -23,12 +23,12 @@ cfg = TrainConfig(
 with job_log(snakemake.log[0], snakemake.threads):
     import torch
 
-    from graftlab.safetensors_io import refuse_nonfinite
+    from graftlab.io.safetensors_io import refuse_nonfinite
 
     # As `graftlab sft` does: a NaN or Inf in the start model trains a model of NaN without a word.
     refuse_nonfinite(p.model, "SFT start model")
 
-    # More than one GPU is asked for only when the model does not fit one (graftlab.resources): FSDP.
+    # More than one GPU is asked for only when the model does not fit one (graftlab.planning.resources): FSDP.
     gpus = min(int(getattr(snakemake.resources, "gpu", 0) or 0), torch.cuda.device_count())
     if gpus > 1:
         launch_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), gpus)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.synth.stage_data import write_stage_data
 
 p, inp = snakemake.params, snakemake.input

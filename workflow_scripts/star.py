@@ -1,7 +1,7 @@
 """Verified traces sampled from a model, the first of up to K per problem: STaR (the post model's own)
 or teacher traces (a teacher model's)."""
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 from graftlab.synth.star import StarConfig, write_star
 

@@ -3,7 +3,7 @@ reproduce per group, and the §3 model's prediction at each experiment's measure
 
 from graftlab.analysis.moe import MoeConfig
 from graftlab.analysis.study import write_study
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 out = snakemake.output
 with job_log(snakemake.log[0]):

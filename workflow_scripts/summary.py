@@ -1,7 +1,7 @@
 """One row per evaluated model of the experiment, with all its keys, metrics and what it learned from."""
 
 from graftlab.analysis.summary import data_columns, write_summary
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 
 inp = snakemake.input
 with job_log(snakemake.log[0]):

@@ -2,8 +2,8 @@
 new task's procedure."""
 
 from graftlab.analysis.takeover import write_takeover
-from graftlab.joblog import job_log
-from graftlab.layout import eval_root
+from graftlab.io.joblog import job_log
+from graftlab.planning.layout import eval_root
 
 p = snakemake.params
 with job_log(snakemake.log[0], 1):

@@ -3,7 +3,7 @@ the old tasks and pretraining-only families, and of the new task (exposure)."""
 
 from pathlib import Path
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.world.build import exposure_problems, make_corpus
 
 p = snakemake.params

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.world.build import posttrain
 
 p = snakemake.params

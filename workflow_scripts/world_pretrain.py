@@ -3,7 +3,7 @@ the initialisation it started from."""
 
 from pathlib import Path
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.world.build import pretrain
 
 p, out = snakemake.params, snakemake.output

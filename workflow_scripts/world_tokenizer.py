@@ -1,6 +1,6 @@
 """Write the tiny world's character tokenizer as a Hugging Face tokenizer directory."""
 
-from graftlab.joblog import job_log
+from graftlab.io.joblog import job_log
 from graftlab.world.tokenizer import save_tokenizer
 
 with job_log(snakemake.log[0]):

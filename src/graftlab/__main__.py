@@ -2,6 +2,6 @@
 
 import sys
 
-from graftlab.cli import main
+from graftlab.commands.cli import main
 
 sys.exit(main())

@@ -8,7 +8,7 @@ Two kernels compute a block, bit for bit alike: numpy's (graftlab.graft_numpy) f
 of bf16, fp16, fp32 and fp64 tensors, and torch's for a projection (masks take and return torch
 tensors) and for fp8. torch is imported only when its kernel is first needed: at Qwen3-0.6B, importing
 it took 2 s of the 4.5 s an identity graft took, against 0.2 s for numpy. Nothing else heavy is imported
-(not transformers, not even safetensors, whose headers graftlab.safetensors_io parses itself).
+(not transformers, not even safetensors, whose headers graftlab.io.safetensors_io parses itself).
 """
 
 from __future__ import annotations
@@ -28,17 +28,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from graftlab.atomic import atomic_dir
 from graftlab.errors import GraftlabError
-from graftlab.fetch import copy_model_files
-from graftlab.graft_numpy import STORAGE, NumpyKernel, widen_bf16
-from graftlab.provenance import write_provenance
-from graftlab.safetensors_io import (
+from graftlab.graft_numpy import NumpyKernel
+from graftlab.io.atomic import atomic_dir
+from graftlab.io.fetch import copy_model_files
+from graftlab.io.fp32_numpy import STORAGE, widen_bf16
+from graftlab.io.provenance import write_provenance
+from graftlab.io.safetensors_io import (
     INDEX_NAME,
     ITEMSIZES,
     SINGLE_NAME,
     SafetensorsWriter,
     TensorSpec,
+    read_config,
     spec_differences,
     tensor_index,
     tensor_specs,
@@ -583,14 +585,3 @@ def masked_graft(post, donor, donor_tuned, scale: float, out, mask: str = "none"
 
 def _workers(threads: int | None) -> int:
     return max(1, min(threads or 1, 4))
-
-
-def read_config(model_dir: str | Path) -> dict[str, Any] | None:
-    """The model's config.json, or None when it has none."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise GraftlabError(f"{path}: not valid JSON ({e})") from None

@@ -15,9 +15,7 @@ import math
 
 import numpy as np
 
-# How each dtype the kernel computes is stored, as numpy reads it. Other floating dtypes (fp8) have
-# no numpy type: the graft computes those with torch.
-STORAGE = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
+from graftlab.io.fp32_numpy import STORAGE, widen_bf16
 
 # torch's vectorised fp32 -> bf16 cast writes every NaN as 0xFFFF (its scalar cast would write 0x7FC0;
 # torch's contiguous copies take the vectorised one, tail elements included).
@@ -56,11 +54,6 @@ except ImportError:
 _1, _16, _BIAS, _HIGH = (np.uint32(x) for x in (1, 16, 0x7FFF, 0xFFFF0000))
 # A 16-bit float without its sign bit, and the smallest such bits of a NaN or Inf in bf16 and fp16.
 _MAGNITUDE, _BF16_INF, _F16_INF = np.uint16(0x7FFF), 0x7F80, 0x7C00
-
-
-def widen_bf16(raw: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """bf16 bit patterns (uint16) to fp32, exactly: the bits become the fp32's top half. ``out`` is uint32."""
-    return np.left_shift(raw, 16, out=out, dtype=np.uint32).view(np.float32)
 
 
 def narrow_bf16(value: np.ndarray, scratch: np.ndarray, out: np.ndarray, has_nan: bool | None = None) -> np.ndarray:

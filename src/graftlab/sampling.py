@@ -5,11 +5,17 @@ in its own environment) and transformers `generate` everywhere else. `Engine` is
 (`sampling_backend` and the `vllm` section); each job logs what it resolved to.
 """
 
+from __future__ import annotations
+
 import importlib.util
 import os
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    import torch
 
 # One sample as the exact token ids: the prompt as the model read it (no padding) and the completion as
 # generated, ending with the end-of-turn token when the model produced one. The Fisher scores these ids.
@@ -26,7 +32,7 @@ class SamplingConfig:
     batch_size: int = 256  # prompts per transformers batch (each expanded n times); memory, not results
 
     @classmethod
-    def from_config(cls, section: dict, seed: int) -> "SamplingConfig":
+    def from_config(cls, section: dict, seed: int) -> SamplingConfig:
         """From a workflow config section with `samples`, `temperature`, `top_p`, `max_new_tokens`."""
         return cls(
             section["samples"], section["temperature"], section.get("top_p", 1.0), section["max_new_tokens"], seed
@@ -54,7 +60,7 @@ class Engine:
     seed: int = 0
 
     @classmethod
-    def of(cls, spec, seed: int | None = None) -> "Engine":
+    def of(cls, spec, seed: int | None = None) -> Engine:
         """From a backend name, an `Engine`, or the rules' `backend` param (the backend with the `vllm`
         config section's options, flattened)."""
         engine = spec if isinstance(spec, Engine) else cls(spec) if isinstance(spec, str) else cls(**spec)
@@ -218,7 +224,7 @@ class HfSampler:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).eval().to(self.device)
 
     @classmethod
-    def from_model(cls, model, tokenizer) -> "HfSampler":
+    def from_model(cls, model, tokenizer) -> HfSampler:
         """A sampler over a model in memory (a student being trained on its own samples): no copy; the
         caller switches the model to eval mode around sampling. The tokenizer pads on the left here."""
         import copy
@@ -294,3 +300,28 @@ def _vllm_completion_ids(completion, eos: int) -> list[int]:
     ids = list(completion.token_ids)
     ended_by_eos = completion.finish_reason == "stop" and completion.stop_reason is None
     return ids + [eos] if ended_by_eos and ids[-1:] != [eos] else ids
+
+
+def response_logits(model, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits `model` gives each token of given responses (teacher forcing), what the on-policy losses
+    and the KL probe score: [batch, longest response, vocab], and the response mask.
+
+    Right padding: a causal model's logits at real positions never see the padding after them."""
+    import torch
+
+    seqs = [p + r for p, r in zip(prompts, responses)]
+    device = next(model.parameters()).device
+    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long, device=device)
+    attn = torch.zeros_like(ids)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = torch.tensor(seq, device=device)
+        attn[row, : len(seq)] = 1
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    width = max(map(len, responses))
+    out = logits.new_zeros(len(seqs), width, logits.shape[-1])
+    mask = torch.zeros(len(seqs), width, device=device)
+    for row, (p, r) in enumerate(zip(prompts, responses)):
+        # The logits at position i predict token i + 1: the response is read from one position earlier.
+        out[row, : len(r)] = logits[row, len(p) - 1 : len(p) + len(r) - 1]
+        mask[row, : len(r)] = 1
+    return out, mask

@@ -1,4 +1,5 @@
-"""The configuration schema (`schemas/config.schema.yaml`), the one place defaults live.
+"""The configuration schema (`src/graftlab/config.schema.yaml`, shipped inside the package), the one place
+defaults live.
 
 Library config classes take the defaults of their fields from here (`schema_default`), so a default
 changed in the schema changes the workflow and the library alike. Standard library and PyYAML only.
@@ -6,11 +7,14 @@ changed in the schema changes the workflow and the library alike. Standard libra
 
 import copy
 from functools import cache
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import yaml
 
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
+# Read through importlib.resources: the same in a checkout, an installed wheel or a zipped package.
+SCHEMA = files("graftlab") / "config.schema.yaml"
 
 
 # libyaml's loader where PyYAML was built with it: the schema is 50 KB, which the pure-Python loader
@@ -18,8 +22,8 @@ SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "config.schema.yaml"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def load_schema(path: Path = SCHEMA) -> dict:
-    return yaml.load(Path(path).read_text(), Loader=_LOADER)
+def load_schema(path: Path | Traversable = SCHEMA) -> dict:
+    return yaml.load(path.read_text(), Loader=_LOADER)
 
 
 @cache

@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.analysis.gain_forgetting import relative_change
-from graftlab.atomic import atomic_file
+from graftlab.io.atomic import atomic_file
 
 # The table's columns, in order: the leading ones the issue fixes, then the stage's domain and the
 # benchmark's role (as its metrics.json gives it: `old` for the retained tasks).

@@ -1,4 +1,4 @@
-"""How far each model of a continual experiment moved in its outputs (`graftlab.chains`): response drift,
+"""How far each model of a continual experiment moved in its outputs (`graftlab.planning.chains`): response drift,
 and KL from the starting model set against forgetting.
 
     results/{exp}/response_drift.parquet   cosine between the post model's and each model's response to the
@@ -23,7 +23,7 @@ import polars as pl
 from graftlab.analysis.continual_results import method_names
 from graftlab.analysis.kl_forgetting import fit_kl_forgetting, mc_kl, plot_kl_forgetting
 from graftlab.analysis.response_drift import plot_similarity, response_similarity, similarity_quantiles
-from graftlab.atomic import atomic_file
+from graftlab.io.atomic import atomic_file
 
 
 def _write(frame: pl.DataFrame, path) -> None:

@@ -1,4 +1,4 @@
-"""A continual experiment's results, from every stage's evaluation and training log (`graftlab.chains`):
+"""A continual experiment's results, from every stage's evaluation and training log (`graftlab.planning.chains`):
 
     results/{exp}/continual.parquet          method x stage x benchmark: acc with its interval, base_acc,
                                              delta, rel_delta, gain, forgetting (graftlab.analysis.continual)
@@ -19,7 +19,7 @@ import polars as pl
 
 from graftlab.analysis.collapse import detect_stages
 from graftlab.analysis.continual import continual_table, plot_accuracy, plot_heatmaps, stage_averages
-from graftlab.atomic import atomic_file
+from graftlab.io.atomic import atomic_file
 
 
 def method_names(chains: list[dict]) -> list[str]:

@@ -21,9 +21,9 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.analysis.sensitivity import KINDS, tensor_kind
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
-from graftlab.safetensors_io import open_tensors, spec_differences, tensor_specs
+from graftlab.io.atomic import atomic_file
+from graftlab.io.safetensors_io import open_tensors, spec_differences, tensor_specs
 
 Delta = tuple[str | Path, str | Path]  # (from, to) model directories
 

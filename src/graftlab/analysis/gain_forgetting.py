@@ -25,7 +25,8 @@ import numpy as np
 import polars as pl
 
 from graftlab.analysis.summary import INGREDIENTS
-from graftlab.atomic import atomic_file
+from graftlab.io.atomic import atomic_file
+from graftlab.methods import METHODS
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -37,7 +38,7 @@ NOT_KEYS = ("exp", "run", "method", "data")
 ZERO_BASE = "acc0 = 0: delta is absolute; rel_delta, gain, forgetting undefined"
 NO_BASE = "post model not scored on this benchmark"
 # Heatmap rows in this order; a method not listed follows, alphabetically.
-METHOD_ORDER = ("sft", "graft", "merge", "opsd", "grpo", "sdpo", "sdpo_cot")
+METHOD_ORDER = tuple(m.name for m in METHODS.values() if m.updates)
 SCORES = ("acc", "acc_lo", "acc_hi")
 MEASURES = ("base_acc", "delta", "rel_delta", "gain", "forgetting", "note")
 # The table's columns that are not a run's keys.

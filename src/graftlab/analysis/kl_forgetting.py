@@ -21,9 +21,9 @@ import math
 import numpy as np
 import polars as pl
 
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
-from graftlab.tables import require_columns
+from graftlab.io.atomic import atomic_file
+from graftlab.io.tables import require_columns
 from graftlab.tasks import get_task
 
 FIT_COLUMNS = ("method", "stage", "kl", "forgetting")
@@ -33,7 +33,7 @@ def _token_logprobs(model, prompts: list[list[int]], responses: list[list[int]])
     """log π of each response token, float32 softmax, as float64 [rows, longest], zero past a response."""
     import torch
 
-    from graftlab.train.opsd import response_logits
+    from graftlab.sampling import response_logits
 
     logits, mask = response_logits(model, prompts, responses)
     ids = torch.zeros(mask.shape, dtype=torch.long, device=logits.device)

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from graftlab.analysis.summary import pareto_front
-from graftlab.atomic import atomic_file
-from graftlab.layout import parse_run
+from graftlab.io.atomic import atomic_file
+from graftlab.methods import METHODS, on_policy
+from graftlab.planning.layout import parse_run
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,16 +39,9 @@ COST_LOOK = {
     "graft_s": ("graft (mask + sum)", "tab:green"),
     "fisher_s": ("retention Fisher (rollouts + statistics)", "tab:gray"),
 }
-METHOD_NAMES = {
-    "opsd": "OPSD",
-    "grpo": "GRPO",
-    "sdpo": "SDPO",
-    "sdpo_cot": "SDPO-CoT",
-    "sft": "SFT of post",
-    "merge": "merge",
-    "graft": "graft",
-}
-ON_POLICY = ("opsd", "grpo", "sdpo", "sdpo_cot")
+# The methods whose runs update the post model, each a contender for the cheapest good point.
+METHOD_NAMES = {m.name: m.short for m in METHODS.values() if m.updates}
+ON_POLICY = tuple(m.name for m in on_policy())
 
 
 def _json(path: Path, what: str) -> dict:
@@ -106,12 +100,12 @@ class Ledger:
     def cost(self, run: str) -> dict[str, float]:
         """The seconds that produced `run`, by kind (`COSTS`)."""
         keys, cost = parse_run(run), dict.fromkeys(COSTS, 0.0)
-        method = keys["method"]
-        if method in ON_POLICY:
+        method = METHODS[keys["method"]]
+        if method.on_policy:
             cost |= self.on_policy_to_step(run, keys["step"])
-        elif method not in ("post", "donor"):
+        elif "epoch" in method.keys:  # an SFT checkpoint, or a graft or merge of its update
             cost |= self.sft_to_epoch(keys["donor"], keys["lr"], keys["epoch"])
-        if method in ("graft", "merge"):
+        if "lam" in method.keys:
             cost["graft_s"] = _json(self.root / run / "seconds.json", "seconds of this graft")["graft_s"]
             if keys["mask"] != "none":
                 cost["fisher_s"] = self.fisher(keys["mask"])
@@ -174,7 +168,7 @@ def step_latency(ledger_root: str | Path, runs: pl.DataFrame) -> pl.DataFrame:
                     "update_s": steps["update_s"].median(),
                 }
             )
-    grafts = runs.filter(pl.col("method").is_in(["graft", "merge"]))
+    grafts = runs.filter(pl.col("method").is_in([m.name for m in METHODS.values() if "lam" in m.keys]))
     if grafts.height:
         rows.append(
             {"what": "graft (once)", "count": grafts.height, "sample_s": 0.0, "update_s": grafts["graft_s"].median()}

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
+from graftlab.io.atomic import atomic_file
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class MoeConfig:
     """The `moe:` section of the config and the workflow's seed. No defaults here: the schema
-    (schemas/config.schema.yaml) is their one home; `from_config(resolve({}))` gives them."""
+    (src/graftlab/config.schema.yaml) is their one home; `from_config(resolve({}))` gives them."""
 
     dim: int
     task_cosine: float
@@ -57,7 +57,7 @@ class MoeConfig:
 
     @classmethod
     def from_config(cls, config: dict) -> "MoeConfig":
-        """From a resolved workflow config (graftlab.config.resolve): its `moe` section and `seed`."""
+        """From a resolved workflow config (graftlab.planning.config.resolve): its `moe` section and `seed`."""
         return cls(**config["moe"], seed=config["seed"])
 
 

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
-from graftlab.safetensors_io import open_tensors, spec_differences, tensor_index, tensor_specs
+from graftlab.io.atomic import atomic_file
+from graftlab.io.safetensors_io import open_tensors, spec_differences, tensor_index, tensor_specs
 
 if TYPE_CHECKING:
     import torch
@@ -203,7 +203,7 @@ def plot_drift(table, out_png) -> None:
 
 
 def write_chain_drift(pairs: list[dict], out_table, out_png, k: int = 16, share: float = 0.01) -> pl.DataFrame:
-    """Drift of every model of a continual experiment (`graftlab.chains.Continual.drift_pairs`: method, chain,
+    """Drift of every model of a continual experiment (`graftlab.planning.chains.Continual.drift_pairs`: method, chain,
     stage, against, base, model), tensor by tensor, in one table with those keys, and its figure."""
     frames = [
         model_drift(p["base"], p["model"], k, share).with_columns(

@@ -13,32 +13,17 @@ import numpy as np
 import polars as pl
 
 from graftlab.analysis.summary import INGREDIENTS, pareto_front
-from graftlab.atomic import atomic_file
 from graftlab.evaluate.metrics import INTERVAL
+from graftlab.io.atomic import atomic_file
+from graftlab.methods import METHODS
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-# One look per method; donors and their SFTs are drawn faint: ingredients of grafts, not candidates.
-STYLES = {
-    "graft": {"marker": "o", "color": "tab:blue", "label": "graft"},
-    "merge": {"marker": "s", "color": "tab:orange", "label": "merge (donor = post)"},
-    "sft": {"marker": "^", "color": "tab:green", "label": "SFT of post"},
-    "opsd": {"marker": "v", "color": "tab:purple", "label": "OPSD (on-policy self-distillation)"},
-    "grpo": {"marker": "<", "color": "tab:red", "label": "GRPO"},
-    "sdpo": {"marker": ">", "color": "tab:brown", "label": "SDPO (answer tokens)"},
-    "sdpo_cot": {"marker": "h", "color": "tab:pink", "label": "SDPO-CoT (every token)"},
-    "donor_sft": {
-        "marker": "x",
-        "color": "0.6",
-        "alpha": 0.5,
-        "s": 18,
-        "label": "donor SFT (faint)",
-    },
-    "donor": {"marker": "d", "color": "0.6", "alpha": 0.5, "s": 30, "label": "donor as it is (faint)"},
-    "post": {"marker": "*", "color": "black", "s": 220, "zorder": 5, "label": "post (reference)"},
-}
+# One look per method (`graftlab.methods`); donors and their SFTs are drawn faint: ingredients of grafts,
+# not candidates.
+STYLES = {m.name: m.style | {"label": m.label} for m in METHODS.values() if m.style}
 # Hollow markers per mask kind; a kind not listed here (a new one) takes the next spare marker.
 MASK_MARKERS = {"diag": "D", "kfac": "P"}
 SPARE_MARKERS = ("v", "<", ">", "h", "p")
@@ -49,16 +34,13 @@ ERRORBAR = {"fmt": "none", "elinewidth": 0.6, "alpha": 0.3, "capsize": 0, "zorde
 
 def _front_label(row: dict) -> str:
     """A compact name of a frontier point, e.g. `step~400 lr=1e-3 e2 lam=0.5 diag@0.01`."""
-    if row["method"] == "opsd":
-        return f"OPSD a={row.get('alpha')} lr={row['lr']} s{row.get('step')}"
-    if row["method"] == "grpo":
-        return f"GRPO lr={row['lr']} s{row.get('step')}"
-    if row["method"] in ("sdpo", "sdpo_cot"):
-        name = "SDPO" if row["method"] == "sdpo" else "SDPO-CoT"
-        return f"{name} {row.get('teacher')} lr={row['lr']} s{row.get('step')}"
+    method = METHODS[row["method"]]
+    if method.on_policy:  # e.g. `OPSD alpha=0.5 lr=1e-4 s60`
+        keys = [f"{k}={row.get(k)}" for k in method.spec.keys]
+        return " ".join([method.short, *keys, f"s{row.get('step')}"])
     parts = [row["donor"]] if row["method"] == "graft" else []
     parts += [f"lr={row['lr']}", f"e{row['epoch']}"]
-    if row["method"] in ("graft", "merge"):
+    if "lam" in method.keys:
         parts.append(f"lam={row['lam']}")
         if row["mask"] not in (None, "none"):
             parts.append(f"{row['mask']}@{row['rho']}")

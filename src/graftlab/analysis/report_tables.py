@@ -12,8 +12,8 @@ import html
 import math
 from pathlib import Path
 
-from graftlab.atomic import atomic_dir
 from graftlab.errors import GraftlabError
+from graftlab.io.atomic import atomic_dir
 
 # Small and plain, so a wide table scrolls inside the report's frame rather than being squeezed.
 STYLE = """

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
-from graftlab.tables import read_table, require_columns
+from graftlab.io.atomic import atomic_file
+from graftlab.io.tables import read_table, require_columns
 from graftlab.tasks import EMPTY_THINK, Task, get_task
 
 POOLED = "all"  # the `benchmark` of statistics over every benchmark together

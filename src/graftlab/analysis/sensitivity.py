@@ -10,15 +10,21 @@ import polars as pl
 
 from graftlab.analysis.pareto import STYLES
 from graftlab.analysis.sensitivity_shares import KINDS, tensor_kind
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
+from graftlab.io.atomic import atomic_file
+from graftlab.methods import METHODS as REGISTRY
+from graftlab.planning.layout import POST
 
 # KINDS and tensor_kind are read from here by graftlab.analysis.drift too.
 __all__ = ["KINDS", "METHODS", "collect_sensitivity", "plot_sensitivity", "tensor_kind"]
 
-# The plot's groups left to right: the baselines (SFT, the on-policy methods) first, then merging, then
-# grafting from donors.
-METHODS = ("sft", "opsd", "grpo", "sdpo", "sdpo_cot", "donor_sft", "merge", "graft", "post")
+# The plot's groups left to right: the baselines (SFT, the on-policy methods) first, then the donors' SFT,
+# merging and grafting from donors, then the post model.
+_ALL = [m for m in REGISTRY.values() if not m.chain_only]
+_GRAFTS = [m for m in _ALL if "lam" in m.keys]
+_BASELINES = [m for m in _ALL if m.updates and m not in _GRAFTS]
+METHODS = tuple(m.name for m in _BASELINES + [m for m in _ALL if m.ingredient and m.keys] + _GRAFTS[::-1])
+METHODS += (POST,)
 
 
 def _style(method: str, masked: bool) -> dict:

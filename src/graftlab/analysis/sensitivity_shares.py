@@ -24,7 +24,7 @@ Memory: the Fisher is held (fp32, the size of one model); the threshold is found
 
 No torch: the workflow runs this once per update (75 jobs in the default run), and importing torch was
 most of each job's time (benchmarks/README.md). Tensors are read as fp32 numpy arrays (bf16 widened
-exactly, graftlab.fp32_numpy); every elementwise step is the fp32 operation torch's version made, and
+exactly, graftlab.io.fp32_numpy); every elementwise step is the fp32 operation torch's version made, and
 sums are fp64, so results agree with it to the rounding of those sums.
 """
 
@@ -34,12 +34,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
 from graftlab.fisher.diag_numpy import load_diag_fisher_numpy
-from graftlab.fp32_numpy import Fp32Reader
-from graftlab.layout import parse_run
-from graftlab.safetensors_io import TensorSpec, spec_differences, tensor_specs
+from graftlab.io.atomic import atomic_file
+from graftlab.io.fp32_numpy import Fp32Reader
+from graftlab.io.safetensors_io import TensorSpec, spec_differences, tensor_specs
+from graftlab.planning.layout import parse_run
 
 KINDS = ("attention", "mlp", "embedding", "norm", "other")
 _POS_INF_BITS = 0x7F800000  # the int32 bit pattern of +inf: every finite non-negative fp32 lies below

@@ -26,7 +26,7 @@ import polars as pl
 
 from graftlab.analysis.moe import MoeConfig, graft_condition, tasks
 from graftlab.analysis.verdict import judge_runs, reproduces
-from graftlab.atomic import atomic_file
+from graftlab.io.atomic import atomic_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

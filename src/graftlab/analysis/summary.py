@@ -1,6 +1,6 @@
 """The summary table of an experiment: one row per evaluated model, and its Pareto frontier.
 
-Each row's method, donor and keys are parsed from its run's key path (`graftlab.layout.parse_run`).
+Each row's method, donor and keys are parsed from its run's key path (`graftlab.planning.layout.parse_run`).
 
 Scores come with their bootstrap intervals (`old_lo`, `old_hi`, `new_lo`, `new_hi`, `{bench}_acc_lo`,
 `{bench}_acc_hi`; see `graftlab.evaluate.metrics`), null where a metrics.json predates them. An experiment
@@ -15,13 +15,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from graftlab.atomic import atomic_file
-from graftlab.layout import KEY_COLUMNS, ROLE_COLUMNS, VALIDATION_COLUMNS, parse_run
+from graftlab.io.atomic import atomic_file
+from graftlab.methods import METHODS, on_policy
+from graftlab.methods.sdpo import SdpoSpec
+from graftlab.planning.layout import KEY_COLUMNS, ROLE_COLUMNS, VALIDATION_COLUMNS, parse_run
 
 ID_COLUMNS = ("exp", "run", "method", "donor", *KEY_COLUMNS)
 # Runs that are ingredients of grafts, not candidates for the frontier: their old-task scores belong to
 # another model line (a donor before and after its SFT).
-INGREDIENTS = ("donor", "donor_sft")
+INGREDIENTS = tuple(m.name for m in METHODS.values() if m.ingredient)
 
 Ids = dict[str, str | None]
 Scores = dict[str, float | None]
@@ -87,8 +89,9 @@ def distillation_columns(summary: pl.DataFrame, root: str | Path) -> pl.DataFram
     """`answer_share` of every SDPO row (the mean share of its responses after `</think>`, over the steps
     of its run under `root`, results/{exp}/), null on other rows, and a `note` on an `sdpo` row whose
     responses were all answer: without a think block it distilled every token, as `sdpo_cot` does."""
+    cot = {m.name: m.spec.cot for m in on_policy() if isinstance(m.spec, SdpoSpec)}  # SDPO's methods
     shares = {}
-    for run in summary.filter(pl.col("method").is_in(["sdpo", "sdpo_cot"]))["run"]:
+    for run in summary.filter(pl.col("method").is_in(list(cot)))["run"]:
         path = Path(root) / run.rsplit("/step~", 1)[0] / "steps.jsonl"
         if not path.is_file():
             raise ValueError(f"{path}: missing (the step log of an SDPO run); re-run that run")
@@ -96,7 +99,7 @@ def distillation_columns(summary: pl.DataFrame, root: str | Path) -> pl.DataFram
         upto = steps.filter(pl.col("step") <= int(run.rsplit("~", 1)[1]))
         shares[run] = upto["answer_share"].mean() if "answer_share" in upto.columns else None
     share = pl.col("run").replace_strict(shares, default=None, return_dtype=pl.Float64)
-    same = (pl.col("method") == "sdpo") & (pl.col("answer_share") >= 1.0)
+    same = pl.col("method").is_in([name for name, every in cot.items() if not every]) & (pl.col("answer_share") >= 1.0)
     note = pl.when(same).then(pl.lit("no think block: sdpo distilled every token, as sdpo_cot does"))
     return summary.with_columns(answer_share=share).with_columns(note=note.otherwise(None).cast(pl.String))
 

@@ -5,7 +5,7 @@ The grafting paper (§3) explains forgetting by routing: fine-tuning writes the 
 machinery the model runs the new inputs through. In the two-expert model (`graftlab.analysis.moe`) a
 model that routes a share eps of task-B inputs through expert A moves expert A by eps times its update,
 so expert A then answers task-A inputs partly with task B. The tiny world's tasks each think in their
-own written procedure (`graftlab.world.arith.thinking_form`), so that is directly visible: an addition
+own written procedure (`graftlab.tasks.arith.thinking_form`), so that is directly visible: an addition
 problem answered with `*` steps was handled as multiplication.
 
 Per evaluated run and old-task benchmark, over all its sampled completions (validation and test problems
@@ -20,7 +20,7 @@ old tasks' machinery; §3 needs eps_D < eps_P for a graft to forget less than SF
 
 Beside the procedure, the facts it is carried out with: `facts_{bench}` and `facts_new`, the share of the
 single-digit equalities written in the thinking of a benchmark's completions that hold
-(`graftlab.world.arith.step_facts`), and `facts_old`, their mean over the old benchmarks. A model can
+(`graftlab.tasks.arith.step_facts`), and `facts_old`, their mean over the old benchmarks. A model can
 route a task to its own procedure and still fail it because its table facts are wrong ("4*3=10"): the
 two are what a graft must carry, and they can be carried apart (docs/fidelity.md, issue 19's study).
 """
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
-from graftlab.layout import parse_run
+from graftlab.io.atomic import atomic_file
+from graftlab.planning.layout import parse_run
 from graftlab.tasks import extract_thinking
-from graftlab.world.arith import NEW_TASKS, OLD_TASKS, THINKING_FORM, step_facts, thinking_form
+from graftlab.tasks.arith import NEW_TASKS, OLD_TASKS, THINKING_FORM, step_facts, thinking_form
 
 
 def _forms(completions: list[str]) -> list[str | None]:

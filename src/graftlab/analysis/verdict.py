@@ -25,8 +25,10 @@ no margin and does not qualify; a sweep that wants it judged needs an earlier or
 import polars as pl
 
 from graftlab.analysis.summary import INGREDIENTS, ROLE_COLUMNS, VALIDATION_COLUMNS, pareto_front
+from graftlab.methods import METHODS
 
-CANDIDATES = ("post", "sft", "merge", "graft", "opsd", "grpo", "sdpo", "sdpo_cot")
+# Every method a single-domain summary holds that is not an ingredient of grafts.
+CANDIDATES = tuple(m.name for m in METHODS.values() if not (m.ingredient or m.chain_only))
 NEEDED = ("run", "method", "new", "old", "old_lo", "old_hi", "new_lo", "new_hi")
 
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.atomic import atomic_file
 from graftlab.errors import GraftlabError
 from graftlab.evaluate.metrics import INTERVAL, acc_interval, benchmark_metrics, correct_counts
+from graftlab.io.atomic import atomic_file
+from graftlab.io.tables import read_table
 from graftlab.sampling import SamplingConfig, load_sampler, sampling_record
-from graftlab.tables import read_table
 from graftlab.tasks import Task, find_task, get_task
 
 ROLES = ("old", "new")

@@ -10,8 +10,8 @@ import importlib
 import time
 from dataclasses import dataclass
 
-from graftlab.atomic import atomic_dir, write_json
 from graftlab.errors import GraftlabError
+from graftlab.io.atomic import atomic_dir, write_json
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from graftlab.errors import GraftlabError
-from graftlab.tables import read_table
+from graftlab.io.tables import read_table
 
 ROLLOUT_COLUMNS = ("prompt_ids", "completion_ids")
 # Per-rollout gradients of a parameter are materialised this many floats at a time.
@@ -65,8 +65,7 @@ def read_rollouts(path, vocab_size: int | None = None) -> list[tuple[list[int], 
 def checked_inputs(model_dir, rollouts_path) -> list[tuple[list[int], list[int]]]:
     """The rollouts of a Fisher, read and checked against the model at `model_dir` before it loads: a
     model directory, with finite weights (NaN weights give a NaN Fisher), ids within its vocabulary."""
-    from graftlab.graft import read_config
-    from graftlab.safetensors_io import refuse_nonfinite
+    from graftlab.io.safetensors_io import read_config, refuse_nonfinite
 
     config = read_config(model_dir) if Path(model_dir).is_dir() else None
     if config is None:
@@ -240,8 +239,8 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from graftlab.atomic import atomic_dir
-    from graftlab.provenance import write_provenance
+    from graftlab.io.atomic import atomic_dir
+    from graftlab.io.provenance import write_provenance
 
     rollouts = checked_inputs(model_dir, rollouts_path)
     # fp32 whatever the checkpoint's dtype: bf16 gradients carry percent-level errors, fp16 underflows.

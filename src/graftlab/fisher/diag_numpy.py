@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from graftlab.errors import GraftlabError
-from graftlab.fp32_numpy import Fp32Reader
-from graftlab.safetensors_io import TensorSpec, read_header, tensor_specs
+from graftlab.io.fp32_numpy import Fp32Reader
+from graftlab.io.safetensors_io import TensorSpec, read_header, tensor_specs
 
 
 def load_diag_fisher_numpy(

@@ -267,8 +267,8 @@ def write_kfac_fisher(
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from graftlab.atomic import atomic_dir
-    from graftlab.provenance import write_provenance
+    from graftlab.io.atomic import atomic_dir
+    from graftlab.io.provenance import write_provenance
 
     rollouts = checked_inputs(model_dir, rollouts_path)
     # fp32 whatever the checkpoint's dtype: a bf16 forward and backward put 0.4-2% errors into G and the

@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 
 from graftlab.errors import GraftlabError
-from graftlab.safetensors_io import tensor_index, tensor_specs
+from graftlab.io.safetensors_io import tensor_index, tensor_specs
 
 RADIX = 1 << 16  # buckets of each radix-select pass: the high, then the low, 16 bits of a score
 # Pass 1 keeps up to this many scores' keys (int32, 64 MiB) for pass 2, which then need not read and score

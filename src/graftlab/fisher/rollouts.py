@@ -5,7 +5,7 @@ The prompts are problems of the tiny world's old tasks, spread evenly over them 
 old-task benchmarks, so the Fisher never looks at what evaluation scores. They may coincide with
 post-training problems (the space of 2-digit problems is small): retention is about the old domain, and
 the post model's training data is part of it. For a real model, whose old domain is not the world's
-arithmetic, they come instead from a problems parquet (`graftlab.problem_sources.write_problems`), drawn
+arithmetic, they come instead from a problems parquet (`graftlab.tasks.sources.write_problems`), drawn
 by a seeded shuffle and disjoint from the benchmarks by id and by prompt text. Each rollout is graded by
 its problem's task: the registry's grader (`math`: boxed answers), or the world's exact match.
 
@@ -18,15 +18,14 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from graftlab.atomic import atomic_file, write_table_with_stats
 from graftlab.errors import GraftlabError
-from graftlab.problem_sources import normalised
+from graftlab.io.atomic import atomic_file, write_table_with_stats
+from graftlab.io.tables import read_table
 from graftlab.sampling import SamplingConfig
 from graftlab.schema import schema_default
 from graftlab.streams import stream, stream_seed
-from graftlab.tables import read_table
-from graftlab.tasks import get_task
-from graftlab.world import arith
+from graftlab.tasks import arith, get_task
+from graftlab.tasks.sources import normalised
 
 PROBLEM_COLUMNS = ("id", "task", "prompt", "answer")
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import polars as pl
 
 from graftlab.errors import GraftlabError
+from graftlab.io.tables import PROBLEM_COLUMNS, read_table
 from graftlab.sampling import SamplingConfig
 from graftlab.streams import stream, stream_seed
-from graftlab.tables import PROBLEM_COLUMNS, read_table
 from graftlab.tasks import get_task
 
 
@@ -62,8 +62,8 @@ def mine(
     kept and warned of)."""
     from transformers import AutoTokenizer
 
-    from graftlab.problem_sources import check_problems, refuse_leaks
     from graftlab.sampling import load_sampler
+    from graftlab.tasks.sources import check_problems, refuse_leaks
 
     name = f"mining candidates ({candidates})"
     frame = check_problems(read_table(candidates, PROBLEM_COLUMNS, "mining candidates"), name)

@@ -277,8 +277,8 @@ def train_teacher(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from graftlab.atomic import atomic_dir
-    from graftlab.provenance import write_provenance
+    from graftlab.io.atomic import atomic_dir
+    from graftlab.io.provenance import write_provenance
     from graftlab.tasks import get_task
     from graftlab.train import resume as rs
     from graftlab.train.precision import WEIGHTS_DTYPE, announce, cast_saved, save_dtype
@@ -423,7 +423,7 @@ def write_teacher_traces(
     import polars as pl
     from transformers import AutoTokenizer
 
-    from graftlab.atomic import write_table_with_stats
+    from graftlab.io.atomic import write_table_with_stats
     from graftlab.sampling import load_sampler, sampling_record
     from graftlab.tasks import get_task
 

@@ -1,4 +1,4 @@
-"""One stage's data in a continual experiment (`graftlab.chains`): what every method learns in it, and
+"""One stage's data in a continual experiment (`graftlab.planning.chains`): what every method learns in it, and
 the problems its benchmark scores after every stage.
 
 Under the stage's data directory: `sft.parquet` (the traces SFT and the donors learn from; the on-policy
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
+from graftlab.io.atomic import write_table_with_stats
 from graftlab.synth.traces import expert_traces
-from graftlab.world.arith import sample_problems
+from graftlab.tasks.arith import sample_problems
 from graftlab.world.knowledge import KnowledgeConfig, write_knowledge_data
 
 PROBLEM_COLUMNS = ["id", "task", "prompt", "answer"]

@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass, replace
 
 import polars as pl
 
-from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
+from graftlab.io.atomic import write_table_with_stats
+from graftlab.io.tables import PROBLEM_COLUMNS, read_table, require_columns
 from graftlab.sampling import SamplingConfig
 from graftlab.schema import schema_default
 from graftlab.streams import stream_seed
-from graftlab.tables import PROBLEM_COLUMNS, read_table, require_columns
 from graftlab.tasks import chat_prompt, is_correct
 
 Grader = Callable[[str, str], bool]  # (completion, answer) -> correct

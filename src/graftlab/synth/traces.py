@@ -10,10 +10,9 @@ problem at all is an error.
 
 import polars as pl
 
-from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
-from graftlab.tasks import chat_completion, is_correct
-from graftlab.world import arith
+from graftlab.io.atomic import write_table_with_stats
+from graftlab.tasks import arith, chat_completion, is_correct
 
 
 def solver_trace(problem: dict) -> str:

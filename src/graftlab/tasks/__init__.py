@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from graftlab.errors import GraftlabError
+from graftlab.tasks.arith import CHAIN_TASKS, NEW_TASKS, OLD_TASKS
 from graftlab.tasks.chat import (
     EMPTY_THINK,
     THINK_CLOSE,
@@ -40,7 +41,6 @@ from graftlab.tasks.exact import is_correct, knowledge_grade, plain_reference
 from graftlab.tasks.math import math_grade, math_prompt, math_reference
 from graftlab.tasks.mcq import mcq_grade, mcq_prompt, mcq_reference
 from graftlab.tasks.tooluse import tooluse_grade, tooluse_prompt, tooluse_reference
-from graftlab.world.arith import CHAIN_TASKS, NEW_TASKS, OLD_TASKS
 
 __all__ = [
     "EMPTY_THINK",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from graftlab.atomic import atomic_file
+from graftlab.io.atomic import atomic_file
 
 # The metrics `plot_training` draws, in panel order, where a log holds them.
 METRICS = (

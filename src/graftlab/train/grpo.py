@@ -52,6 +52,8 @@ from typing import Any
 import torch
 
 from graftlab.errors import GraftlabError
+from graftlab.methods import METHODS
+from graftlab.methods.spec import refuse
 from graftlab.schema import schema_default
 from graftlab.streams import passes
 
@@ -88,24 +90,7 @@ class GrpoConfig:
     backend: Any = schema_default("", "sampling_backend")
 
     def __post_init__(self) -> None:
-        positive = {"lr": self.lr, "epsilon": self.epsilon, "temperature": self.temperature}
-        bad = [k for k, v in positive.items() if not v > 0]
-        counts = {"steps": 1, "batch_size": 1, "generations": 2, "updates_per_batch": 1, "max_new_tokens": 1}
-        bad += [k for k, least in counts.items() if not getattr(self, k) >= least]
-        bad += ["beta"] if not self.beta >= 0 else []
-        bad += ["scale_rewards"] if not isinstance(self.scale_rewards, bool) else []
-        if bad:
-            raise GraftlabError(
-                f"GRPO config: bad {bad} (lr, epsilon, temperature > 0; steps, batch_size, updates_per_batch, "
-                f"max_new_tokens >= 1; generations >= 2; beta >= 0; scale_rewards true or false): {self}"
-            )
-        late = [s for s in self.save_steps if not 1 <= s <= self.steps]
-        if late:
-            raise GraftlabError(f"GRPO save_steps {late} outside 1..steps = {self.steps}")
-        if self.micro_batch_size != "auto":
-            from graftlab.train.precision import micro_batch
-
-            micro_batch(self.micro_batch_size, self.completions, 0, None)  # divides the batch, or an error
+        refuse("GRPO", METHODS["grpo"].spec.check(vars(self)))  # the config's checks (graftlab.methods.grpo)
 
     @property
     def completions(self) -> int:

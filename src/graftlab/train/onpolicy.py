@@ -29,7 +29,7 @@ def publish_run(
     and returns the step log), unless a killed job already ended training, then write the run to `out_dir`.
     With `resume` (a `graftlab.train.resume.Resume`) its directory is opened under `fingerprint` and removed
     at the end."""
-    from graftlab.atomic import atomic_dir
+    from graftlab.io.atomic import atomic_dir
     from graftlab.train import resume as rs
     from graftlab.train.curves import write_step_log
 
@@ -54,7 +54,7 @@ def publish_run(
 
 def save_checkpoint(model, tokenizer, path: Path, dtype: str, inputs: dict, cfg, extra: dict) -> None:
     """A kept checkpoint: the model in the saved dtype, its tokenizer and its provenance."""
-    from graftlab.provenance import write_provenance
+    from graftlab.io.provenance import write_provenance
     from graftlab.train.precision import cast_saved
 
     model.save_pretrained(path)

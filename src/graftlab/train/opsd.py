@@ -28,9 +28,12 @@ from typing import Any
 import torch
 
 from graftlab.errors import GraftlabError
+from graftlab.methods import METHODS
+from graftlab.methods.spec import refuse
+from graftlab.sampling import response_logits
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
-from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt
+from graftlab.tasks import chat_prompt
 from graftlab.train.precision import (
     Precision,
     accumulation,
@@ -38,14 +41,6 @@ from graftlab.train.precision import (
     micro_batch,
     save_dtype,
 )
-
-PLACEHOLDERS = ("{problem}", "{demonstration}")
-
-
-def check_template(template: str) -> None:
-    missing = [p for p in PLACEHOLDERS if p not in template]
-    if missing:
-        raise GraftlabError(f"OPSD demonstration template lacks {missing}: got {template!r}")
 
 
 @dataclass(frozen=True)
@@ -68,79 +63,15 @@ class OpsdConfig:
     backend: Any = schema_default("", "sampling_backend")  # anything graftlab.sampling.Engine.of reads
 
     def __post_init__(self) -> None:
-        if not 0 <= self.alpha <= 1:
-            raise GraftlabError(f"OPSD alpha must lie in [0, 1], got {self.alpha}")
-        if self.top_k < 1:
-            raise GraftlabError(f"OPSD top_k must be at least 1, got {self.top_k}")
-        if self.steps < 1 or self.batch_size < 1 or self.temperature <= 0:
-            raise GraftlabError("OPSD steps and batch_size must be >= 1 and temperature > 0")
-        late = [s for s in self.save_steps if not 1 <= s <= self.steps]
-        if late:
-            raise GraftlabError(f"OPSD save_steps {late} outside 1..steps = {self.steps}")
-        check_template(self.template)
-        if self.micro_batch_size != "auto":
-            micro_batch(self.micro_batch_size, self.batch_size, 0, None)  # divides batch_size, or an error
+        refuse("OPSD", METHODS["opsd"].spec.check(vars(self)))  # the config's checks (graftlab.methods.opsd)
 
     def checkpoints(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.save_steps))) or (self.steps,)
 
 
-def demonstration(completion: str) -> str:
-    """A trace as plain text for a user turn: the thinking, then the final answer; the chat markers
-    (special tokens of the trace's own turn) dropped."""
-    text = completion.replace("<|im_end|>", "")
-    if THINK_CLOSE in text:
-        thinking, answer = text.rsplit(THINK_CLOSE, 1)
-        text = f"{thinking.replace(THINK_OPEN, '').strip()}\nAnswer: {answer.strip()}"
-    return text.strip()
-
-
-def opsd_examples(traces, facts=None) -> list[dict]:
-    """OPSD's problems and demonstrations from a setting's SFT data (`prompt`, `completion`): each
-    trace is its problem's demonstration; a knowledge question's is instead the wiki-style article of
-    its person (`facts`: the knowledge world's facts frame), so the teacher reads the fact, not the answer
-    drilled in one phrasing."""
-    from graftlab.world.knowledge import TASK, articles
-
-    pages = articles(facts) if facts is not None else {}
-    entity_of = dict(zip(facts["fact"], facts["entity"])) if facts is not None else {}
-    out = []
-    for row in traces.iter_rows(named=True):
-        if row.get("task") == TASK:
-            if row.get("fact") not in entity_of:
-                raise GraftlabError(f"OPSD: knowledge question {row['id']} names no fact of the facts file")
-            demo = pages[entity_of[row["fact"]]]
-        else:
-            demo = demonstration(row["completion"])
-        out.append({"prompt": row["prompt"], "demonstration": demo})
-    return out
-
-
 def teacher_text(template: str, problem: str, demo: str) -> str:
     # str.replace, not format: problems and traces may hold braces.
     return template.replace("{problem}", problem).replace("{demonstration}", demo)
-
-
-def response_logits(model, prompts: list[list[int]], responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits predicting each response token, [batch, longest response, vocab], and the response mask.
-
-    Right padding: a causal model's logits at real positions never see the padding after them."""
-    seqs = [p + r for p, r in zip(prompts, responses)]
-    device = next(model.parameters()).device
-    ids = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long, device=device)
-    attn = torch.zeros_like(ids)
-    for row, seq in enumerate(seqs):
-        ids[row, : len(seq)] = torch.tensor(seq, device=device)
-        attn[row, : len(seq)] = 1
-    logits = model(input_ids=ids, attention_mask=attn).logits
-    width = max(map(len, responses))
-    out = logits.new_zeros(len(seqs), width, logits.shape[-1])
-    mask = torch.zeros(len(seqs), width, device=device)
-    for row, (p, r) in enumerate(zip(prompts, responses)):
-        # The logits at position i predict token i + 1: the response is read from one position earlier.
-        out[row, : len(r)] = logits[row, len(p) - 1 : len(p) + len(r) - 1]
-        mask[row, : len(r)] = 1
-    return out, mask
 
 
 class Opsd:

@@ -45,12 +45,15 @@ from typing import Any, NamedTuple
 import torch
 
 from graftlab.errors import GraftlabError
+from graftlab.methods import METHODS
+from graftlab.methods.sdpo import Schedule, parse_schedule
+from graftlab.methods.spec import refuse
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, extract_answer, get_task
 from graftlab.train.curves import mean_entropy
 from graftlab.train.precision import Precision, accumulation, checkpointing, save_dtype
-from graftlab.train.teacher import parse_schedule, update_teacher
+from graftlab.train.teacher import update_teacher
 
 
 @dataclass(frozen=True)
@@ -81,28 +84,13 @@ class SdpoConfig:
     backend: Any = schema_default("", "sampling_backend")
 
     def __post_init__(self) -> None:
-        parse_schedule(self.teacher)
-        if not 0 <= self.alpha <= 1:
-            raise GraftlabError(f"SDPO alpha must lie in [0, 1], got {self.alpha}")
-        if self.steps < 1 or self.batch_size < 1 or self.generations < 2 or self.updates_per_batch < 1:
-            raise GraftlabError("SDPO steps, batch_size and updates_per_batch must be >= 1 and generations >= 2")
-        if self.rollouts % self.updates_per_batch:
-            raise GraftlabError(
-                f"SDPO updates_per_batch {self.updates_per_batch} does not divide the batch's {self.rollouts} rollouts"
-            )
-        if self.top_k < 1 or self.is_clip <= 0 or self.temperature <= 0:
-            raise GraftlabError("SDPO top_k must be >= 1, is_clip and temperature > 0")
-        for field, holes in TEMPLATE_HOLES.items():
-            absent = [h for h in holes if h not in getattr(self, field)]
-            if absent:
-                raise GraftlabError(f"SDPO {field} lacks the placeholder(s) {absent}")
-        late = [s for s in self.save_steps if not 1 <= s <= self.steps]
-        if late:
-            raise GraftlabError(f"SDPO save_steps {late} outside 1..steps = {self.steps}")
-        if self.micro_batch_size != "auto" and self.share % self.micro_batch_size:
-            raise GraftlabError(
-                f"SDPO micro_batch_size {self.micro_batch_size} does not divide an update's {self.share}"
-            )
+        # The config's checks (graftlab.methods.sdpo); sdpo and sdpo_cot share them.
+        refuse("SDPO", METHODS["sdpo"].spec.check(vars(self)))
+
+    @functools.cached_property
+    def schedule(self) -> Schedule:
+        """The teacher schedule, parsed once (the check above has parsed it without error)."""
+        return parse_schedule(self.teacher)
 
     @property
     def rollouts(self) -> int:
@@ -115,13 +103,6 @@ class SdpoConfig:
 
     def checkpoints(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.save_steps))) or (self.steps,)
-
-
-TEMPLATE_HOLES = {
-    "template": ("{prompt}", "{solution}", "{feedback}"),
-    "solution_template": ("{solution}",),
-    "feedback_template": ("{feedback}",),
-}
 
 
 def fill(template: str, **values: str) -> str:
@@ -225,7 +206,7 @@ class Sdpo:
     def sampled_logprobs(self, rollouts: list[Rollout]) -> list[torch.Tensor]:
         """log pi(token) of every response token under the student as it sampled them: the denominator of
         the importance weight on a reused batch."""
-        from graftlab.train.opsd import response_logits
+        from graftlab.sampling import response_logits
 
         self.student.eval()
         out = []
@@ -257,8 +238,8 @@ class Sdpo:
         }
 
     def _micro_step(self, part: list[Rollout], old, total: int, stats: dict) -> None:
+        from graftlab.sampling import response_logits
         from graftlab.train.divergence import token_divergence
-        from graftlab.train.opsd import response_logits
 
         with self.autocast():
             s_logits, every = response_logits(self.student, [r.prompt for r in part], [r.response for r in part])
@@ -375,7 +356,7 @@ def train_sdpo(
     `steps.jsonl` and `training.png` at once when the run ends. With `resume`, the state (the teacher's
     included) is saved at batch boundaries every `resume.minutes` and a rerun continues from it.
 
-    A continual stage (`graftlab.chains`) starts the teacher from `teacher_dir` (the post model for a frozen
+    A continual stage (`graftlab.planning.chains`) starts the teacher from `teacher_dir` (the post model for a frozen
     teacher, the previous stage's for an EMA one) instead of a copy of the student, and with `keep_teacher`
     writes the final teacher to `out_dir/teacher` for the next stage."""
     from graftlab.train import resume as rs
@@ -423,7 +404,7 @@ def _train(
             part = slice(share * cfg.share, (share + 1) * cfg.share)
             began = time.perf_counter()
             update = run.update(rollouts[part], None if old is None else old[part])
-            update_teacher(run.teacher, run.student, cfg.teacher, step, cfg.steps)
+            update_teacher(run.teacher, run.student, cfg.schedule, step, cfg.steps)
             log.append(
                 step_record(step, rollouts[part], update, sample_s if share == 0 else 0.0, time.perf_counter() - began)
             )

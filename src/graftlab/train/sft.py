@@ -279,7 +279,7 @@ def finetune(
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graftlab.provenance import write_provenance
+    from graftlab.io.provenance import write_provenance
     from graftlab.train.precision import WEIGHTS_DTYPE, save_dtype
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -326,8 +326,8 @@ def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path, resume: Resume 
     killed run continues from its newest saved state."""
     from transformers import AutoTokenizer
 
-    from graftlab.atomic import atomic_dir
-    from graftlab.tables import read_table
+    from graftlab.io.atomic import atomic_dir
+    from graftlab.io.tables import read_table
 
     traces = read_table(data, ("prompt", "completion"), "SFT data")
     tok = AutoTokenizer.from_pretrained(model_dir)

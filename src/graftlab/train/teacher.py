@@ -1,50 +1,20 @@
-"""Teacher schedules of SDPO (docs/methods.md#sdpo): how the teacher, a second copy of the student's
-network, follows the student during a run.
-
-- `frozen`: the teacher stays the starting model.
-- `ema:R`: after every optimizer step, theta_T <- (1 - R) theta_T + R theta_S (the official SDPO's
-  `teacher_update_rate`; the second paper sweeps R in 0.005, 0.01, 0.02, 0.05).
-- `refresh:G`: StableSDPO's refresh-and-freeze. The teacher starts as the starting model and is set to the
-  current student after every step that is a multiple of max(1, round(G x total_steps)) and below
-  total_steps, frozen in between. G = 1 never refreshes inside a run: the paper's hard restart, where each
-  stage of a continual chain starts with the teacher reset to the current student.
+"""SDPO's teacher schedules applied (docs/methods.md#sdpo): how the teacher, a second copy of the student's
+network, follows the student during a run. A schedule is parsed once, when a run's config is made
+(`graftlab.methods.sdpo.parse_schedule`, which says what each one means), and applied here as a value.
 
 Every parameter and floating buffer is updated (a buffer such as rotary frequencies is the same in both).
-Torch is imported where used: the config validation parses schedules on every workflow parse.
 """
 
 from __future__ import annotations
 
-import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from graftlab.errors import GraftlabError
 
 if TYPE_CHECKING:
     import torch
 
-KINDS = ("frozen", "ema", "refresh")
-
-
-class Schedule(NamedTuple):
-    kind: str
-    rate: float | None = None  # R of ema, G of refresh
-
-
-def parse_schedule(schedule: str) -> Schedule:
-    """`frozen`, `ema:R` or `refresh:G` with R, G in (0, 1]; anything else is an error naming it."""
-    kind, sep, value = str(schedule).partition(":")
-    if kind == "frozen" and not sep:
-        return Schedule("frozen")
-    if kind not in ("ema", "refresh") or not sep:
-        raise GraftlabError(f"teacher schedule {schedule!r}: expected frozen, ema:R or refresh:G")
-    try:
-        rate = float(value)
-    except ValueError:
-        raise GraftlabError(f"teacher schedule {schedule!r}: {value!r} is not a number") from None
-    if not (0 < rate <= 1) or math.isnan(rate):
-        raise GraftlabError(f"teacher schedule {schedule!r}: {'R' if kind == 'ema' else 'G'} must lie in (0, 1]")
-    return Schedule(kind, rate)
+    from graftlab.methods.sdpo import Schedule
 
 
 def refresh_interval(rate: float, total_steps: int) -> int:
@@ -53,11 +23,10 @@ def refresh_interval(rate: float, total_steps: int) -> int:
 
 
 def update_teacher(
-    teacher: torch.nn.Module, student: torch.nn.Module, schedule: str, step: int, total_steps: int
+    teacher: torch.nn.Module, student: torch.nn.Module, s: Schedule, step: int, total_steps: int
 ) -> bool:
-    """Update `teacher` in place after optimizer step `step` (1-based) of `total_steps` under `schedule`;
-    True when its weights changed."""
-    s = parse_schedule(schedule)
+    """Update `teacher` in place after optimizer step `step` (1-based) of `total_steps` under the schedule
+    `s`; True when its weights changed."""
     if not 1 <= step <= total_steps:
         raise GraftlabError(f"update_teacher: step {step} outside 1..{total_steps}")
     if s.kind == "frozen":

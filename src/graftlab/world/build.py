@@ -11,8 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.streams import stream
-from graftlab.tasks import chat_completion, chat_prompt
-from graftlab.world import arith
+from graftlab.tasks import arith, chat_completion, chat_prompt
 
 
 def write_problems(problems: list[dict], path: Path) -> None:
@@ -166,8 +165,8 @@ def pretrain(
     far pretraining moved it). Each directory appears whole or not at all."""
     from transformers import AutoTokenizer
 
-    from graftlab.atomic import atomic_dir
-    from graftlab.provenance import write_provenance
+    from graftlab.io.atomic import atomic_dir
+    from graftlab.io.provenance import write_provenance
     from graftlab.train.sft import TrainConfig, finetune
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)

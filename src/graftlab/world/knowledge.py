@@ -22,12 +22,11 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
+from graftlab.io.atomic import write_table_with_stats
 from graftlab.schema import schema_default
 from graftlab.streams import stream
-from graftlab.tasks import chat_completion, get_task
-from graftlab.world import arith
+from graftlab.tasks import arith, chat_completion, get_task
 
 TASK = "knowledge"
 

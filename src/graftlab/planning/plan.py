@@ -1,10 +1,10 @@
 """The cost of a run before its launch: jobs, GPU-hours and disk per rule, from the resolved config.
 
-Each job's work (its model, FLOPs and bytes written) comes from `graftlab.work`, the same count the
-scheduler's limits are sized from (`graftlab.resources`). GPU time is FLOPs / (GPU peak FLOP/s x
+Each job's work (its model, FLOPs and bytes written) comes from `graftlab.planning.work`, the same count the
+scheduler's limits are sized from (`graftlab.planning.resources`). GPU time is FLOPs / (GPU peak FLOP/s x
 utilisation), with decoding at a lower utilisation than whole-sequence passes, since it is memory-bound.
 Data set sizes are assumptions (the flags of `graftlab plan`), printed beside the table. A continual
-experiment's jobs come from its chains (`graftlab.chains`, `continual_jobs`), each sized as the rule it runs
+experiment's jobs come from its chains (`graftlab.planning.chains`, `continual_jobs`), each sized as the rule it runs
 (`SIZED_AS`). Standard library only: planning needs no torch.
 """
 
@@ -14,15 +14,24 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from graftlab import work
-from graftlab.chains import GRAFT_FORMS, ON_POLICY, Chain, Continual, is_continual, parse_chain, stage_data_kind
-from graftlab.layout import POST, Experiment, section_of, study_experiments, world_key
-from graftlab.work import MINED, Work
+from graftlab.methods import METHODS
+from graftlab.planning import work
+from graftlab.planning.chains import (
+    GRAFT_FORMS,
+    ON_POLICY,
+    Chain,
+    Continual,
+    is_continual,
+    parse_chain,
+    stage_data_kind,
+)
+from graftlab.planning.layout import POST, Experiment, study_experiments, world_key
+from graftlab.planning.work import MINED, Work
 
 
 @dataclass(frozen=True)
 class Assumptions(work.Assumptions):
-    """The data sizes of `graftlab.work.Assumptions`, and the GPU the run is costed on."""
+    """The data sizes of `graftlab.planning.work.Assumptions`, and the GPU the run is costed on."""
 
     mfu: float = 0.3  # share of the GPU's peak FLOP/s a whole-sequence pass reaches
     decode_mfu: float = 0.1  # share that decoding reaches: it is bound by memory bandwidth
@@ -56,7 +65,7 @@ class Cost:
 
 
 def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
-    """Every job of an experiment's own rules, as (rule, wildcards): the wildcards `graftlab.work`
+    """Every job of an experiment's own rules, as (rule, wildcards): the wildcards `graftlab.planning.work`
     reads (sft's donor, fisher's mask, evaluate's run)."""
     x = layout.x
     jobs: list[tuple[str, dict]] = [("mine", {})] if x["data"] in MINED else []
@@ -70,7 +79,7 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     sources = (["problems"] if x["problems"] else []) + (["retention"] if x["fisher"]["prompts"] else [])
     jobs += [("dataset", {})] * (len(sources) + len(x["benchmarks"] or {}))
     jobs += [("sft", {"donor": d}) for d in [POST, *x["donors"]] for _ in x["sft"]["lr"]]
-    jobs += [(section_of(r.kind), {}) for r in layout.on_policy_runs()]  # sdpo_cot runs are the sdpo rule's
+    jobs += [(METHODS[r.kind].rule, {}) for r in layout.on_policy_runs()]  # sdpo_cot runs are the sdpo rule's
     runs = layout.run_list()
     grafts = [r for r in runs if r.kind == "graft"]
     # The sensitivity analysis always ranks by the diagonal Fisher; masks may add kfac.
@@ -85,20 +94,13 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
 
 # The rule each continual rule is sized as: its `sized(...)` in rules/continual.smk (tests/test_plan.py
 # reads them there). A rule not listed is sized under its own name.
-SIZED_AS = {
-    "chain_sft": "sft",
-    "chain_rollouts": "rollouts",
-    "chain_fisher": "fisher",
-    "chain_opsd": "opsd",
-    "chain_grpo": "grpo",
-    "chain_sdpo": "sdpo",
-    "stage_star": "star",
-}
-# The rule of each kind of chain directory (`chain/<kind>/...`), and the wildcard naming the kind in it.
-CHAIN_RULES = {"sft": "chain_sft", "tune": "chain_sft", **dict.fromkeys(GRAFT_FORMS.values(), "chain_graft")}
-CHAIN_RULES |= {"opsd": "chain_opsd", "grpo": "chain_grpo", "sdpo": "chain_sdpo", "sdpo_cot": "chain_sdpo"}
-KIND_WILDCARD = {"sft": "tune", "tune": "tune", "sdpo": "sdpo", "sdpo_cot": "sdpo"}
-KIND_WILDCARD |= dict.fromkeys(GRAFT_FORMS.values(), "form")
+SIZED_AS = {"chain_rollouts": "rollouts", "chain_fisher": "fisher", "stage_star": "star"}
+SIZED_AS |= {m.chain_rule: m.rule for m in METHODS.values() if m.chain_rule and m.rule}
+# The rule of each kind of chain directory (`chain/<kind>/...`), and the wildcard naming the kind in it:
+# each chained method's, and `tune`, graft_chain's donor tuned on one stage alone (by chain_sft).
+CHAIN_RULES = {m.name: m.chain_rule for m in METHODS.values() if m.chained} | {"tune": "chain_sft"}
+KIND_WILDCARD = {m.name: m.chain_wildcard for m in METHODS.values() if m.chained and m.chain_wildcard}
+KIND_WILDCARD |= {"tune": "tune"}
 
 
 def chain_wildcards(chain: Chain, k: int) -> dict:
@@ -248,7 +250,7 @@ def _fetched(config: dict, x: dict) -> set[str]:
 
 def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root: Path) -> list[float]:
     """Add an experiment's jobs to `costs`; returns the bytes of its temp() grafts. A continual experiment's
-    jobs are sized as the rule each one runs (`SIZED_AS`), by `graftlab.work.continual_work`."""
+    jobs are sized as the rule each one runs (`SIZED_AS`), by `graftlab.planning.work.continual_work`."""
     if is_continual(config["experiments"][name]):
         c = Continual.of(config, name)
         for rule, wildcards in continual_jobs(c):
@@ -264,7 +266,7 @@ def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root
 
 
 def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path(".")) -> Plan:
-    """The plan of a resolved config (graftlab.config.resolve): each rule's jobs, FLOPs and bytes.
+    """The plan of a resolved config (graftlab.planning.config.resolve): each rule's jobs, FLOPs and bytes.
 
     A grafted model lives in its own job's scratch, which evaluates and deletes it (rules/graft.smk), and
     each job holds a `temp_grafts` resource: at most min(`a.jobs`, `a.temp_grafts`) are on disk at once.
@@ -318,7 +320,7 @@ def render(plan: Plan) -> str:
     """The plan as Markdown: a row per rule, the totals, the disk peak and what it assumed."""
     a = plan.assumptions
     rules = sorted(plan.costs, key=lambda r: (ORDER.index(r) if r in ORDER else len(ORDER), r))
-    # "kept" is what the rule's outputs use on disk after the run: `graftlab.disk` measures the same per rule.
+    # "kept" is what the rule's outputs use on disk after the run: `graftlab.planning.disk` measures the same per rule.
     lines = ["| rule | jobs | GPU-hours | disk written (GB) | kept (GB) |", "|---|---:|---:|---:|---:|"]
     for rule in rules:
         c = plan.costs[rule]
@@ -367,7 +369,7 @@ def load_config(configfiles: list[str], overrides: list[str], root: Path = Path(
     from snakemake.common.configfile import load_configfile
     from snakemake.utils import update_config
 
-    from graftlab.config import resolve
+    from graftlab.planning.config import resolve
 
     config: dict = {}
     for path in configfiles:

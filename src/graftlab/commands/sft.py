@@ -6,7 +6,7 @@ the last epoch's model, and every earlier epoch e lies inside it as `DIR/epoch~e
 every epoch, and a model directory loads the same with subdirectories beside its files). `DIR/steps.jsonl`
 holds the seconds and loss of every step, `DIR/training.png` its curves. A failed run leaves no DIR.
 
-`accelerate launch -m graftlab.train.sft_cli sft ...` runs the same over several processes
+`accelerate launch -m graftlab.commands.sft sft ...` runs the same over several processes
 (`launch_command` builds that line; docs/real-models.md#more-than-one-gpu).
 """
 
@@ -18,7 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-FSDP_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "accelerate" / "fsdp.yaml"
+# Shipped inside the package, beside this module: accelerate reads it as a file.
+FSDP_CONFIG = Path(__file__).resolve().with_name("fsdp.yaml")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -105,8 +106,8 @@ def _config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> None:
     """Train and write DIR (`args.out`); every refusal is a GraftlabError raised before DIR exists."""
-    from graftlab.provenance import refuse_foreign_dir
-    from graftlab.safetensors_io import refuse_nonfinite
+    from graftlab.io.provenance import refuse_foreign_dir
+    from graftlab.io.safetensors_io import refuse_nonfinite
 
     cfg = _config(args)
     if not args.epoch_dirs:  # the workflow's layout goes to a Snakemake output, which Snakemake clears
@@ -118,8 +119,8 @@ def run(args: argparse.Namespace) -> None:
 
         # TrainConfig pins torch to its threads; a hand run keeps torch's own choice unless told.
         cfg = dataclasses.replace(cfg, threads=torch.get_num_threads())
-    from graftlab.atomic import atomic_dir
-    from graftlab.tables import read_table
+    from graftlab.io.atomic import atomic_dir
+    from graftlab.io.tables import read_table
     from graftlab.train.sft import encode_traces, finetune, main_process, sft_epochs
 
     out = Path(args.out)
@@ -173,11 +174,11 @@ def _train_replica(args: argparse.Namespace, cfg, traces) -> None:
 def launch_command(processes: int, argv: Sequence[str], fsdp: bool, config: Path = FSDP_CONFIG) -> list[str]:
     """The command that runs `graftlab sft` with the arguments `argv` over `processes` GPUs of one node:
     `accelerate launch` with FSDP (full shard, one wrap per decoder layer, fp32 master weights, bf16
-    compute: configs/accelerate/fsdp.yaml) when the model does not fit one GPU, else plain DDP; one
+    compute: src/graftlab/commands/fsdp.yaml) when the model does not fit one GPU, else plain DDP; one
     process, no launcher."""
     if processes < 1:
         raise ValueError(f"processes must be at least 1, got {processes}")
-    entry = ["-m", "graftlab.train.sft_cli", "sft", *argv]
+    entry = ["-m", "graftlab.commands.sft", "sft", *argv]
     if processes == 1:
         return [sys.executable, *entry]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
@@ -201,7 +202,7 @@ def cli_args(cfg, model, data, out) -> list[str]:
 
 def launch_epochs(model, data, cfg, out, gpus: int) -> None:
     """The workflow's SFT (`sft_epochs`'s output) over `gpus` GPUs with FSDP: a job is given more than one
-    GPU only when the model does not fit one (graftlab.resources). Time-based resume is not offered here:
+    GPU only when the model does not fit one (graftlab.planning.resources). Time-based resume is not offered here:
     every process would have to agree on when to save."""
     import subprocess
 
@@ -215,7 +216,7 @@ def launch_epochs(model, data, cfg, out, gpus: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m graftlab.train.sft_cli sft ...`: the subcommand alone, for `accelerate launch -m`."""
+    """`python -m graftlab.commands.sft sft ...`: the subcommand alone, for `accelerate launch -m`."""
     from graftlab.errors import GraftlabError
 
     parser = argparse.ArgumentParser(prog="graftlab")

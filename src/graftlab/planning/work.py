@@ -1,7 +1,7 @@
 """The work of one job, from the resolved config: the model it loads, its FLOPs and the bytes it writes.
 
-One model serves both the scheduler's limits (`graftlab.resources`) and the cost plan before a launch
-(`graftlab.plan`), so a job's SLURM runtime and its share of the plan's GPU-hours follow from the same
+One model serves both the scheduler's limits (`graftlab.planning.resources`) and the cost plan before a launch
+(`graftlab.planning.plan`), so a job's SLURM runtime and its share of the plan's GPU-hours follow from the same
 count. FLOPs come in two kinds, since they run at different speeds: `generate`, decoding token by token
 (memory-bound), and `compute`, forward or backward passes over whole sequences (compute-bound).
 
@@ -22,8 +22,9 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from graftlab.chains import KNOWLEDGE, Chain
-from graftlab.layout import POST, Experiment, kept_steps, parse_run
+from graftlab.methods import METHODS, on_policy
+from graftlab.planning.chains import KNOWLEDGE, Chain
+from graftlab.planning.layout import POST, Experiment, kept_steps, parse_run
 from graftlab.tasks import get_task
 
 # The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
@@ -31,6 +32,8 @@ WORLD_VOCAB = 84
 FP32 = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 MINED = ("expert", "teacher", "star", "pedagogical")
+# The on-policy methods by the rule that trains them (sdpo_cot's is sdpo's, sized alike).
+TRAINED_BY = {m.rule: m for m in on_policy()}
 
 
 @dataclass(frozen=True)
@@ -244,31 +247,10 @@ def job_work(
         return Work(post, 2 * P * samples * tokens, per_token * samples * tokens, written=P * a.checkpoint_bytes)
     if rule == "sft":
         return sft_work(model_of(config, layout, wildcards.get("donor", POST), root), x, train, a)
-    if rule == "opsd":
-        o = x["opsd"]
-        sampled, samples = p + o["max_new_tokens"], o["steps"] * o["batch_size"]
-        # Per sample: the student generates (2P); the teacher scores it with the demonstration in its
-        # prompt (2P) and the student trains on it (6P), both over whole sequences.
-        compute = samples * (2 * P * (sampled + trace_tokens(x)) + 6 * P * sampled)
-        return Work(post, 2 * P * samples * sampled, compute, written=len(kept_steps(o)) * P * a.checkpoint_bytes)
-    if rule == "grpo":
-        g = x["grpo"]
-        sampled, samples = p + g["max_new_tokens"], g["steps"] * g["batch_size"] * g["generations"]
-        # Per sample: generated (2P), its old log-probs scored (2P) when the batch is reused, trained on (6P)
-        # and, with a KL term, scored by the reference (2P).
-        per_token = (6 + (2 if g["updates_per_batch"] > 1 else 0) + (2 if g["beta"] else 0)) * P
-        compute = per_token * samples * sampled
-        return Work(post, 2 * P * samples * sampled, compute, written=len(kept_steps(g)) * P * a.checkpoint_bytes)
-    if rule == "sdpo":
-        o = x["sdpo"]
-        sampled, samples = p + o["max_new_tokens"], o["steps"] * o["batch_size"] * o["generations"]
-        sampled_rollouts = samples // o["updates_per_batch"]
-        # Per rollout: the student generates it (2P, once per sampled batch), the teacher scores it after a
-        # sibling's answer in its prompt (2P) and the student trains on it (6P); an EMA teacher's update is
-        # a pass over the weights, negligible beside them.
-        compute = samples * (2 * P * (sampled + o["max_new_tokens"]) + 6 * P * sampled)
-        generate = 2 * P * sampled_rollouts * sampled
-        return Work(post, generate, compute, written=len(kept_steps(o)) * P * a.checkpoint_bytes)
+    if (method := TRAINED_BY.get(rule)) is not None:
+        s = x[method.section]
+        generate, compute = method.spec.flops(s, P, p, trace_tokens(x))
+        return Work(post, generate, compute, written=len(kept_steps(s)) * P * a.checkpoint_bytes)
     if rule in ("rollouts", "fisher"):
         f = x["fisher"]
         tokens = f["rollouts"] * (p + f["max_new_tokens"])
@@ -279,7 +261,8 @@ def job_work(
         return Work(post, compute=passes * 6 * P * tokens, written=fisher_bytes(post, kind))
     if rule == "evaluate":
         run = parse_run(wildcards.get("run", POST))
-        base = run["donor"] if run["method"] in ("donor", "donor_sft", "sft") and run["donor"] else POST
+        # A donor and its SFT are the donor's size; everything else (a graft too) is the post model's.
+        base = run["donor"] if run["donor"] and "lam" not in METHODS[run["method"]].keys else POST
         model = model_of(config, layout, base, root)
         return Work(model, generate=2 * model.params * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"]))
     if rule == "graft":  # grafted in the job's scratch, evaluated there and deleted: written, never kept
@@ -293,11 +276,11 @@ def job_work(
 
 # The rules of a continual experiment (rules/continual.smk) are sized as the single-domain rule each one
 # runs (chain_sft as `sft`, chain_rollouts as `rollouts`, ...), on the stage it trains in
-# (`graftlab.chains.Continual.stage_view`); evaluate and response_kl score every stage's benchmark.
+# (`graftlab.planning.chains.Continual.stage_view`); evaluate and response_kl score every stage's benchmark.
 def continual_work(
     rule: str, config: dict, layout, wildcards: dict, a: Assumptions = Assumptions(), root: Path = Path(".")
 ) -> Work:
-    """One job of a continual experiment, `layout` a `graftlab.chains.Continual`, `rule` the name it is
+    """One job of a continual experiment, `layout` a `graftlab.planning.chains.Continual`, `rule` the name it is
     sized as (`sized(...)` in rules/continual.smk) and `wildcards` the job's."""
     if rule == "evaluate":
         return continual_eval_work(config, layout, a, root)
@@ -319,8 +302,11 @@ def continual_work(
         tokens = stage_examples(layout, k, a) * attempts * (a.prompt_tokens + s["max_new_tokens"])
         return Work(post, generate=2 * post.params * tokens)
     job = job_work(rule, config, view, wildcards, a, root)
-    if rule == "sdpo" and layout.keeps_teacher(Chain(wildcards["sdpo"], POST, {"teacher": wildcards["teacher"]})):
-        return replace(job, written=job.written + job.model.params * a.checkpoint_bytes)  # the EMA teacher
+    if (method := TRAINED_BY.get(rule)) is not None:
+        kind = wildcards[method.chain_wildcard] if method.chain_wildcard else method.name
+        chain = Chain(kind, POST, {k: wildcards[k] for k in METHODS[kind].spec.keys})
+        if layout.keeps_teacher(chain):  # a stage writes its moving teacher for the next (SDPO's EMA)
+            return replace(job, written=job.written + job.model.params * a.checkpoint_bytes)
     return job
 
 

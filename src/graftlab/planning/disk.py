@@ -4,9 +4,9 @@ Snakemake keeps a record of every output it made (`.snakemake/metadata/`, one JS
 output's path in URL-safe base64, holding the rule that wrote it): each output that still exists is charged to
 that rule, a directory at the size of its files. Grafted models never outlive their job (rules/graft.smk),
 so they are read from their jobs' `seconds.json`: when each model was written and deleted, and its size.
-`graftlab plan` estimates the same rules before a run (`graftlab.plan.render`).
+`graftlab plan` estimates the same rules before a run (`graftlab.planning.plan.render`).
 
-Standard library only, like `graftlab.plan`: the workflow's `onsuccess` handler calls `write_report`.
+Standard library only, like `graftlab.planning.plan`: the workflow's `onsuccess` handler calls `write_report`.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def render(rows: list[dict]) -> str:
 
 def write_report(workdir: Path, out: Path) -> str:
     """Write `out` (TSV: rule, outputs, bytes) atomically; return the table as Markdown."""
-    from graftlab.atomic import atomic_file
+    from graftlab.io.atomic import atomic_file
 
     rows = usage(workdir)
     with atomic_file(out) as tmp:

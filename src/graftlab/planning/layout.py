@@ -25,20 +25,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from graftlab.methods import METHODS, on_policy
+
 POST = "post"
-KEY_COLUMNS = ("lr", "epoch", "lam", "mask", "rho")
-# Keys each kind of run must carry; a path lacking one was written by another layout.
+KEY_COLUMNS = METHODS["graft"].keys  # lr, epoch, lam, mask, rho: a column each in every summary
 # The on-policy trainers of the post model: each run keeps checkpoints by step (`kept_steps`).
-ON_POLICY = {"opsd": ("alpha", "lr", "step"), "grpo": ("lr", "step"), "sdpo": ("teacher", "lr", "step")}
-ON_POLICY["sdpo_cot"] = ON_POLICY["sdpo"]
-REQUIRED_KEYS = {"sft": ("lr", "epoch"), "graft": KEY_COLUMNS, **ON_POLICY, "donor": ()}
+ON_POLICY = {m.name: m.keys for m in on_policy()}
+# Keys each kind of run must carry, by its path's first segment; a path lacking one was written by another
+# layout.
+REQUIRED_KEYS = {m.path: m.keys for m in METHODS.values() if m.name != POST and not m.chain_only}
 # The summary's old- and new-task scores with their interval bounds, and the same on the validation
 # problems: no key may take one of their names.
 ROLE_COLUMNS = ("old", "new", "old_lo", "old_hi", "new_lo", "new_hi")
 VALIDATION_COLUMNS = tuple(c.replace("old", "old_val").replace("new", "new_val") for c in ROLE_COLUMNS)
 # Key names that would overwrite a summary column of another meaning.
 RESERVED = {"exp", "run", "method", "donor", *ROLE_COLUMNS, *VALIDATION_COLUMNS}
-UPDATES = ("sft", "graft", "merge", *ON_POLICY)  # the methods whose runs update the post model's weights
+UPDATES = tuple(m.name for m in METHODS.values() if m.updates)  # runs that update the post model's weights
 
 
 class Run(NamedTuple):
@@ -104,9 +106,7 @@ def parse_run(key: str) -> dict[str, str | None]:
             raise ValueError(f"run {key!r}: the post model takes no keys")
         return {"method": "post", "donor": None} | dict.fromkeys(KEY_COLUMNS)
     if kind not in REQUIRED_KEYS:
-        raise ValueError(
-            f"run {key!r}: unknown method {kind!r}; expected post, donor, sft, graft, {', '.join(ON_POLICY)}"
-        )
+        raise ValueError(f"run {key!r}: unknown method {kind!r}; expected post, {', '.join(REQUIRED_KEYS)}")
     if len(segments) < 2:
         raise ValueError(f"run {key!r}: {kind} needs a base model segment (post or a donor)")
     donor = segments[1]
@@ -154,8 +154,8 @@ def kept_steps(section: dict) -> list[int]:
 
 
 def section_of(kind: str) -> str:
-    """The config section of an on-policy method: `sdpo_cot` runs are configured in `sdpo`."""
-    return "sdpo" if kind == "sdpo_cot" else kind
+    """The config section of a method: `sdpo_cot` runs are configured in `sdpo`."""
+    return METHODS[kind].section
 
 
 def world_key(x: dict) -> str:
@@ -256,21 +256,12 @@ class Experiment:
             for lr in x["sft"]["lr"]
             for e, lam, mask, rho in graft_keys(x, method_of(d))
         ]
-        on_policy = [r._replace(keys=r.keys | {"step": str(s)}) for r in self.on_policy_runs() for s in self.steps(r)]
-        return [Run(POST), *(run("donor", d) for d in evaluated), *sft, *grafts, *on_policy]
+        kept = [r._replace(keys=r.keys | {"step": str(s)}) for r in self.on_policy_runs() for s in self.steps(r)]
+        return [Run(POST), *(run("donor", d) for d in evaluated), *sft, *grafts, *kept]
 
     def on_policy_runs(self) -> list[Run]:
-        """Every OPSD, GRPO and SDPO training run (a directory of checkpoints), without its step key."""
-        x = self.x
-        opsd = [run("opsd", POST, alpha=a, lr=lr) for a in x["opsd"]["alpha"] for lr in x["opsd"]["lr"]]
-        grpo = [run("grpo", POST, lr=lr) for lr in x["grpo"]["lr"]]
-        sdpo = [
-            run(method, POST, teacher=t, lr=lr)
-            for method, teachers in (("sdpo", x["sdpo"]["teachers"]), ("sdpo_cot", x["sdpo"]["cot_teachers"]))
-            for t in teachers
-            for lr in x["sdpo"]["lr"]
-        ]
-        return opsd + grpo + sdpo
+        """Every on-policy training run (a directory of checkpoints), without its step key, in method order."""
+        return [run(m.name, POST, **keys) for m in on_policy() for keys in m.spec.runs(self.x[m.section])]
 
     def steps(self, r: Run) -> list[int]:
         """The kept checkpoints of an on-policy run."""

@@ -1,6 +1,6 @@
 """`graftlab inspect RESULTS_DIR`: the table a researcher wants first from a workflow run: per experiment
 and method its best frontier points (new, old, with intervals), what each cost, and which runs are
-missing or stale against the config (`graftlab.inspect_results` reads all of it; docs/cli.md).
+missing or stale against the config (`graftlab.commands.inspect_results` reads all of it; docs/cli.md).
 
 `--json` prints one object:
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from graftlab.config_args import add_config_args, snakemake_config_args  # standard library only
+from graftlab.planning.config_args import add_config_args, snakemake_config_args  # standard library only
 
 STATES = ("ok", "stale", "missing", "orphan")
 SHOWN = 6  # runs a text line names; a config change can add hundreds
@@ -45,6 +45,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--exp", nargs="+", help="only these experiments (default: every one)")
     p.add_argument("--json", action="store_true", help="machine-readable output (keys: docs/cli.md)")
     p.add_argument("--all", action="store_true", help="every evaluated model, not only the frontier points")
+    p.add_argument(
+        "--snakefile",
+        help="the workflow's Snakefile (default: the workdir's own, else the checkout graftlab is installed from)",
+    )
     add_config_args(
         p,
         "the config files the workdir was run with, as given to snakemake (default: the workflow's "
@@ -54,10 +58,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from graftlab.inspect_results import inspect, workdir_of
+    from graftlab.commands.inspect_results import inspect, workdir_of
 
     config = snakemake_config_args(args)
-    report = inspect(args.results_dir, args.exp, config, every=args.all)
+    report = inspect(args.results_dir, args.exp, config, every=args.all, snakefile=args.snakefile)
     workdir = workdir_of(args.results_dir)
     if args.json:
         print(

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import polars as pl
 
-from graftlab.atomic import write_table_with_stats
 from graftlab.errors import GraftlabError
-from graftlab.fetch import DATA_SUFFIXES, looks_local
+from graftlab.io.atomic import write_table_with_stats
+from graftlab.io.fetch import DATA_SUFFIXES, looks_local
 from graftlab.tasks import get_task
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ def check_problems(frame: pl.DataFrame, name: str) -> pl.DataFrame:
 def find_leaks(problems: pl.DataFrame, benchmark_files) -> list[tuple[str, int, str, int]]:
     """(benchmark file, first row, its id, rows) for each benchmark holding some of the training
     `problems`, by id or by prompt text up to white space."""
-    from graftlab.tables import read_table as read_parquet_table
+    from graftlab.io.tables import read_table as read_parquet_table
 
     found = []
     for file in benchmark_files:

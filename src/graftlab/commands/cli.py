@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from graftlab import inspect_cli  # its parser only: polars and Snakemake load when it runs
-from graftlab.config_args import add_config_args, snakemake_config_args  # standard library only
+from graftlab.commands import inspect as inspect_cli  # its parser only: polars and Snakemake load when it runs
+from graftlab.commands import sft as sft_cli  # its parser only: training loads when `graftlab sft` runs
 from graftlab.fisher import KINDS  # names only: the kinds' modules (torch) load when one runs
-from graftlab.provenance import refuse_foreign_dir  # standard library only
-from graftlab.train import sft_cli  # its parser only: training loads when `graftlab sft` runs
+from graftlab.io.provenance import refuse_foreign_dir  # standard library only
+from graftlab.planning.config_args import add_config_args, snakemake_config_args  # standard library only
 
 
 def _set_threads(threads: int | None) -> None:
@@ -175,9 +175,9 @@ def _add_drift(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> None:
-    from graftlab.config import ConfigError
     from graftlab.errors import GraftlabError
-    from graftlab.plan import Assumptions, dag_jobs, estimate, free_disk, load_config, render
+    from graftlab.planning.config import ConfigError
+    from graftlab.planning.plan import Assumptions, dag_jobs, estimate, free_disk, load_config, render
 
     fields = [f.name for f in dataclasses.fields(Assumptions)]
     try:
@@ -199,7 +199,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
 
 def _add_plan(subparsers: argparse._SubParsersAction) -> None:
-    from graftlab.plan import Assumptions
+    from graftlab.planning.plan import Assumptions
 
     a = Assumptions()
     p = subparsers.add_parser(

@@ -351,3 +351,14 @@ class SafetensorsWriter:
             # The caller's exception is the story; the file is garbage that atomic_dir removes.
             self._file.close()
             self._file = None
+
+
+def read_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """The model's config.json, or None when it has none."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise GraftlabError(f"{path}: not valid JSON ({e})") from None

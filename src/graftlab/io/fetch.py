@@ -13,9 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
-from graftlab.atomic import atomic_dir
 from graftlab.errors import GraftlabError
-from graftlab.provenance import PROVENANCE_NAME, write_provenance
+from graftlab.io.atomic import atomic_dir
+from graftlab.io.provenance import PROVENANCE_NAME, write_provenance
 
 # Data files a source may name; a source with such a suffix is a local file even before it exists (a
 # file another rule writes), never a hub id.
@@ -177,7 +177,7 @@ def _check_fetched(source: str, model_dir: Path) -> None:
             f"model {source}: needs config.json and safetensors weights (pickled .bin weights are not "
             f"fetched); found {names or 'no model files'}"
         )
-    from graftlab.safetensors_io import tensor_index  # torch: kept out of the workflow parse
+    from graftlab.io.safetensors_io import tensor_index  # torch: kept out of the workflow parse
 
     try:
         tensor_index(model_dir)

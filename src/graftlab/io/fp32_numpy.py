@@ -3,7 +3,7 @@
 For analyses that only sum and compare weights (the sensitivity job): importing torch would be most of
 such a job's time. numpy has no bfloat16, and safetensors' numpy API refuses to read one, so every
 tensor is read as stored, a bf16 one as its raw uint16 bit patterns, and widened to fp32 exactly
-(`graft_numpy.widen_bf16`: the bits become the fp32's top half), as torch's `.float()` does. Reads are
+(`widen_bf16`: the bits become the fp32's top half), as torch's `.float()` does. Reads are
 plain file reads at the byte ranges the checked headers give (`safetensors_io.tensor_specs`), not memory
 maps, whose touched pages would stay resident while a model is streamed (see graftlab.graft).
 """
@@ -17,8 +17,16 @@ from pathlib import Path
 import numpy as np
 
 from graftlab.errors import GraftlabError
-from graftlab.graft_numpy import STORAGE, widen_bf16
-from graftlab.safetensors_io import TensorSpec, tensor_index, tensor_specs
+from graftlab.io.safetensors_io import TensorSpec, tensor_index, tensor_specs
+
+# How each dtype the numpy readers and kernels compute is stored, as numpy reads it. Other floating dtypes (fp8) have
+# no numpy type: a graft computes those with torch.
+STORAGE = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "F64": np.float64}
+
+
+def widen_bf16(raw: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) to fp32, exactly: the bits become the fp32's top half. ``out`` is uint32."""
+    return np.left_shift(raw, 16, out=out, dtype=np.uint32).view(np.float32)
 
 
 class Fp32Reader:

@@ -1,4 +1,4 @@
-"""The workflow configuration: validation against `schemas/config.schema.yaml` and its defaults.
+"""The workflow configuration: validation against `src/graftlab/config.schema.yaml` and its defaults.
 
 The schema is the only place defaults live. jsonschema validates but does not fill defaults, so the
 `properties` keyword is extended to insert them before descending (the recipe from jsonschema's FAQ).
@@ -10,6 +10,7 @@ import math
 
 from jsonschema import Draft202012Validator, validators
 
+from graftlab.methods import METHODS, on_policy, sections, specs
 from graftlab.schema import load_schema
 
 
@@ -108,7 +109,7 @@ def _check_semantics(config: dict) -> None:
 
 
 def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:
-    from graftlab.world.arith import distinct_problems
+    from graftlab.tasks.arith import distinct_problems
 
     ladder, steps = world["pretrain"]["ladder"], world["pretrain"]["steps"]
     model, distinct = world["model"], distinct_problems(world["new_task"])
@@ -204,22 +205,12 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
                 f"leaves no training problems of {wkey}.candidates = {world['candidates']}",
             )
         )
-    for method in ("graft", "merge"):
-        for where, epochs in ((method, exp[method]["epochs"]), (f"{method}.masks", exp[method]["masks"]["epochs"])):
+    # The sections of the methods whose runs are scaled SFT updates: their epochs are SFT's.
+    for section in dict.fromkeys(m.section for m in METHODS.values() if "lam" in m.keys):
+        g = exp[section]
+        for where, epochs in ((section, g["epochs"]), (f"{section}.masks", g["masks"]["epochs"])):
             late = [e for e in epochs or [] if e > exp["sft"]["epochs"]]
             checks.append((not late, f"{key}.{where}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
-        wide = [r for r in exp[method]["masks"]["rho"] if float(r) > 1]
-        checks.append(
-            (not wide, f"{key}.{method}.masks.rho", f"{wide} outside [0, 1]: rho is the fraction of the update masked")
-        )
-    opsd = exp["opsd"]
-    wide = [a for a in opsd["alpha"] if float(a) > 1]
-    checks.append((not wide, f"{key}.opsd.alpha", f"{wide} outside [0, 1]"))
-    holes = [p for p in ("{problem}", "{demonstration}") if p not in opsd["template"]]
-    checks.append((not holes, f"{key}.opsd.template", f"lacks the placeholder(s) {holes}"))
-    checks.append(
-        (opsd["checkpoints"] <= opsd["steps"], f"{key}.opsd.checkpoints", f"exceeds opsd.steps = {opsd['steps']}")
-    )
     for donor in exp["donors"]:
         on_ladder = donor.startswith("step~") and int(donor.split("~")[1]) in ladder
         checks.append(
@@ -275,18 +266,21 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
         checks += _rollout_checks(world, exp["fisher"]["rollouts"], f"{key}.fisher.rollouts")
     checks += _stage_checks(world, exp, key) if exp["stages"] else []
     checks += _sweep_checks(exp, key) + _leak_checks(exp, key)
-    return checks + _rl_checks(exp, key) + _micro_batch_checks(exp, key)
+    return checks + _method_checks(exp, key) + _pedagogical_checks(exp, key)
 
 
-# Sweeps written as strings (result paths keep their spelling); the learning rates among them.
-SWEEPS = (
-    "graft.lam",
-    "merge.lam",
-    "graft.masks.rho",
-    "merge.masks.rho",
-    "opsd.alpha",
-    *(f"{m}.lr" for m in ("sft", "opsd", "grpo", "sdpo")),
-)
+def _method_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
+    """Each method's section, by its spec (`graftlab.methods`): the checks its trainer makes too."""
+    checks = []
+    for section, spec in specs().items():
+        for problem in spec.check(exp[section]):
+            field, _, message = problem.partition(": ")
+            checks.append((False, f"{key}.{section}.{field}", message))
+    return checks
+
+
+# Sweeps written as strings (result paths keep their spelling), each method's; the learning rates among them.
+SWEEPS = tuple(f"{section}.{sweep}" for section, spec in specs().items() for sweep in spec.sweeps)
 
 
 def _sweep_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
@@ -318,7 +312,7 @@ def _leak_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
     """No training data set (`problems`, a stage's `problems`, the Fisher's `prompts`) that is also an
     evaluation set (a `benchmarks` entry or a stage's `benchmark`): scores on it would measure
     memorisation. Row-level overlap between different files is checked when the data is read
-    (graftlab.problem_sources.refuse_leaks)."""
+    (graftlab.tasks.sources.refuse_leaks)."""
     evaluated = {f"{key}.benchmarks.{name}": src for name, src in (exp["benchmarks"] or {}).items()}
     training = {f"{key}.problems": exp["problems"], f"{key}.fisher.prompts": exp["fisher"]["prompts"]}
     for i, stage in enumerate(exp["stages"]):
@@ -336,7 +330,7 @@ def _leak_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
 def _stage_checks(world: dict, exp: dict, key: str) -> list[tuple[bool, str, str]]:
     """A continual experiment's stages: distinct domains, each one the tiny world can pose (or a data set
     with written solutions for SFT), none an old benchmark."""
-    from graftlab.world.arith import SOLVERS, distinct_problems
+    from graftlab.tasks.arith import SOLVERS, distinct_problems
 
     domains = [s["domain"] for s in exp["stages"]]
     old = list(exp["benchmarks"] or world["old_tasks"])
@@ -345,7 +339,7 @@ def _stage_checks(world: dict, exp: dict, key: str) -> list[tuple[bool, str, str
         where, domain = f"{key}.stages.{i}", stage["domain"]
         kind = stage["data"] or ("knowledge" if domain == "knowledge" else "expert")
         checks.append((domain not in old, f"{where}.domain", f"{domain!r} is an old benchmark {old}"))
-        many = [s for s in ("opsd", "grpo", "sdpo") if stage["steps"] and exp[s]["checkpoints"] > stage["steps"]]
+        many = [s for s in sections(on_policy()) if stage["steps"] and exp[s]["checkpoints"] > stage["steps"]]
         checks.append((not many, f"{where}.steps", f"{stage['steps']} is fewer than the checkpoints of {many}"))
         checks.append(
             (
@@ -392,65 +386,12 @@ def _stage_checks(world: dict, exp: dict, key: str) -> list[tuple[bool, str, str
     return checks
 
 
-def _rl_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
-    """GRPO's and SDPO's checkpoints within their steps; SDPO's schedules and reprompt templates."""
-    from graftlab.errors import GraftlabError
-    from graftlab.train.teacher import parse_schedule
-
-    checks = []
-    for section in ("grpo", "sdpo"):
-        s = exp[section]
-        checks.append(
-            (s["checkpoints"] <= s["steps"], f"{key}.{section}.checkpoints", f"exceeds {section}.steps = {s['steps']}")
-        )
-    sdpo = exp["sdpo"]
-    rollouts = sdpo["batch_size"] * sdpo["generations"]
-    checks.append(
-        (
-            rollouts % sdpo["updates_per_batch"] == 0,
-            f"{key}.sdpo.updates_per_batch",
-            f"{sdpo['updates_per_batch']} does not divide the batch's {rollouts} rollouts",
-        )
-    )
-    for field in ("teachers", "cot_teachers"):
-        for schedule in sdpo[field]:
-            try:
-                parse_schedule(schedule)
-            except GraftlabError as err:
-                checks.append((False, f"{key}.sdpo.{field}", str(err)))
-    holes = {
-        "template": ("{prompt}", "{solution}", "{feedback}"),
-        "solution_template": ("{solution}",),
-        "feedback_template": ("{feedback}",),
-    }
-    for field, needed in holes.items():
-        absent = [p for p in needed if p not in sdpo[field]]
-        checks.append((not absent, f"{key}.sdpo.{field}", f"lacks the placeholder(s) {absent}"))
-    return checks
-
-
-def _micro_batch_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
-    """A micro-batch must divide its section's batch, which accumulation makes up of whole micro-batches."""
+def _pedagogical_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
+    """Pedagogical RL's teacher (a data setting, not a method): its micro-batch divides its GRPO batch."""
     ped = exp["pedagogical"]
-    batches = {
-        "sft": exp["sft"]["batch_size"],
-        "opsd": exp["opsd"]["batch_size"],
-        "grpo": exp["grpo"]["batch_size"] * exp["grpo"]["generations"],
-        # SDPO's updates each take an equal share of the sampled batch's rollouts.
-        "sdpo": exp["sdpo"]["batch_size"] * exp["sdpo"]["generations"] // exp["sdpo"]["updates_per_batch"],
-        "pedagogical": ped["prompts_per_step"] * ped["group_size"],
-    }
-    checks = []
-    for section, batch in batches.items():
-        micro = exp[section]["micro_batch_size"]
-        checks.append(
-            (
-                micro == "auto" or batch % micro == 0,
-                f"{key}.{section}.micro_batch_size",
-                f"{micro} does not divide the batch of {batch}",
-            )
-        )
-    return checks
+    batch, micro = ped["prompts_per_step"] * ped["group_size"], ped["micro_batch_size"]
+    ok = micro == "auto" or batch % micro == 0
+    return [(ok, f"{key}.pedagogical.micro_batch_size", f"{micro} does not divide the batch of {batch}")]
 
 
 def _knowledge_checks(section: dict, where: str) -> list[tuple[bool, str, str]]:
@@ -466,7 +407,7 @@ def _knowledge_checks(section: dict, where: str) -> list[tuple[bool, str, str]]:
 
 def _rollout_checks(world: dict, rollouts: int, where: str) -> list[tuple[bool, str, str]]:
     """Retention prompts are distinct old-task problems outside the benchmarks: each task must have enough."""
-    from graftlab.world.arith import distinct_problems, per_task_counts
+    from graftlab.tasks.arith import distinct_problems, per_task_counts
 
     tasks = world["old_tasks"]
     return [
@@ -528,14 +469,14 @@ def render_reference(schema: dict) -> str:
 
 
 REFERENCE_PAGE = "docs/config.md"
-REGENERATE = f"python -m graftlab.config > {REFERENCE_PAGE}"
+REGENERATE = f"python -m graftlab.planning.config > {REFERENCE_PAGE}"
 _HEADER = f"""# Configuration reference
 
 Every key of `config.yaml`: its type, its default and what it means. Unknown keys are errors. A key
 is a dotted path; `<name>` stands for a name of your choosing (an experiment, a world, a model, a
 benchmark). Layering a file over the default, sweeps, worlds and seeds: [sweeps.md](sweeps.md).
 
-This page is generated from `schemas/config.schema.yaml`, and a test fails when the two disagree: edit
+This page is generated from `src/graftlab/config.schema.yaml`, and a test fails when the two disagree: edit
 the schema, then run `{REGENERATE}`.
 
 """

@@ -39,7 +39,8 @@ import polars as pl
 
 from graftlab.errors import GraftlabError
 
-SNAKEFILE = Path(__file__).resolve().parents[2] / "Snakefile"
+# The checkout an editable install runs from (src/graftlab/commands/ -> the repository root).
+CHECKOUT_SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
 # Directories under results/ that hold no experiment.
 NOT_EXPERIMENTS = {"world", "worlds", "moe", "study"}
 SCORES = ("new", "new_lo", "new_hi", "old", "old_lo", "old_hi")
@@ -81,7 +82,7 @@ def continual_models(root: Path) -> pl.DataFrame:
     tables), stage, step (an earlier kept checkpoint; null for the stage's model), scores, and
     `last_stage` (the chain's model after its last stage, a frontier candidate)."""
     from graftlab.analysis.continual_results import method_names
-    from graftlab.chains import parse_eval_key
+    from graftlab.planning.chains import parse_eval_key
 
     evals = root / "eval"
     keys = sorted(str(p.parent.relative_to(evals)) for p in (evals / "chain").rglob("metrics.json"))
@@ -148,11 +149,24 @@ def frontier(cands: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([marked.drop("_row"), rest], how="diagonal_relaxed").sort("run")
 
 
-def _snakemake(workdir: Path, snakemake_args: list[str], *flags: str) -> str:
+def find_snakefile(workdir: Path, given: str | Path | None = None) -> Path:
+    """The workflow whose DAG `graftlab inspect` reads: `given` (--snakefile), else the workdir's own (a run
+    made in the workflow's checkout), else the checkout this package runs from (an editable install)."""
+    if given is not None:
+        if not Path(given).is_file():
+            raise GraftlabError(f"--snakefile {given}: no such file")
+        return Path(given)
+    for found in (workdir / "Snakefile", CHECKOUT_SNAKEFILE):
+        if found.is_file():
+            return found
+    raise GraftlabError(
+        f"no Snakefile in {workdir} nor beside the installed package: give the workflow checkout's as --snakefile"
+    )
+
+
+def _snakemake(workdir: Path, snakefile: Path, snakemake_args: list[str], *flags: str) -> str:
     """Snakemake's stdout for the workflow in `workdir` under `flags` and the config: no lock taken."""
-    if not SNAKEFILE.is_file():
-        raise GraftlabError(f"{SNAKEFILE}: missing; graftlab inspect needs the workflow's checkout")
-    cmd = [sys.executable, "-m", "snakemake", "-s", str(SNAKEFILE), "--directory", str(workdir)]
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(snakefile), "--directory", str(workdir)]
     cmd += [*flags, "--nolock", "--cores", "1", *snakemake_args]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
     if done.returncode:
@@ -175,7 +189,7 @@ def dry_run_reasons(text: str) -> dict[str, str]:
     return reasons
 
 
-def dag_summary(workdir: Path, snakemake_args: list[str]) -> pl.DataFrame:
+def dag_summary(workdir: Path, snakemake_args: list[str], snakefile: Path) -> pl.DataFrame:
     """Snakemake's `--detailed-summary` of the workflow in `workdir` under `snakemake_args` (the config):
     a row per output of every job of the default target, with its rule, log, the input files its last
     run recorded (a list), its `status`, whether it would be remade (`pending`) and the dry-run's
@@ -184,7 +198,9 @@ def dag_summary(workdir: Path, snakemake_args: list[str]) -> pl.DataFrame:
 
     # Two processes, each building the DAG: side by side they take the time of one.
     with ThreadPoolExecutor(2) as pool:
-        runs = [pool.submit(_snakemake, workdir, snakemake_args, f) for f in ("--detailed-summary", "--dry-run")]
+        runs = [
+            pool.submit(_snakemake, workdir, snakefile, snakemake_args, f) for f in ("--detailed-summary", "--dry-run")
+        ]
         text, dry_run = (r.result() for r in runs)
     header = "output_file\t"
     if header not in text:
@@ -360,12 +376,14 @@ def points(
     return shown.select(keep).sort("method", "new", "old", descending=[False, True, True], nulls_last=True), split
 
 
-def inspect(results: str | Path, exps: list[str] | None = None, snakemake_args=(), every=False) -> list[dict]:
+def inspect(
+    results: str | Path, exps: list[str] | None = None, snakemake_args=(), every=False, snakefile=None
+) -> list[dict]:
     """Per experiment (`exps`, default: every one on disk or in the config): `exp`, `continual`, `split`,
     `points` (frame: `points`) and `runs` (frame: `run_states`). `snakemake_args`: the config as given to
-    snakemake (`--configfile ...`, `--config ...`)."""
+    snakemake (`--configfile ...`, `--config ...`); `snakefile`: the workflow's (`find_snakefile`)."""
     workdir = workdir_of(results)
-    dag = dag_summary(workdir, list(snakemake_args))
+    dag = dag_summary(workdir, list(snakemake_args), find_snakefile(workdir, snakefile))
     lineage, asked = Lineage(dag), config_runs(dag)
     known = sorted(set(experiments(workdir / "results")) | set(asked))
     unknown = [e for e in exps or [] if e not in known]

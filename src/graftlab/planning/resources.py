@@ -13,7 +13,7 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
 - Host memory: a GPU job passes one fp32 copy of the model through host memory while it loads and
   saves (4 bytes per parameter); a graft holds the post model, a delta, the Fisher and the result in
   fp32 at once (16 bytes); a sensitivity update the Fisher and two streamed models (8 bytes).
-- Runtime: the job's FLOPs (`graftlab.work`, the count the cost plan uses too), decoding at
+- Runtime: the job's FLOPs (`graftlab.planning.work`, the count the cost plan uses too), decoding at
   `SAMPLE_FLOPS` and whole-sequence passes at `TRAIN_FLOPS` per GPU, plus `SETUP_MIN`; capped at
   `MAX_RUNTIME_MIN`, beyond which a trainer resumes after SLURM requeues it. Both rates are 2.5x below
   `graftlab plan`'s default estimate (0.1 and 0.3 of an H100's bf16 peak), so a first attempt rarely
@@ -24,22 +24,12 @@ from __future__ import annotations
 
 import math
 
+from graftlab.methods import on_policy, trained_rules
+
 # Every rule of the workflow by what it needs; tests/test_resources.py fails on a rule missing here.
 # A continual experiment's chain rules (rules/continual.smk) are sized as the rule each one runs
 # (`sized("sft")` for chain_sft): they are listed beside it.
-TRAIN = (
-    "world_pretrain",
-    "world_posttrain",
-    "sft",
-    "opsd",
-    "grpo",
-    "sdpo",
-    "pedagogical_teacher",
-    "chain_sft",
-    "chain_opsd",
-    "chain_grpo",
-    "chain_sdpo",
-)
+TRAIN = ("world_pretrain", "world_posttrain", "pedagogical_teacher", *trained_rules())
 SAMPLE = (
     "mine",
     "teacher_traces",
@@ -86,7 +76,8 @@ CPU_KINDS = (
 )
 
 GPU_BYTES_PER_PARAM = {"train": 16, "train_pair": 18, "sample": 2, "fisher": 10}
-TWO_MODELS = ("opsd", "sdpo", "pedagogical_teacher")
+# Trainers holding a second model beside the one they train: a frozen or moving teacher, Pedagogical RL's student.
+TWO_MODELS = ("pedagogical_teacher", *(m.rule for m in on_policy() if m.spec.models == 2))
 HEADROOM = 1.25
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
 SAMPLE_FLOPS = 40e12  # decoding is memory-bound: about a tenth of an H100's bf16 peak
@@ -105,7 +96,7 @@ def classify(rule: str) -> str:
         return "gpu"
     if rule in CPU_KINDS:
         return "cpu"
-    raise KeyError(f"rule {rule!r} is not sized in graftlab.resources: add it to GPU_KINDS or CPU_KINDS")
+    raise KeyError(f"rule {rule!r} is not sized in graftlab.planning.resources: add it to GPU_KINDS or CPU_KINDS")
 
 
 def job_resources(
@@ -118,7 +109,7 @@ def job_resources(
     partitions: dict | None = None,
 ) -> dict:
     """The resources of one job of `rule` by a model of `params` parameters that decodes `generate` FLOPs
-    and passes `compute` FLOPs over whole sequences (`graftlab.work.Work`), at try `attempt`.
+    and passes `compute` FLOPs over whole sequences (`graftlab.planning.work.Work`), at try `attempt`.
     `partitions` maps `cpu` / `gpu` to partition names; without it no `slurm_partition` is set."""
     kind = classify(rule)
     grow = GROWTH ** (attempt - 1)

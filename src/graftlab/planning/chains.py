@@ -21,7 +21,7 @@ model), so changing stage k's settings re-runs stages k and later of every chain
 A stage is also a single-domain experiment (`Continual.stage_view`): its data, epochs and steps laid over the
 experiment's sections, so the SLURM sizing and the trainers' settings read one section per stage.
 
-Standard library only, like `graftlab.layout`: the workflow imports it on every parse.
+Standard library only, like `graftlab.planning.layout`: the workflow imports it on every parse.
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ import copy
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from graftlab.layout import POST, Experiment, kept_steps, run, section_of
+from graftlab.methods import METHODS, on_policy, sections
+from graftlab.methods.sdpo import parse_schedule
+from graftlab.planning.layout import POST, Experiment, kept_steps, run, section_of
 
 # The methods of a continual experiment, in the order tables and plots list them.
-CHAIN_KINDS = ("sft", "graft_chain", "graft_cumulative", "opsd", "grpo", "sdpo", "sdpo_cot")
-GRAFT_FORMS = {"chain": "graft_chain", "cumulative": "graft_cumulative"}
-ON_POLICY = ("opsd", "grpo", "sdpo", "sdpo_cot")
+CHAIN_KINDS = tuple(m.name for m in METHODS.values() if m.chained)
+# The graft forms (`continual.graft_forms`) by the name their chains carry.
+GRAFT_FORMS = {m.name.removeprefix("graft_"): m.name for m in METHODS.values() if m.chain_only}
+ON_POLICY = tuple(m.name for m in on_policy())
 KNOWLEDGE = "knowledge"
 
 
@@ -153,7 +156,7 @@ class Continual:
         return kept_steps(self.section(kind, k))[-1]
 
     def chains(self) -> list[Chain]:
-        """Every method's chain: SFT, each graft form, OPSD, GRPO, SDPO and SDPO-CoT under each teacher."""
+        """Every method's chain: SFT, each graft form, then each on-policy method's (`graftlab.methods`)."""
         x = self.x
         lrs = x["sft"]["lr"]
         sft = [Chain("sft", POST, {"lr": lr}) for lr in lrs]
@@ -164,15 +167,8 @@ class Continual:
             for lr in lrs
             for lam, mask, rho in self.graft_settings()
         ]
-        opsd = [Chain("opsd", POST, {"alpha": a, "lr": lr}) for a in x["opsd"]["alpha"] for lr in x["opsd"]["lr"]]
-        grpo = [Chain("grpo", POST, {"lr": lr}) for lr in x["grpo"]["lr"]]
-        sdpo = [
-            Chain(kind, POST, {"teacher": t, "lr": lr})
-            for kind, field in (("sdpo", "teachers"), ("sdpo_cot", "cot_teachers"))
-            for t in x["sdpo"][field]
-            for lr in x["sdpo"]["lr"]
-        ]
-        return sft + grafts + opsd + grpo + sdpo
+        trained = [Chain(m.name, POST, keys) for m in on_policy() for keys in m.spec.runs(x[m.section])]
+        return sft + grafts + trained
 
     def graft_settings(self) -> list[tuple[str, str, str]]:
         """(lam, mask, rho) of the graft chains: every lam unmasked, then every mask kind x rho x lam."""
@@ -218,16 +214,17 @@ class Continual:
         """The model an SDPO stage's teacher starts from: frozen, the post model all along; EMA, the teacher the
         previous stage left (`teacher/`); refresh (StableSDPO, S-SDPO with refresh:1), None: the student at the
         stage's start, since a refresh point falls at every stage start."""
-        schedule = chain.keys["teacher"]
-        if schedule.startswith("refresh:"):
+        kind = parse_schedule(chain.keys["teacher"]).kind
+        if kind == "refresh":
             return None
-        if schedule == "frozen" or k == 1:
+        if kind == "frozen" or k == 1:
             return self.post_dir
         return f"{self.stage_dir(chain, k - 1)}/teacher"
 
     def keeps_teacher(self, chain: Chain) -> bool:
-        """Whether an SDPO stage writes its final teacher for the next stage: an EMA teacher only."""
-        return chain.kind in ("sdpo", "sdpo_cot") and chain.keys["teacher"].startswith("ema:")
+        """Whether a stage writes its final teacher for the next stage: an SDPO stage's EMA teacher only."""
+        method = METHODS[chain.kind]
+        return method.on_policy and method.spec.keeps_teacher(chain.keys)
 
     def retention(self, k: int) -> tuple[list[str], list[str]]:
         """(tasks, files to exclude) of the retention rollouts of a model after stage k-1: fresh problems of
@@ -366,8 +363,8 @@ class Continual:
         x["knowledge"] = stage["knowledge"]
         x["sft"]["epochs"] = self.epochs(k)
         x["mining"]["heldout"] = stage["heldout"]
-        for kind in ("opsd", "grpo", "sdpo"):
-            x[kind] = self.section(kind, k)
+        for section in sections(on_policy()):
+            x[section] = self.section(section, k)
         return Experiment(self.name, x, self.world)
 
 

@@ -1,0 +1,1 @@
+"""The `graftlab` command and its subcommands."""

@@ -1,0 +1,28 @@
+"""GRPO's spec (docs/methods.md#grpo): TRL's trainer rewarded by the task's verifier, the second paper's
+on-policy reference. Its trainer is `graftlab.train.grpo`."""
+
+from __future__ import annotations
+
+from graftlab.methods.spec import OnPolicySpec, at_least, positive
+
+
+class GrpoSpec(OnPolicySpec):
+    section = "grpo"
+
+    def batch(self, section: dict) -> int:
+        return section["batch_size"] * section["generations"]  # completions: what micro-batches make up
+
+    def own(self, section: dict) -> list[str]:
+        counts = at_least(section, steps=1, batch_size=1, generations=2, updates_per_batch=1, max_new_tokens=1)
+        beta = [] if section["beta"] >= 0 else [f"beta: must be >= 0, got {section['beta']}"]
+        flag = section["scale_rewards"]
+        scale = [] if isinstance(flag, bool) else [f"scale_rewards: must be true or false, got {flag!r}"]
+        return positive(section, "lr", "epsilon", "temperature") + counts + beta + scale
+
+    def flops(self, section: dict, params: float, prompt: int, demonstration: int) -> tuple[float, float]:
+        P, g = params, section
+        sampled, samples = prompt + g["max_new_tokens"], g["steps"] * g["batch_size"] * g["generations"]
+        # Per sample: generated (2P), its old log-probs scored (2P) when the batch is reused, trained on (6P)
+        # and, with a KL term, scored by the reference (2P).
+        per_token = (6 + (2 if g["updates_per_batch"] > 1 else 0) + (2 if g["beta"] else 0)) * P
+        return 2 * P * samples * sampled, per_token * samples * sampled

@@ -1,0 +1,35 @@
+"""OPSD's spec (docs/methods.md#opsd): the on-policy self-distillation baseline of the grafting paper.
+Its trainer is `graftlab.train.opsd`."""
+
+from __future__ import annotations
+
+from graftlab.methods.spec import OnPolicySpec, at_least, holes, positive, within_unit
+
+PLACEHOLDERS = ("{problem}", "{demonstration}")
+
+
+class OpsdSpec(OnPolicySpec):
+    section = "opsd"
+    sweeps = ("alpha", "lr")
+    models = 2  # the frozen teacher beside the student
+    keys = ("alpha", "lr")
+
+    def runs(self, section: dict) -> list[dict[str, str]]:
+        return [{"alpha": a, "lr": lr} for a in section["alpha"] for lr in section["lr"]]
+
+    def own(self, section: dict) -> list[str]:
+        absent = holes(section["template"], PLACEHOLDERS)
+        return (
+            within_unit(section, "alpha")
+            + ([f"template: lacks the placeholder(s) {absent}"] if absent else [])
+            + at_least(section, steps=1, batch_size=1, top_k=1)
+            + positive(section, "temperature")
+        )
+
+    def flops(self, section: dict, params: float, prompt: int, demonstration: int) -> tuple[float, float]:
+        P = params
+        sampled, samples = prompt + section["max_new_tokens"], section["steps"] * section["batch_size"]
+        # Per sample: the student generates (2P); the teacher scores it with the demonstration in its
+        # prompt (2P) and the student trains on it (6P), both over whole sequences.
+        compute = samples * (2 * P * (sampled + demonstration) + 6 * P * sampled)
+        return 2 * P * samples * sampled, compute

@@ -1,0 +1,109 @@
+"""SDPO's spec (docs/methods.md#sdpo): self-distilled policy optimisation under a teacher schedule, the
+second paper's subject, and the one parser of its schedules. Its trainer is `graftlab.train.sdpo`.
+
+A schedule says how the teacher, a second copy of the student's network, follows the student
+(`graftlab.train.teacher` applies it):
+
+- `frozen`: the teacher stays the starting model.
+- `ema:R`: after every optimizer step, theta_T <- (1 - R) theta_T + R theta_S (the official SDPO's
+  `teacher_update_rate`; the second paper sweeps R in 0.005, 0.01, 0.02, 0.05).
+- `refresh:G`: StableSDPO's refresh-and-freeze. The teacher starts as the starting model and is set to the
+  current student after every step that is a multiple of max(1, round(G x total_steps)) and below
+  total_steps, frozen in between. G = 1 never refreshes inside a run: the paper's hard restart, where each
+  stage of a continual chain starts with the teacher reset to the current student.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from graftlab.errors import GraftlabError
+from graftlab.methods.spec import OnPolicySpec, at_least, holes, positive, within_unit
+
+KINDS = ("frozen", "ema", "refresh")
+TEMPLATE_HOLES = {
+    "template": ("{prompt}", "{solution}", "{feedback}"),
+    "solution_template": ("{solution}",),
+    "feedback_template": ("{feedback}",),
+}
+
+
+class Schedule(NamedTuple):
+    kind: str
+    rate: float | None = None  # R of ema, G of refresh
+
+
+def parse_schedule(schedule: str) -> Schedule:
+    """`frozen`, `ema:R` or `refresh:G` with R, G in (0, 1]; anything else is an error naming it."""
+    kind, sep, value = str(schedule).partition(":")
+    if kind == "frozen" and not sep:
+        return Schedule("frozen")
+    if kind not in ("ema", "refresh") or not sep:
+        raise GraftlabError(f"teacher schedule {schedule!r}: expected frozen, ema:R or refresh:G")
+    try:
+        rate = float(value)
+    except ValueError:
+        raise GraftlabError(f"teacher schedule {schedule!r}: {value!r} is not a number") from None
+    if not (0 < rate <= 1) or math.isnan(rate):
+        raise GraftlabError(f"teacher schedule {schedule!r}: {'R' if kind == 'ema' else 'G'} must lie in (0, 1]")
+    return Schedule(kind, rate)
+
+
+class SdpoSpec(OnPolicySpec):
+    """`sdpo` distils the answer tokens, `sdpo_cot` every response token: one section, `sdpo`, whose
+    `teachers` and `cot_teachers` list each one's schedules."""
+
+    section = "sdpo"
+    models = 2  # the scheduled teacher beside the student
+    keys = ("teacher", "lr")
+
+    def __init__(self, teachers: str, cot: bool) -> None:
+        self.teachers = teachers  # the section's field listing this method's schedules
+        self.cot = cot  # every response token distilled, not only the answer's
+
+    def runs(self, section: dict) -> list[dict[str, str]]:
+        return [{"teacher": t, "lr": lr} for t in section[self.teachers] for lr in section["lr"]]
+
+    def keeps_teacher(self, keys: dict[str, str]) -> bool:
+        return parse_schedule(keys["teacher"]).kind == "ema"
+
+    def batch(self, section: dict) -> int:
+        # A sampled batch's rollouts, shared equally by its updates.
+        return section["batch_size"] * section["generations"] // section["updates_per_batch"]
+
+    def own(self, section: dict) -> list[str]:
+        problems = at_least(section, steps=1, batch_size=1, generations=2, updates_per_batch=1, top_k=1)
+        if not problems:
+            rollouts = section["batch_size"] * section["generations"]
+            if rollouts % section["updates_per_batch"]:
+                problems.append(
+                    f"updates_per_batch: {section['updates_per_batch']} does not divide the batch's {rollouts} rollouts"
+                )
+        # A config section lists each method's schedules; one run's settings hold its own `teacher`.
+        schedules = [("teacher", section["teacher"])] if "teacher" in section else []
+        schedules += [(f, s) for f in ("teachers", "cot_teachers") if f in section for s in section[f]]
+        for field, schedule in schedules:
+            problems += _schedule(field, schedule)
+        for field, needed in TEMPLATE_HOLES.items():
+            if absent := holes(section[field], needed):
+                problems.append(f"{field}: lacks the placeholder(s) {absent}")
+        return problems + within_unit(section, "alpha") + positive(section, "is_clip", "temperature")
+
+    def flops(self, section: dict, params: float, prompt: int, demonstration: int) -> tuple[float, float]:
+        P, o = params, section
+        sampled, samples = prompt + o["max_new_tokens"], o["steps"] * o["batch_size"] * o["generations"]
+        sampled_rollouts = samples // o["updates_per_batch"]
+        # Per rollout: the student generates it (2P, once per sampled batch), the teacher scores it after a
+        # sibling's answer in its prompt (2P) and the student trains on it (6P); an EMA teacher's update is
+        # a pass over the weights, negligible beside them.
+        compute = samples * (2 * P * (sampled + o["max_new_tokens"]) + 6 * P * sampled)
+        return 2 * P * sampled_rollouts * sampled, compute
+
+
+def _schedule(field: str, schedule: str) -> list[str]:
+    try:
+        parse_schedule(schedule)
+    except GraftlabError as err:
+        return [f"{field}: {err}"]
+    return []

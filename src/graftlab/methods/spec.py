@@ -1,0 +1,124 @@
+"""What a method's spec is: the torch-free description of its config section that the workflow's
+planning and the method's trainer share.
+
+`check(section)` returns the section's problems as `field: message` strings, and an empty list when it
+has none. `section` is either a config section (sweep axes as lists of strings, `checkpoints`) or one
+run's settings as a trainer holds them (one value per sweep axis, `save_steps`): the config resolution
+(`graftlab.planning.config`) prefixes each problem with the experiment's key, and a trainer's config
+refuses to exist with any (`refuse`). Standard library only: the workflow reads specs on every parse.
+"""
+
+from __future__ import annotations
+
+import math
+
+from graftlab.errors import GraftlabError
+
+
+def listed(value) -> list:
+    """A sweep axis as a list: a config section's list, or a run's one value."""
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
+def refuse(name: str, problems: list[str]) -> None:
+    """A trainer's config check: a GraftlabError naming every problem, or nothing."""
+    if problems:
+        raise GraftlabError(f"{name} config: " + "; ".join(problems))
+
+
+def holes(template: str, needed: tuple[str, ...]) -> list[str]:
+    return [h for h in needed if h not in template]
+
+
+class Spec:
+    """A method's config section: its name, the sweep axes written as strings, and its checks."""
+
+    section: str = ""
+    # Fields (dotted within the section) whose list of strings names runs: the config checks each is
+    # finite and spelled once, and an `lr` axis positive.
+    sweeps: tuple[str, ...] = ()
+
+    def check(self, section: dict) -> list[str]:
+        return []
+
+
+class TrainerSpec(Spec):
+    """A method that trains a model: its updates are made of whole micro-batches."""
+
+    sweeps = ("lr",)
+
+    def batch(self, section: dict) -> int:
+        """The examples one optimizer step averages over: what `micro_batch_size` must divide."""
+        return section["batch_size"]
+
+    def check(self, section: dict) -> list[str]:
+        # The batch is only whole once the method's own fields are sound (SDPO's updates share its rollouts).
+        if problems := self.own(section):
+            return problems
+        micro, batch = section["micro_batch_size"], self.batch(section)
+        if micro != "auto" and (not isinstance(micro, int) or isinstance(micro, bool) or micro < 1):
+            return [f"micro_batch_size: must be auto or an integer >= 1, got {micro!r}"]
+        divides = micro == "auto" or batch % micro == 0
+        return [] if divides else [f"micro_batch_size: {micro} does not divide the batch of {batch}"]
+
+    def own(self, section: dict) -> list[str]:
+        """The method's own checks beyond its batch."""
+        return []
+
+
+class OnPolicySpec(TrainerSpec):
+    """An on-policy trainer of the post model: it samples as it trains, runs `steps` optimizer steps and
+    keeps `checkpoints` of them (`graftlab.planning.layout.kept_steps`), each one evaluated."""
+
+    # Model copies on the GPU while it trains: 2 where a frozen or moving teacher sits beside the student.
+    models: int = 1
+    # The run key's fields after `post`, in path order (the kept step follows them).
+    keys: tuple[str, ...] = ("lr",)
+
+    def runs(self, section: dict) -> list[dict[str, str]]:
+        """The keys of every run the section sweeps, in the order tables list them."""
+        return [{"lr": lr} for lr in section["lr"]]
+
+    def keeps_teacher(self, keys: dict[str, str]) -> bool:
+        """Whether a continual stage of this run writes a teacher the next stage carries on with."""
+        return False
+
+    def flops(self, section: dict, params: float, prompt: int, demonstration: int) -> tuple[float, float]:
+        """(decoding FLOPs, whole-sequence FLOPs) of one run of `params` parameters, prompts of `prompt`
+        tokens and the setting's demonstrations (an SFT answer) of `demonstration` tokens."""
+        raise NotImplementedError
+
+    def check(self, section: dict) -> list[str]:
+        return self._kept(section) + super().check(section)
+
+    def _kept(self, section: dict) -> list[str]:
+        """A section's `checkpoints` within its `steps`, or a run's `save_steps` within 1..steps."""
+        steps = section["steps"]
+        if "save_steps" in section:
+            late = [s for s in section["save_steps"] if not 1 <= s <= steps]
+            return [f"save_steps: {late} outside 1..steps = {steps}"] if late else []
+        fits = section["checkpoints"] <= steps
+        return [] if fits else [f"checkpoints: exceeds {self.section}.steps = {steps}"]
+
+
+def positive(section: dict, *fields: str) -> list[str]:
+    """Fields that must be > 0 (every value of a sweep axis)."""
+    bad = [f for f in fields if not all(_number(v) > 0 for v in listed(section[f]))]
+    return [f"{f}: must be > 0, got {section[f]}" for f in bad]
+
+
+def at_least(section: dict, **least: int) -> list[str]:
+    return [f"{f}: must be >= {n}, got {section[f]}" for f, n in least.items() if not section[f] >= n]
+
+
+def within_unit(section: dict, field: str) -> list[str]:
+    """A field (or each value of a sweep axis) in [0, 1]."""
+    wide = [v for v in listed(section[field]) if not 0 <= _number(v) <= 1]
+    return [f"{field}: {wide} outside [0, 1]"] if wide else []
+
+
+def _number(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
