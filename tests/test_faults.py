@@ -182,6 +182,7 @@ def sft_reference(world_pico, tmp_path_factory) -> tuple[Path, Path]:
     return data, out
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_sft_killed_in_its_second_epoch_leaves_no_output_and_the_rerun_trains_the_same_model(
     world_pico, sft_reference, tmp_path
 ):
@@ -199,6 +200,7 @@ def test_sft_killed_in_its_second_epoch_leaves_no_output_and_the_rerun_trains_th
     assert leftovers(runs) == []
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_resumable_sft_killed_mid_save_resumes_from_the_last_whole_checkpoint_to_the_same_weights(
     world_pico, sft_reference, tmp_path
 ):
@@ -242,6 +244,7 @@ def fisher_rollouts(model: Path, out: Path, count: int = 240) -> Path:
     return out
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_fisher_killed_mid_pass_leaves_no_output_and_the_rerun_computes_the_same_fisher(world_pico, tmp_path):
     rollouts = fisher_rollouts(world_pico, tmp_path / "rollouts.parquet")
     runs = tmp_path / "runs"
@@ -278,6 +281,7 @@ EVALUATE = f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); imp
 EVALUATE += "t.evaluation(*sys.argv[1:])"
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_evaluation_killed_between_benchmarks_leaves_no_scores_and_the_rerun_scores_the_same(world_pico, tmp_path):
     benchmarks = []
     for task in ("mul", "add", "sub"):

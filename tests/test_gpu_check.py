@@ -4,11 +4,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 STAGES = ["sampling", "sft (20 steps)", "diag Fisher (16 rollouts)", "graft", "evaluation"]
 
 
+@pytest.mark.workflow  # the whole GPU check: the slow tier
 def test_the_gpu_check_runs_every_stage_at_pico_size(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--size", "pico", "--out", str(tmp_path)],

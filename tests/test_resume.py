@@ -131,6 +131,7 @@ def killed_and_rerun(kind, model, data, out, state_dir, cfg, kill_at) -> str:
     return rerun.stdout + rerun.stderr
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_sft_killed_mid_epoch_resumes_at_the_saved_step_and_ends_with_the_same_weights(model, tmp_path):
     data = sft_data(tmp_path)
     sft_epochs(model, data, TrainConfig(**SFT), tmp_path / "reference")
@@ -148,6 +149,7 @@ def test_sft_killed_mid_epoch_resumes_at_the_saved_step_and_ends_with_the_same_w
         assert not (tmp_path / "run" / epoch / "optimizer.pt").exists()
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_opsd_killed_mid_run_resumes_at_the_saved_step_and_ends_with_the_same_weights(model, tmp_path):
     examples, data = opsd_data(tmp_path)
     cfg = OpsdConfig(**(OPSD | {"save_steps": tuple(OPSD["save_steps"])}))
@@ -163,6 +165,7 @@ def test_opsd_killed_mid_run_resumes_at_the_saved_step_and_ends_with_the_same_we
         assert_same_weights(tmp_path / "reference" / step, tmp_path / "run" / step)
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_a_kill_after_training_ends_reruns_only_the_writing_of_the_output(model, tmp_path):
     """Killed between the end of training and its output: the rerun trains nothing and writes the
     output from the resume directory, whose checkpoints the first run left whole."""
@@ -177,6 +180,7 @@ def test_a_kill_after_training_ends_reruns_only_the_writing_of_the_output(model,
     assert (tmp_path / "run" / "training.png").is_file()
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_opsd_killed_after_training_writes_its_output_without_training(model, tmp_path):
     examples, data = opsd_data(tmp_path)
     reference = train_opsd(model, examples, OpsdConfig(**(OPSD | {"save_steps": (2, 4)})), tmp_path / "reference")

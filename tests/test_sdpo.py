@@ -296,6 +296,7 @@ train_sdpo(model, problems, SdpoConfig(**json.loads(cfg)), out, resume=rs.Resume
 """
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_a_killed_run_resumes_with_its_ema_teacher_and_ends_on_the_same_weights(world_pico, tmp_path, monkeypatch):
     import subprocess
     import sys

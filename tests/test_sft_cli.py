@@ -139,6 +139,7 @@ def test_cli_args_reproduce_the_workflow_config(tmp_path):
     assert (args.seed, args.threads, args.save_dtype, args.epoch_dirs) == (5, 2, "bfloat16", True)
 
 
+@pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_two_data_parallel_processes_train_as_one_and_write_once(model, data, tmp_path):
     """DDP over gloo on the CPU (torchrun, which `accelerate launch --multi_gpu` runs on GPUs; accelerate
     starts a single process for `--cpu`): each process takes half of every batch of 8, the gradients are

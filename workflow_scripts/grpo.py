@@ -6,6 +6,7 @@ from graftlab.io.joblog import job_log
 from graftlab.train.grpo import GrpoConfig, train_grpo
 from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume, resume_dir
+from graftlab.train.settings import job_settings
 
 p, inp = snakemake.params, snakemake.input
 # A continual stage starts from a checkpoint inside its previous stage's output (params.model).
@@ -15,12 +16,7 @@ with job_log(snakemake.log[0], snakemake.threads):
     cfg = GrpoConfig(
         lr=float(p.lr),
         save_steps=tuple(p.save_steps),
-        seed=p.seed,
-        threads=snakemake.threads,
-        precision=p.precision,
-        gradient_checkpointing=p.gradient_checkpointing,
-        save_dtype=p.save_dtype,
-        backend=p.backend,
+        **job_settings(snakemake),
         **g,
     )
     problems = rl_problems(pl.read_parquet(inp.data))

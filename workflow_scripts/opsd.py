@@ -6,6 +6,7 @@ from graftlab.io.joblog import job_log
 from graftlab.synth.demonstrations import opsd_examples
 from graftlab.train.opsd import OpsdConfig, train_opsd
 from graftlab.train.resume import Resume, resume_dir
+from graftlab.train.settings import job_settings
 
 p, inp = snakemake.params, snakemake.input
 # A continual stage starts from a checkpoint inside its previous stage's output (params.model).
@@ -16,12 +17,7 @@ with job_log(snakemake.log[0], snakemake.threads):
         alpha=p.alpha,
         lr=p.lr,
         save_steps=tuple(p.save_steps),
-        seed=p.seed,
-        threads=snakemake.threads,
-        precision=p.precision,
-        gradient_checkpointing=p.gradient_checkpointing,
-        save_dtype=p.save_dtype,
-        backend=p.backend,
+        **job_settings(snakemake),
         **o,
     )
     facts = pl.read_parquet(inp.facts) if inp.facts else None

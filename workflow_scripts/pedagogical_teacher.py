@@ -5,22 +5,13 @@ from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 from graftlab.synth.pedagogical import RewardConfig, TeacherConfig, train_teacher
 from graftlab.train.resume import Resume, resume_dir
+from graftlab.train.settings import job_settings
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 t = dict(p.training)
 reward = RewardConfig(**{k: t.pop(k) for k in ("beta", "strength", "min_tokens")})
 with job_log(snakemake.log[0], snakemake.threads):
-    backend = Engine.of(p.backend, seed=p.seed)
-    cfg = TeacherConfig(
-        **t,
-        reward=reward,
-        seed=p.seed,
-        threads=snakemake.threads,
-        precision=p.precision,
-        gradient_checkpointing=p.gradient_checkpointing,
-        save_dtype=p.save_dtype,
-        backend=backend,
-    )
+    cfg = TeacherConfig(**t, reward=reward, **job_settings(snakemake, backend=Engine.of(p.backend, seed=p.seed)))
     resume = Resume(resume_dir(out.teacher), p.resume_minutes)
     train_teacher(
         inp.post, inp.problems, cfg, out.teacher, out.steps, task=p.task, resume=resume, curves_out=out.curves

@@ -7,6 +7,7 @@ from graftlab.io.joblog import job_log
 from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.sdpo import SdpoConfig, train_sdpo
+from graftlab.train.settings import job_settings
 
 p, inp = snakemake.params, snakemake.input
 # A continual stage starts from a checkpoint inside its previous stage's output (params.model).
@@ -17,12 +18,7 @@ with job_log(snakemake.log[0], snakemake.threads):
         teacher=p.teacher,
         cot=p.cot,
         save_steps=tuple(p.save_steps),
-        seed=p.seed,
-        threads=snakemake.threads,
-        precision=p.precision,
-        gradient_checkpointing=p.gradient_checkpointing,
-        save_dtype=p.save_dtype,
-        backend=p.backend,
+        **job_settings(snakemake),
         **p.sdpo,
     )
     problems = rl_problems(pl.read_parquet(inp.data))

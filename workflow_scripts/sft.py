@@ -6,6 +6,7 @@ from pathlib import Path
 from graftlab.commands.sft import launch_epochs
 from graftlab.io.joblog import job_log
 from graftlab.train.resume import Resume, resume_dir
+from graftlab.train.settings import job_settings
 from graftlab.train.sft import TrainConfig, sft_epochs
 
 p = snakemake.params
@@ -13,12 +14,8 @@ cfg = TrainConfig(
     lr=p.lr,
     batch_size=p.batch_size,
     epochs=p.epochs,
-    seed=p.seed,
-    threads=snakemake.threads,
-    precision=p.precision,
     micro_batch_size=p.micro_batch_size,
-    gradient_checkpointing=p.gradient_checkpointing,
-    save_dtype=p.save_dtype,
+    **job_settings(snakemake),
 )
 with job_log(snakemake.log[0], snakemake.threads):
     import torch

@@ -28,7 +28,6 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -36,6 +35,7 @@ from graftlab.errors import GraftlabError
 from graftlab.schema import schema_default
 from graftlab.streams import passes
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt, is_correct
+from graftlab.train.settings import RunSettings
 
 # Only characters of the tiny world's tokenizer, so the char-level models read every one of them.
 TEACHER_TEMPLATE = "{problem}\nReference solution: {solution}\nSolve it yourself; do not copy the reference."
@@ -199,8 +199,8 @@ def group_advantages(rewards: Sequence[float] | torch.Tensor, group_size: int, e
     return ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)).view(-1)
 
 
-@dataclass(frozen=True)
-class TeacherConfig:
+@dataclass(frozen=True, kw_only=True)
+class TeacherConfig(RunSettings):
     """Defaults are the schema's `pedagogical` section and top-level `precision` (`graftlab.schema`)."""
 
     group_size: int = schema_default("pedagogical", "group_size")  # GRPO samples per prompt
@@ -211,16 +211,8 @@ class TeacherConfig:
     max_new_tokens: int = schema_default("pedagogical", "max_new_tokens")
     kl: float = schema_default("pedagogical", "kl")  # GRPO's k3 KL to the initial teacher; 0: no reference model
     reward: RewardConfig = field(default_factory=RewardConfig)
-    seed: int = 0
-    threads: int = 1
-    precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
     # Completions per forward and backward pass; accumulation makes up prompts_per_step x group_size.
     micro_batch_size: int | str = schema_default("pedagogical", "micro_batch_size")
-    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
-    save_dtype: str = schema_default("", "save_dtype")  # of the teacher written; auto: the post model's
-    # GRPO's sampling (graftlab.sampling.Engine.of reads it): with vLLM, TRL's colocated engine, which
-    # TRL itself moves the current weights into each step.
-    backend: Any = schema_default("", "sampling_backend")
 
 
 def make_reward_func(student, tokenizer, cfg: RewardConfig, grade=is_correct):

@@ -47,7 +47,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -56,6 +55,7 @@ from graftlab.methods import METHODS
 from graftlab.methods.spec import refuse
 from graftlab.schema import schema_default
 from graftlab.streams import passes
+from graftlab.train.settings import RunSettings
 
 # Our per-step metrics ride in TRL's logs under this prefix, so the Trainer's log history (restored on
 # resume from its checkpoint) holds them beside TRL's own.
@@ -64,8 +64,8 @@ PREFIX = "grpo/"
 TRL_METRICS = {"loss": "loss", "entropy": "entropy", "kl": "kl", "clip_ratio/region_mean": "clipped"}
 
 
-@dataclass(frozen=True)
-class GrpoConfig:
+@dataclass(frozen=True, kw_only=True)
+class GrpoConfig(RunSettings):
     """Defaults are the schema's `grpo` section and top-level keys (`graftlab.schema`)."""
 
     lr: float
@@ -80,14 +80,6 @@ class GrpoConfig:
     scale_rewards: bool = schema_default("grpo", "scale_rewards")  # divide advantages by the group's std
     max_new_tokens: int = schema_default("grpo", "max_new_tokens")
     temperature: float = schema_default("grpo", "temperature")
-    seed: int = 0
-    threads: int = 1
-    precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
-    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
-    save_dtype: str = schema_default("", "save_dtype")  # of the checkpoints written; auto: the post model's
-    # Sampling (graftlab.sampling.Engine.of reads it): with vLLM, TRL's colocated engine, into which TRL
-    # itself moves the current weights each step.
-    backend: Any = schema_default("", "sampling_backend")
 
     def __post_init__(self) -> None:
         refuse("GRPO", METHODS["grpo"].spec.check(vars(self)))  # the config's checks (graftlab.methods.grpo)

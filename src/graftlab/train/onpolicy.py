@@ -1,6 +1,9 @@
-"""What the on-policy trainers of the post model (OPSD, GRPO, SDPO) share around their loops: publishing a
-run's kept checkpoints, step log and training curves at once, resumably, writing one checkpoint, and
-(for our own loops, OPSD and SDPO) saving and restoring a loop's state.
+"""The on-policy run of the post model (OPSD, GRPO, SDPO): what every method shares around its step.
+
+`OnPolicyRun` is our own loops' skeleton (OPSD, SDPO): load the student and its teacher, let the method
+sample each batch and make its optimizer steps, keep the checkpoints, save and restore the resume state,
+write the step log, publish. A method is a `StepFunction` on it. GRPO runs TRL's trainer and shares the
+publishing and the checkpoint writer.
 
 A run writes `out_dir/step~N/` for each kept step, `out_dir/steps.jsonl` (a JSON line per optimizer step)
 and `out_dir/training.png`, all at once when training ends: a failed run leaves nothing that looks done.
@@ -10,11 +13,13 @@ directory; they are hard-linked into the output, so publishing costs no disk.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Protocol
 
 
 def publish_run(
@@ -111,3 +116,73 @@ def load_pair(post_dir, cfg, teacher_dir=None):
     if checkpointing(cfg.gradient_checkpointing):
         student.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return tok, student, teacher, precision
+
+
+class StepFunction(Protocol):
+    """A method on the on-policy run: its modules and optimizer, the batches it samples, and the optimizer
+    steps it makes on each."""
+
+    student: Any
+    optimizer: Any
+
+    def rounds(self, data: list[dict]) -> Iterator[tuple[list[dict], range]]:
+        """Each sampled batch with the optimizer steps (1-based, at most the run's steps) it serves, in the
+        seeded order a rerun replays."""
+
+    def steps(self, batch: list[dict], steps: range) -> Iterator[dict]:
+        """Sample `batch` and make `steps`, yielding each step's log record as soon as that step is done."""
+
+    def state(self) -> dict[str, Any]:
+        """The modules a resume state holds: `model` (the student), and e.g. a moving `teacher`."""
+
+    def finals(self) -> dict[str, tuple[Any, dict]]:
+        """Models written beside the checkpoints at the end, by name, with their provenance's extras."""
+
+
+class OnPolicyRun:
+    """One run of our own on-policy loop: `start(tok, student, teacher, precision)` makes the method's step
+    function once the pair is loaded. `name` names it in logs; `unit` what its data are (`examples`,
+    `problems`), counted in each checkpoint's provenance."""
+
+    def __init__(self, name: str, unit: str, post_dir, cfg, start: Callable[..., StepFunction]) -> None:
+        self.name, self.unit, self.post_dir, self.cfg, self.start = name, unit, post_dir, cfg, start
+
+    def train(
+        self, data: list[dict], out_dir, inputs: dict | None, resume, fingerprint: dict, teacher_dir=None, extras=()
+    ) -> list[dict]:
+        """Train on `data` and publish the run to `out_dir` (`publish_run`), `extras` (e.g. `teacher`) beside
+        the checkpoints. Returns the step log."""
+        loop = lambda work: self._loop(data, inputs, resume, work, teacher_dir)  # noqa: E731
+        return publish_run(out_dir, self.cfg.checkpoints(), resume, fingerprint, loop, extras=extras)
+
+    def _loop(self, data: list[dict], inputs: dict | None, resume, work: Path, teacher_dir) -> list[dict]:
+        """The loop: kept checkpoints into `work`; with `resume`, the state saved after a batch when due and
+        the end of training marked. Returns the step log."""
+        from graftlab.train import resume as rs
+        from graftlab.train.precision import save_dtype
+
+        cfg = self.cfg
+        tok, student, teacher, precision = load_pair(self.post_dir, cfg, teacher_dir)
+        dtype = save_dtype(cfg.save_dtype, self.post_dir)
+        method = self.start(tok, student, teacher, precision)
+        inputs = inputs or {"post": str(self.post_dir)}
+        keep = set(cfg.checkpoints())
+        log, done = load_loop_state(resume, self.name, method.optimizer, **method.state())
+        last = done
+        for batch, steps in method.rounds(data):
+            if steps[-1] <= done:
+                continue  # the data position: the seeded order replayed up to the saved step
+            for record in method.steps(batch, steps):
+                log.append(record)
+                print(json.dumps(record), flush=True)
+                if record["step"] in keep:
+                    extra = {"step": record["step"], self.unit: len(data)}
+                    save_checkpoint(method.student, tok, work / f"step~{record['step']}", dtype, inputs, cfg, extra)
+            last = steps[-1]
+            if resume is not None and last < cfg.steps and resume.due():
+                save_loop_state(resume, self.name, last, log, method.optimizer, **method.state())
+        for name, (module, extra) in method.finals().items():
+            save_checkpoint(module, tok, work / name, dtype, inputs, cfg, {"step": last} | extra)
+        if resume is not None:
+            rs.mark_trained(resume, {"log": log})
+        return log

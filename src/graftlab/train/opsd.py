@@ -19,11 +19,8 @@ needs. Overriding its loss would leave little of it; the loop below is about 100
 """
 
 import functools
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -39,12 +36,12 @@ from graftlab.train.precision import (
     accumulation,
     checkpointing,
     micro_batch,
-    save_dtype,
 )
+from graftlab.train.settings import RunSettings
 
 
-@dataclass(frozen=True)
-class OpsdConfig:
+@dataclass(frozen=True, kw_only=True)
+class OpsdConfig(RunSettings):
     alpha: float
     lr: float
     steps: int
@@ -54,13 +51,7 @@ class OpsdConfig:
     max_new_tokens: int = schema_default("opsd", "max_new_tokens")
     temperature: float = schema_default("opsd", "temperature")
     template: str = schema_default("opsd", "template")
-    seed: int = 0
-    threads: int = 1
-    precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
     micro_batch_size: int | str = schema_default("opsd", "micro_batch_size")  # of the update; batch sampled whole
-    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
-    save_dtype: str = schema_default("", "save_dtype")  # of the checkpoints written; auto: the post model's
-    backend: Any = schema_default("", "sampling_backend")  # anything graftlab.sampling.Engine.of reads
 
     def __post_init__(self) -> None:
         refuse("OPSD", METHODS["opsd"].spec.check(vars(self)))  # the config's checks (graftlab.methods.opsd)
@@ -137,6 +128,32 @@ class Opsd:
     def autocast(self):
         return self.precision.autocast(self.student.device.type)
 
+    @classmethod
+    def start(cls, tok, student, teacher, precision: Precision, cfg: OpsdConfig, examples: list[dict]) -> "Opsd":
+        """The step function of a run whose pair is loaded: its update's micro-batch sized."""
+        run = cls(student, teacher, tok, cfg, precision, _micro(cfg, examples, tok, student))
+        recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
+        accumulated = accumulation(cfg.batch_size, run.micro)
+        print(
+            f"batch: {cfg.batch_size} = {run.micro} x {accumulated} accumulated; gradient checkpointing {recompute}",
+            flush=True,
+        )
+        return run
+
+    def rounds(self, examples: list[dict]):
+        """Each step's batch: one optimizer step per sampled batch."""
+        for step, batch in enumerate(batches(examples, self.cfg.batch_size, self.cfg.steps, self.cfg.seed), start=1):
+            yield batch, range(step, step + 1)
+
+    def steps(self, batch: list[dict], steps: range):
+        yield self.step(batch, steps[0])
+
+    def state(self) -> dict:
+        return {"model": self.student}
+
+    def finals(self) -> dict:
+        return {}
+
     def step(self, batch: list[dict], step: int) -> dict:
         start = time.perf_counter()
         samples = self.sample([b["prompt"] for b in batch], step)
@@ -166,51 +183,17 @@ def train_opsd(
 ) -> list[dict]:
     """OPSD of the model at `post_dir` on `examples` (`prompt`, `demonstration`); writes `out_dir/step~N`
     for every checkpoint, `out_dir/steps.jsonl` (loss, sampling and update seconds per step) and
-    `training.png`, all at once when the run ends (`graftlab.train.onpolicy.publish_run`). With `resume` (a
+    `training.png`, all at once when the run ends (`graftlab.train.onpolicy.OnPolicyRun`). With `resume` (a
     `graftlab.train.resume.Resume`), the full state is saved every `resume.minutes` and a rerun continues
     from it."""
     from graftlab.train import resume as rs
-    from graftlab.train.onpolicy import publish_run
+    from graftlab.train.onpolicy import OnPolicyRun
 
     if not examples:
         raise GraftlabError("OPSD: no training examples")
     mark = rs.fingerprint(cfg, post=str(post_dir), examples=len(examples))
-    return publish_run(
-        out_dir, cfg.checkpoints(), resume, mark, lambda work: _train(post_dir, examples, cfg, inputs, resume, work)
-    )
-
-
-def _train(post_dir, examples: list[dict], cfg: OpsdConfig, inputs: dict | None, resume, work: Path) -> list[dict]:
-    """The training loop: kept checkpoints into `work`; with `resume`, its state saved when due and the
-    end of training marked. Returns the step log."""
-
-    from graftlab.train import resume as rs
-    from graftlab.train.onpolicy import load_loop_state, load_pair, save_checkpoint, save_loop_state
-
-    tok, student, teacher, precision = load_pair(post_dir, cfg)
-    dtype = save_dtype(cfg.save_dtype, post_dir)
-    run = Opsd(student, teacher, tok, cfg, precision, _micro(cfg, examples, tok, student))
-    recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
-    accumulated = accumulation(cfg.batch_size, run.micro)
-    print(
-        f"batch: {cfg.batch_size} = {run.micro} x {accumulated} accumulated; gradient checkpointing {recompute}",
-        flush=True,
-    )
-    keep = set(cfg.checkpoints())
-    log, done = load_loop_state(resume, "OPSD", run.optimizer, model=run.student)
-    for step, batch in enumerate(batches(examples, cfg.batch_size, cfg.steps, cfg.seed), start=1):
-        if step <= done:
-            continue  # the data position: the seeded batch order replayed up to the saved step
-        log.append(run.step(batch, step))
-        print(json.dumps(log[-1]), flush=True)
-        if step in keep:
-            extra = {"step": step, "examples": len(examples)}
-            save_checkpoint(student, tok, work / f"step~{step}", dtype, inputs or {"post": str(post_dir)}, cfg, extra)
-        if resume is not None and step < cfg.steps and resume.due():
-            save_loop_state(resume, "OPSD", step, log, run.optimizer, model=run.student)
-    if resume is not None:
-        rs.mark_trained(resume, {"log": log})
-    return log
+    start = lambda tok, student, teacher, precision: Opsd.start(tok, student, teacher, precision, cfg, examples)  # noqa: E731
+    return OnPolicyRun("OPSD", "examples", post_dir, cfg, start).train(examples, out_dir, inputs, resume, mark)
 
 
 def _micro(cfg: OpsdConfig, examples: list[dict], tok, student) -> int:

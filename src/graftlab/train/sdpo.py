@@ -36,11 +36,9 @@ OPSD's sampling, logits and precision code.
 from __future__ import annotations
 
 import functools
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -52,12 +50,13 @@ from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, extract_answer, get_task
 from graftlab.train.curves import mean_entropy
-from graftlab.train.precision import Precision, accumulation, checkpointing, save_dtype
+from graftlab.train.precision import Precision, accumulation, checkpointing
+from graftlab.train.settings import RunSettings
 from graftlab.train.teacher import update_teacher
 
 
-@dataclass(frozen=True)
-class SdpoConfig:
+@dataclass(frozen=True, kw_only=True)
+class SdpoConfig(RunSettings):
     lr: float
     steps: int
     teacher: str = "frozen"  # a schedule of graftlab.train.teacher
@@ -75,13 +74,7 @@ class SdpoConfig:
     feedback_template: str = schema_default("sdpo", "feedback_template")
     max_new_tokens: int = schema_default("sdpo", "max_new_tokens")
     temperature: float = schema_default("sdpo", "temperature")
-    seed: int = 0
-    threads: int = 1
-    precision: str = schema_default("", "precision")
     micro_batch_size: int | str = schema_default("sdpo", "micro_batch_size")  # rollouts per forward/backward
-    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
-    save_dtype: str = schema_default("", "save_dtype")
-    backend: Any = schema_default("", "sampling_backend")
 
     def __post_init__(self) -> None:
         # The config's checks (graftlab.methods.sdpo); sdpo and sdpo_cot share them.
@@ -154,12 +147,63 @@ class Sdpo:
         self.optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
         self.k = min(cfg.top_k, student.config.vocab_size)
         self.close_id = _close_id(tokenizer)
+        self.keep_teacher = False  # a continual stage's EMA teacher, written for the next stage
 
     @functools.cached_property
     def sampler(self):
         from graftlab.sampling import Engine, policy_sampler
 
         return policy_sampler(self.student, self.tok, Engine.of(self.cfg.backend, seed=self.cfg.seed))
+
+    @classmethod
+    def start(cls, tok, student, teacher, precision, cfg: SdpoConfig, problems, post_dir, keep_teacher=False) -> Sdpo:
+        """The step function of a run whose pair is loaded (the teacher a second copy of the post model, or a
+        continual stage's): rollouts per pass sized, the answer-only mask checked against the tokenizer."""
+        run = cls(student, teacher, tok, cfg, precision, _micro(cfg, student, tok, problems))
+        run.keep_teacher = keep_teacher
+        if not cfg.cot and run.close_id is None:
+            raise GraftlabError(
+                f"SDPO: the tokenizer of {post_dir} has no single {THINK_CLOSE} token, so the answer "
+                "tokens cannot be told apart; distil every token (sdpo_cot) instead"
+            )
+        recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
+        print(
+            f"SDPO {'cot' if cfg.cot else 'answer tokens'}, teacher {cfg.teacher}: {cfg.batch_size} problems x "
+            f"{cfg.generations} rollouts, {cfg.updates_per_batch} update(s) of {cfg.share} = {run.micro} x "
+            f"{accumulation(cfg.share, run.micro)} accumulated; gradient checkpointing {recompute}",
+            flush=True,
+        )
+        return run
+
+    def rounds(self, problems: list[dict]):
+        """Each sampled batch with the `updates_per_batch` steps it serves (fewer at the run's end)."""
+        cfg, first = self.cfg, 1
+        for batch in batches(problems, cfg):
+            yield batch, range(first, min(first + cfg.updates_per_batch - 1, cfg.steps) + 1)
+            first += cfg.updates_per_batch
+
+    def steps(self, batch: list[dict], steps: range):
+        """Sample the batch once, then one update per step on its equal share of the rollouts, the teacher
+        following its schedule after each."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        rollouts = self.sample(batch, steps[0])
+        old = self.sampled_logprobs(rollouts) if cfg.updates_per_batch > 1 else None
+        sample_s = time.perf_counter() - start
+        for share, step in enumerate(steps):
+            part = slice(share * cfg.share, (share + 1) * cfg.share)
+            began = time.perf_counter()
+            update = self.update(rollouts[part], None if old is None else old[part])
+            update_teacher(self.teacher, self.student, cfg.schedule, step, cfg.steps)
+            yield step_record(
+                step, rollouts[part], update, sample_s if share == 0 else 0.0, time.perf_counter() - began
+            )
+
+    def state(self) -> dict:
+        return {"model": self.student, "teacher": self.teacher}  # an EMA or refreshed teacher is state too
+
+    def finals(self) -> dict:
+        return {"teacher": (self.teacher, {"teacher": self.cfg.teacher})} if self.keep_teacher else {}
 
     def autocast(self):
         return self.precision.autocast(self.student.device.type)
@@ -353,98 +397,26 @@ def train_sdpo(
 ):
     """SDPO of the model at `post_dir` on `problems` ([{prompt, answer, task}],
     `graftlab.train.problems.rl_problems`); writes `out_dir/step~N` for every kept checkpoint,
-    `steps.jsonl` and `training.png` at once when the run ends. With `resume`, the state (the teacher's
-    included) is saved at batch boundaries every `resume.minutes` and a rerun continues from it.
+    `steps.jsonl` and `training.png` at once when the run ends (`graftlab.train.onpolicy.OnPolicyRun`). With
+    `resume`, the state (the teacher's included) is saved at batch boundaries every `resume.minutes` and a
+    rerun continues from it.
 
-    A continual stage (`graftlab.planning.chains`) starts the teacher from `teacher_dir` (the post model for a frozen
-    teacher, the previous stage's for an EMA one) instead of a copy of the student, and with `keep_teacher`
-    writes the final teacher to `out_dir/teacher` for the next stage."""
+    A continual stage (`graftlab.planning.chains`) starts the teacher from `teacher_dir` (the post model for a
+    frozen teacher, the previous stage's for an EMA one) instead of a copy of the student, and with
+    `keep_teacher` writes the final teacher to `out_dir/teacher` for the next stage."""
     from graftlab.train import resume as rs
-    from graftlab.train.onpolicy import publish_run
+    from graftlab.train.onpolicy import OnPolicyRun
 
     if not problems:
         raise GraftlabError("SDPO: no training problems")
     mark = rs.fingerprint(cfg, post=str(post_dir), problems=len(problems), teacher=str(teacher_dir))
-    setup = {"teacher_dir": teacher_dir, "keep_teacher": keep_teacher}
-    return publish_run(
-        out_dir,
-        cfg.checkpoints(),
-        resume,
-        mark,
-        lambda work: _train(post_dir, problems, cfg, inputs, resume, work, **setup),
-        extras=("teacher",) if keep_teacher else (),
-    )
 
+    def start(tok, student, teacher, precision) -> Sdpo:
+        return Sdpo.start(tok, student, teacher, precision, cfg, problems, post_dir, keep_teacher)
 
-def _train(
-    post_dir, problems: list[dict], cfg: SdpoConfig, inputs: dict | None, resume, work: Path, teacher_dir, keep_teacher
-) -> list[dict]:
-    """The loop: kept checkpoints into `work`, the state saved when due. Returns the step log."""
-    from graftlab.train import resume as rs
-    from graftlab.train.onpolicy import load_loop_state, save_checkpoint, save_loop_state
-
-    run = _setup(post_dir, cfg, problems, teacher_dir)
-    dtype = save_dtype(cfg.save_dtype, post_dir)
-    keep = set(cfg.checkpoints())
-    modules = {"model": run.student, "teacher": run.teacher}  # an EMA or refreshed teacher is state too
-    log, done = load_loop_state(resume, "SDPO", run.optimizer, **modules)
-    step = 0
-    for batch in batches(problems, cfg):
-        if step + cfg.updates_per_batch <= done:
-            step += cfg.updates_per_batch  # the data position: the seeded order replayed to the saved step
-            continue
-        start = time.perf_counter()
-        rollouts = run.sample(batch, step + 1)
-        old = run.sampled_logprobs(rollouts) if cfg.updates_per_batch > 1 else None
-        sample_s = time.perf_counter() - start
-        for share in range(cfg.updates_per_batch):
-            step += 1
-            if step > cfg.steps:
-                break
-            part = slice(share * cfg.share, (share + 1) * cfg.share)
-            began = time.perf_counter()
-            update = run.update(rollouts[part], None if old is None else old[part])
-            update_teacher(run.teacher, run.student, cfg.schedule, step, cfg.steps)
-            log.append(
-                step_record(step, rollouts[part], update, sample_s if share == 0 else 0.0, time.perf_counter() - began)
-            )
-            print(json.dumps(log[-1]), flush=True)
-            if step in keep:
-                extra = {"step": step, "problems": len(problems)}
-                save_checkpoint(
-                    run.student, run.tok, work / f"step~{step}", dtype, inputs or {"post": str(post_dir)}, cfg, extra
-                )
-        if resume is not None and step < cfg.steps and resume.due():
-            save_loop_state(resume, "SDPO", step, log, run.optimizer, **modules)
-    if keep_teacher:
-        extra = {"step": step, "teacher": cfg.teacher}
-        save_checkpoint(run.teacher, run.tok, work / "teacher", dtype, inputs or {"post": str(post_dir)}, cfg, extra)
-    if resume is not None:
-        rs.mark_trained(resume, {"log": log})
-    return log
-
-
-def _setup(post_dir, cfg: SdpoConfig, problems: list[dict], teacher_dir=None) -> Sdpo:
-    """The student, the teacher (a second copy of the post model, or `teacher_dir`) and the optimizer, on the
-    device."""
-    from graftlab.train.onpolicy import load_pair
-
-    tok, student, teacher, precision = load_pair(post_dir, cfg, teacher_dir)
-    micro = _micro(cfg, student, tok, problems)
-    run = Sdpo(student, teacher, tok, cfg, precision, micro)
-    if not cfg.cot and run.close_id is None:
-        raise GraftlabError(
-            f"SDPO: the tokenizer of {post_dir} has no single {THINK_CLOSE} token, so the answer "
-            "tokens cannot be told apart; distil every token (sdpo_cot) instead"
-        )
-    recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
-    print(
-        f"SDPO {'cot' if cfg.cot else 'answer tokens'}, teacher {cfg.teacher}: {cfg.batch_size} problems x "
-        f"{cfg.generations} rollouts, {cfg.updates_per_batch} update(s) of {cfg.share} = {run.micro} x "
-        f"{accumulation(cfg.share, run.micro)} accumulated; gradient checkpointing {recompute}",
-        flush=True,
-    )
-    return run
+    run = OnPolicyRun("SDPO", "problems", post_dir, cfg, start)
+    extras = ("teacher",) if keep_teacher else ()
+    return run.train(problems, out_dir, inputs, resume, mark, teacher_dir=teacher_dir, extras=extras)
 
 
 def _micro(cfg: SdpoConfig, student, tok, problems: list[dict]) -> int:

@@ -23,10 +23,11 @@ from graftlab.train.resume import (
     trained,
     trainer_callback,
 )
+from graftlab.train.settings import RunSettings
 
 
-@dataclass(frozen=True)
-class TrainConfig:
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(RunSettings):
     lr: float
     batch_size: int
     epochs: int | None = None  # one checkpoint per epoch ...
@@ -34,13 +35,8 @@ class TrainConfig:
     save_steps: tuple[int, ...] = ()
     warmup_ratio: float = 0.05
     weight_decay: float = 0.0
-    seed: int = 0
-    threads: int = 1
-    precision: str = schema_default("", "precision")  # graftlab.train.precision decides what it means here
     # batch_size is the effective batch: micro-batches of this size, their gradients accumulated.
     micro_batch_size: int | str = schema_default("sft", "micro_batch_size")
-    gradient_checkpointing: bool | str = schema_default("", "gradient_checkpointing")
-    save_dtype: str = schema_default("", "save_dtype")  # of the checkpoints written; auto: the starting model's
 
 
 def encode_chat(tokenizer, prompt_text: str, completion_text: str) -> dict:
