@@ -273,6 +273,7 @@ def train_teacher(
     from graftlab.io.provenance import write_provenance
     from graftlab.tasks import get_task
     from graftlab.train import resume as rs
+    from graftlab.train.grpo import micro as grpo_micro
     from graftlab.train.precision import WEIGHTS_DTYPE, announce, cast_saved, save_dtype
 
     torch.set_num_threads(cfg.threads)
@@ -293,7 +294,9 @@ def train_teacher(
         resume.open(rs.fingerprint(cfg, post=str(post_dir), problems=str(problems), task=task))
     with atomic_dir(out_dir) as tmp:
         model = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
-        micro = _micro(cfg, dataset["prompt"], tok, model)
+        batch = cfg.prompts_per_step * cfg.group_size
+        # Beside the frozen student, already on the GPU, and with a KL term the reference model TRL loads.
+        micro = grpo_micro(cfg.micro_batch_size, batch, dataset["prompt"], cfg.max_new_tokens, cfg.kl, tok, model)
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
@@ -317,55 +320,16 @@ def train_teacher(
         resume.finish()
 
 
-def _micro(cfg: TeacherConfig, prompts: list[str], tok, model) -> int:
-    """Completions per forward and backward pass: `cfg.micro_batch_size`, or with `auto` sized on CUDA for
-    the longest prompt plus a full completion, beside the frozen student (already on the GPU) and, with a
-    KL term, the reference model TRL loads."""
-    from graftlab.train.precision import micro_batch
-
-    batch = cfg.prompts_per_step * cfg.group_size
-    if cfg.micro_batch_size != "auto" or not torch.cuda.is_available():
-        return micro_batch(cfg.micro_batch_size, batch, 0, model)
-    longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in set(prompts))
-    frozen = sum(p.numel() for p in model.parameters()) if cfg.kl > 0 else 0
-    return micro_batch("auto", batch, longest + cfg.max_new_tokens, model, frozen_params=frozen)
-
-
 def _grpo_args(cfg: TeacherConfig, work: Path, precision, micro: int | None = None):
-    from trl import GRPOConfig
-
-    from graftlab.sampling import grpo_vllm_kwargs
-    from graftlab.train.precision import accumulation, checkpointing
+    """GRPO's arguments (`graftlab.train.trl_args.grpo_args`) at TRL's defaults for the rest: the teacher
+    is GRPO with its own reward."""
+    from graftlab.train.precision import accumulation
+    from graftlab.train.trl_args import grpo_args
 
     batch = cfg.prompts_per_step * cfg.group_size
     micro = micro or batch
-    recompute = checkpointing(cfg.gradient_checkpointing)
     print(f"batch: {batch} = {micro} x {accumulation(batch, micro)} accumulated", flush=True)
-    return GRPOConfig(
-        output_dir=str(work),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accumulation(batch, micro),
-        num_generations=cfg.group_size,
-        max_completion_length=cfg.max_new_tokens,
-        max_steps=cfg.steps,
-        learning_rate=cfg.lr,
-        temperature=cfg.temperature,
-        beta=cfg.kl,
-        seed=cfg.seed,
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        **precision.trainer_kwargs(),
-        **grpo_vllm_kwargs(cfg.backend),
-        # Set always: TRL defaults it to on, which recomputed every layer even on a CPU. Under its new name,
-        # which transformers reads (the old one it mirrors, with a warning when given).
-        activation_checkpointing=recompute,
-        activation_checkpointing_kwargs={"use_reentrant": False} if recompute else None,
-    )
+    return grpo_args(cfg, work, batch, micro, precision, generations=cfg.group_size, beta=cfg.kl)
 
 
 def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct) -> tuple:

@@ -219,7 +219,12 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
     trainer = _trainer_class()(
         model=model,
         reward_funcs=[make_reward(tok, clock, cfg.generations)],
-        args=_grpo_args(cfg, work, precision, _micro(cfg, dataset["prompt"], tok, model)),
+        args=_grpo_args(
+            cfg,
+            work,
+            precision,
+            micro(cfg.micro_batch_size, cfg.completions, dataset["prompt"], cfg.max_new_tokens, cfg.beta, tok, model),
+        ),
         train_dataset=dataset,
         processing_class=tok,
         callbacks=list(callbacks) or None,
@@ -228,56 +233,39 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
     return trainer
 
 
-def _micro(cfg: GrpoConfig, prompts: list[str], tok, model) -> int:
-    """Completions per forward and backward pass: `cfg.micro_batch_size`, or with `auto` sized on CUDA for
-    the longest prompt plus a full completion, beside the reference model TRL loads when beta > 0."""
+def micro(setting, batch: int, prompts: list[str], max_new_tokens: int, beta: float, tok, model) -> int:
+    """Completions per forward and backward pass of a GRPO run (ours or the Pedagogical RL teacher's):
+    `setting`, or with `auto` sized on CUDA for the longest prompt plus a full completion, beside the
+    reference model TRL loads when beta > 0 (and anything already on the GPU, such as the teacher's student)."""
     from graftlab.train.precision import micro_batch
 
-    if cfg.micro_batch_size != "auto" or not torch.cuda.is_available():
-        return micro_batch(cfg.micro_batch_size, cfg.completions, 0, model)
-    longest = max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in set(prompts))
-    frozen = sum(p.numel() for p in model.parameters()) if cfg.beta > 0 else 0
-    return micro_batch("auto", cfg.completions, longest + cfg.max_new_tokens, model, frozen_params=frozen)
+    def longest() -> int:
+        return max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in set(prompts)) + max_new_tokens
+
+    frozen = sum(p.numel() for p in model.parameters()) if beta > 0 else 0
+    return micro_batch(setting, batch, longest, model, frozen_params=frozen)
 
 
 def _grpo_args(cfg: GrpoConfig, work: Path, precision, micro: int):
-    from trl import GRPOConfig
-
-    from graftlab.sampling import grpo_vllm_kwargs
     from graftlab.train.precision import accumulation, checkpointing
+    from graftlab.train.trl_args import grpo_args
 
-    recompute = checkpointing(cfg.gradient_checkpointing)
+    on = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
     accumulated = accumulation(cfg.completions, micro)
-    on = "on" if recompute else "off"
     print(f"batch: {cfg.completions} = {micro} x {accumulated} accumulated; gradient checkpointing {on}", flush=True)
-    return GRPOConfig(
-        output_dir=str(work),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accumulated,
-        num_generations=cfg.generations,
-        num_iterations=cfg.updates_per_batch,
-        max_completion_length=cfg.max_new_tokens,
-        max_steps=cfg.steps,
-        learning_rate=cfg.lr,
-        lr_scheduler_type="constant",
-        temperature=cfg.temperature,
+    return grpo_args(
+        cfg,
+        work,
+        cfg.completions,
+        micro,
+        precision,
+        generations=cfg.generations,
         beta=cfg.beta,
+        num_iterations=cfg.updates_per_batch,
+        lr_scheduler_type="constant",
         epsilon=cfg.epsilon,
         scale_rewards="group" if cfg.scale_rewards else "none",
         loss_type="dapo",
-        seed=cfg.seed,
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        **precision.trainer_kwargs(),
-        **grpo_vllm_kwargs(cfg.backend),
-        # Set always: TRL defaults it to on, which recomputed every layer even on a CPU.
-        activation_checkpointing=recompute,
-        activation_checkpointing_kwargs={"use_reentrant": False} if recompute else None,
     )
 
 

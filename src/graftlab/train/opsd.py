@@ -199,8 +199,10 @@ def train_opsd(
 def _micro(cfg: OpsdConfig, examples: list[dict], tok, student) -> int:
     """The update's micro-batch under `cfg.micro_batch_size`; `auto` sizes it for the longest sequence the
     teacher reads (the student's are shorter), the student and the frozen teacher already on the GPU."""
-    if cfg.micro_batch_size != "auto" or not torch.cuda.is_available():
-        return micro_batch(cfg.micro_batch_size, cfg.batch_size, 0, student)
     enc = lambda t: len(tok(chat_prompt(tok, t), add_special_tokens=False)["input_ids"])  # noqa: E731
-    longest = max(enc(teacher_text(cfg.template, e["prompt"], e["demonstration"])) for e in examples)
-    return micro_batch("auto", cfg.batch_size, longest + cfg.max_new_tokens, student)
+
+    def longest() -> int:
+        texts = [teacher_text(cfg.template, e["prompt"], e["demonstration"]) for e in examples]
+        return max(map(enc, texts)) + cfg.max_new_tokens
+
+    return micro_batch(cfg.micro_batch_size, cfg.batch_size, longest, student)

@@ -18,6 +18,7 @@ checkpointing (`checkpointing`) and the dtype its checkpoints are written in (`s
 
 import json
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,10 +143,14 @@ def accumulation(batch: int, micro: int) -> int:
     return batch // micro
 
 
-def micro_batch(setting, batch: int, seq_len: int, model, *, frozen_params: int = 0, free: int | None = None) -> int:
+def micro_batch(
+    setting, batch: int, seq_len: int | Callable[[], int], model, *, frozen_params: int = 0, free: int | None = None
+) -> int:
     """The micro-batch of an effective `batch` under config `setting` (an integer dividing `batch`, or
-    `auto`). `auto` is the whole batch on a CPU; on CUDA, the largest divisor of `batch` whose activations
-    (`seq_len` tokens a sequence, `model`'s layers, width and vocabulary) fit beside the trained model's
+    `auto`), every trainer's one sizer. `auto` is the whole batch on a CPU; on CUDA, the largest divisor of
+    `batch` whose activations (`seq_len` tokens a sequence, or a function giving it, called only when
+    sizing: measuring the longest sequence tokenizes the data; `model`'s layers, width and vocabulary) fit
+    beside the trained model's
     weights, gradients and AdamW state and `frozen_params` fp32 weights of models that only score and are
     not on the GPU yet, in `MEMORY_SHARE` of the GPU's `free` bytes (default: what CUDA reports free now)."""
     if setting != "auto":
@@ -159,6 +164,7 @@ def micro_batch(setting, batch: int, seq_len: int, model, *, frozen_params: int 
         if not torch.cuda.is_available():
             return batch
         free = torch.cuda.mem_get_info()[0]
+    seq_len = seq_len() if callable(seq_len) else seq_len
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     per_seq = seq_len * (cfg.num_hidden_layers * cfg.hidden_size * ACT_BYTES + cfg.vocab_size * LOGIT_BYTES)
     params = sum(p.numel() for p in model.parameters())

@@ -425,8 +425,9 @@ def _micro(cfg: SdpoConfig, student, tok, problems: list[dict]) -> int:
     response, beside the teacher; on a CPU the whole update."""
     from graftlab.train.precision import micro_batch
 
-    if cfg.micro_batch_size != "auto" or not torch.cuda.is_available():
-        return micro_batch(cfg.micro_batch_size, cfg.share, 0, student)
-    longest = max(len(tok(get_task(p["task"]).chat_prompt(tok, p["prompt"]))["input_ids"]) for p in problems)
-    template = len(tok(cfg.template + cfg.solution_template + cfg.feedback_template)["input_ids"])
-    return micro_batch("auto", cfg.share, longest + template + 2 * cfg.max_new_tokens, student)
+    def longest() -> int:
+        prompt = max(len(tok(get_task(p["task"]).chat_prompt(tok, p["prompt"]))["input_ids"]) for p in problems)
+        template = len(tok(cfg.template + cfg.solution_template + cfg.feedback_template)["input_ids"])
+        return prompt + template + 2 * cfg.max_new_tokens
+
+    return micro_batch(cfg.micro_batch_size, cfg.share, longest, student)

@@ -166,10 +166,10 @@ def _micro(cfg: TrainConfig, rows: list[dict], model) -> int:
 def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool, micro: int | None = None):
     import os
 
-    import torch
     from trl import SFTConfig
 
     from graftlab.train.precision import accumulation, announce, checkpointing
+    from graftlab.train.trl_args import trl_args
 
     precision = announce(cfg.precision)
     per_process = cfg.batch_size // int(os.environ.get("WORLD_SIZE", "1"))
@@ -180,11 +180,13 @@ def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool, m
         f" x {cfg.batch_size // per_process} processes; gradient checkpointing {'on' if recompute else 'off'}",
         flush=True,
     )
-    return SFTConfig(
-        output_dir=str(work_dir),
-        learning_rate=cfg.lr,
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accumulation(per_process, micro),
+    return trl_args(
+        SFTConfig,
+        cfg,
+        work_dir,
+        per_process,
+        micro,
+        precision,
         num_train_epochs=cfg.epochs or 1,
         max_steps=cfg.steps or -1,
         lr_scheduler_type="cosine",
@@ -196,24 +198,14 @@ def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool, m
         # Resuming needs the optimizer, scheduler and RNG in the checkpoint, not only the model.
         save_only_model=not resumable,
         completion_only_loss=masked,
-        seed=cfg.seed,
         data_seed=cfg.seed,
-        # Every step logged, its own loss (not a running mean: `step_timer`), with a NaN or inf shown as
-        # one rather than replaced by the mean of the losses before it.
-        logging_steps=1,
+        # Every step logged (trl_args), its own loss (not a running mean: `step_timer`), with a NaN or inf
+        # shown as one rather than replaced by the mean of the losses before it.
         logging_nan_inf_filter=False,
-        report_to=[],
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
         # Every parameter gets a gradient; DDP's search for unused ones is an extra pass over the graph.
         ddp_find_unused_parameters=False,
         max_length=None,
         disable_tqdm=False,
-        **precision.trainer_kwargs(),
-        # Set always: TRL defaults it to on, which recomputed every layer even on a CPU. Under its new name,
-        # which transformers reads (the old one it mirrors, with a warning when given).
-        activation_checkpointing=recompute,
-        activation_checkpointing_kwargs={"use_reentrant": False} if recompute else None,
     )
 
 

@@ -1,0 +1,63 @@
+"""The TRL arguments graftlab sets for every trainer it runs through TRL: SFT (`SFTConfig`), GRPO and the
+Pedagogical RL teacher, which is GRPO with its own reward (`GRPOConfig`, through `grpo_args`). What they
+share is set here once; each trainer adds only its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def trl_args(kind, cfg, work: Path, batch: int, micro: int, precision, **own):
+    """TRL's config class `kind` for a run of `cfg` (its `RunSettings`, `lr`), its Trainer state under
+    `work`: an optimizer step over `batch` examples of one process, made of micro-batches of `micro`."""
+    import torch
+
+    from graftlab.train.precision import accumulation, checkpointing
+
+    recompute = checkpointing(cfg.gradient_checkpointing)
+    return kind(
+        output_dir=str(work),
+        learning_rate=cfg.lr,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation(batch, micro),
+        seed=cfg.seed,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        **precision.trainer_kwargs(),
+        # Set always: TRL defaults it to on, which recomputed every layer even on a CPU. Under its new name,
+        # which transformers reads (the old one it mirrors, with a warning when given).
+        activation_checkpointing=recompute,
+        activation_checkpointing_kwargs={"use_reentrant": False} if recompute else None,
+        **own,
+    )
+
+
+def grpo_args(cfg, work: Path, batch: int, micro: int, precision, *, generations: int, beta: float, **own):
+    """TRL's GRPOConfig of a GRPO run (ours, or the Pedagogical RL teacher's): groups of `generations`
+    completions, a KL term `beta`, the prompts read in the order the dataset holds them (shuffle off: the
+    order is fixed in advance, so a resumed run reads on where it stopped), no Trainer checkpoints of its
+    own (ours are kept by step), sampling as `cfg.backend` says."""
+    from trl import GRPOConfig
+
+    from graftlab.sampling import grpo_vllm_kwargs
+
+    return trl_args(
+        GRPOConfig,
+        cfg,
+        work,
+        batch,
+        micro,
+        precision,
+        num_generations=generations,
+        max_completion_length=cfg.max_new_tokens,
+        max_steps=cfg.steps,
+        temperature=cfg.temperature,
+        beta=beta,
+        shuffle_dataset=False,
+        save_strategy="no",
+        disable_tqdm=True,
+        **grpo_vllm_kwargs(cfg.backend),
+        **own,
+    )
