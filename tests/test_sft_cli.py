@@ -81,7 +81,10 @@ def test_steps_write_one_model_in_the_dtype_asked_for(model, data, tmp_path):
     [
         ([], "exactly one of --epochs and --steps"),
         (["--epochs", "1", "--steps", "2"], "exactly one of --epochs and --steps"),
-        (["--steps", "1", "--batch-size", "8", "--micro-batch-size", "3"], "micro_batch_size 3 does not divide"),
+        (
+            ["--steps", "1", "--batch-size", "8", "--micro-batch-size", "3"],
+            "micro_batch_size: 3 does not divide the batch of 8",
+        ),
         (["--steps", "1", "--micro-batch-size", "many"], "--micro-batch-size must be auto or a positive integer"),
         (["--steps", "1", "--lr", "0"], "--lr must be positive"),
         (["--steps", "1", "--model-missing"], "not a Hugging Face model directory"),

@@ -70,7 +70,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _config(args: argparse.Namespace):
     from graftlab.errors import GraftlabError
-    from graftlab.train.precision import accumulation
     from graftlab.train.sft import TrainConfig
 
     if (args.epochs is None) == (args.steps is None):
@@ -85,8 +84,7 @@ def _config(args: argparse.Namespace):
     if micro != "auto":
         if not micro.isdigit() or int(micro) < 1:
             raise GraftlabError(f"--micro-batch-size must be auto or a positive integer, got {micro!r}")
-        micro = int(micro)
-        accumulation(args.batch_size, micro)
+        micro = int(micro)  # that it divides the batch is TrainConfig's check (graftlab.methods)
     if not (Path(args.model) / "config.json").is_file():
         raise GraftlabError(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
     return TrainConfig(

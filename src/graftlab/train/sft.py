@@ -11,6 +11,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from graftlab.methods import METHODS
+from graftlab.methods.spec import refuse
 from graftlab.schema import schema_default
 from graftlab.train.resume import (
     RESUME_ONLY,
@@ -37,6 +39,9 @@ class TrainConfig(RunSettings):
     weight_decay: float = 0.0
     # batch_size is the effective batch: micro-batches of this size, their gradients accumulated.
     micro_batch_size: int | str = schema_default("sft", "micro_batch_size")
+
+    def __post_init__(self) -> None:
+        refuse("SFT", METHODS["sft"].spec.check(vars(self)))  # the config's checks (graftlab.methods)
 
 
 def encode_chat(tokenizer, prompt_text: str, completion_text: str) -> dict:
