@@ -18,13 +18,13 @@ from graftlab.planning.layout import POST
 # KINDS and tensor_kind are read from here by graftlab.analysis.drift too.
 __all__ = ["KINDS", "METHODS", "collect_sensitivity", "plot_sensitivity", "tensor_kind"]
 
-# The plot's groups left to right: the baselines (SFT, the on-policy methods) first, then the donors' SFT,
-# merging and grafting from donors, then the post model.
+# The plot's groups left to right: the baselines (SFT of post, the on-policy methods), the donors' SFT,
+# merging, grafting from donors (the registry lists the graft before the merge), then the post model.
 _ALL = [m for m in REGISTRY.values() if not m.chain_only]
 _GRAFTS = [m for m in _ALL if "lam" in m.keys]
 _BASELINES = [m for m in _ALL if m.updates and m not in _GRAFTS]
-METHODS = tuple(m.name for m in _BASELINES + [m for m in _ALL if m.ingredient and m.keys] + _GRAFTS[::-1])
-METHODS += (POST,)
+_DONOR_SFT = [m for m in _ALL if m.ingredient and m.keys]
+METHODS = (*(m.name for m in _BASELINES + _DONOR_SFT + _GRAFTS[::-1]), POST)
 
 
 def _style(method: str, masked: bool) -> dict:

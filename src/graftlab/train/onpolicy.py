@@ -13,6 +13,7 @@ directory; they are hard-linked into the output, so publishing costs no disk.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -116,6 +117,33 @@ def load_pair(post_dir, cfg, teacher_dir=None):
     if checkpointing(cfg.gradient_checkpointing):
         student.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return tok, student, teacher, precision
+
+
+class PairStep:
+    """What our own loops' step functions share: the student being trained, its teacher (only ever scored:
+    no gradient reaches it), the tokenizer, the optimizer, the update's micro-batch, the precision and the
+    student's sampler. `batch` is the method's batch (its spec's), which `micro` divides."""
+
+    def __init__(self, student, teacher, tokenizer, cfg, batch: int, precision=None, micro: int | None = None):
+        import torch
+
+        from graftlab.train.precision import Precision
+
+        self.student, self.teacher, self.tok, self.cfg = student, teacher.eval().requires_grad_(False), tokenizer, cfg
+        self.precision = precision or Precision("fp32", "none chosen")
+        # Examples per forward and backward pass of the update; the step function's `start` sizes it (auto).
+        self.micro = micro or (cfg.micro_batch_size if cfg.micro_batch_size != "auto" else batch)
+        self.optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
+        self.k = min(cfg.top_k, student.config.vocab_size)
+
+    @functools.cached_property
+    def sampler(self):
+        from graftlab.sampling import Engine, policy_sampler
+
+        return policy_sampler(self.student, self.tok, Engine.of(self.cfg.backend, seed=self.cfg.seed))
+
+    def autocast(self):
+        return self.precision.autocast(self.student.device.type)
 
 
 class StepFunction(Protocol):

@@ -18,7 +18,6 @@ pools all response tokens. Nor does it time sampling and update apart, which the
 needs. Overriding its loss would leave little of it; the loop below is about 100 lines.
 """
 
-import functools
 import time
 from dataclasses import dataclass
 
@@ -31,6 +30,7 @@ from graftlab.sampling import response_logits
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import chat_prompt
+from graftlab.train.onpolicy import PairStep
 from graftlab.train.precision import (
     Precision,
     accumulation,
@@ -65,24 +65,13 @@ def teacher_text(template: str, problem: str, demo: str) -> str:
     return template.replace("{problem}", problem).replace("{demonstration}", demo)
 
 
-class Opsd:
+class Opsd(PairStep):
     """The student being trained, the frozen teacher and the optimizer of one OPSD run."""
 
     def __init__(
         self, student, teacher, tokenizer, cfg: OpsdConfig, precision: Precision | None = None, micro: int | None = None
     ) -> None:
-        self.student, self.teacher, self.tok, self.cfg = student, teacher.eval().requires_grad_(False), tokenizer, cfg
-        self.precision = precision or Precision("fp32", "none chosen")
-        # Problems per forward and backward pass of the update; `_train` sizes it (micro_batch_size: auto).
-        self.micro = micro or (cfg.micro_batch_size if cfg.micro_batch_size != "auto" else cfg.batch_size)
-        self.optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
-        self.k = min(cfg.top_k, student.config.vocab_size)
-
-    @functools.cached_property
-    def sampler(self):
-        from graftlab.sampling import Engine, policy_sampler
-
-        return policy_sampler(self.student, self.tok, Engine.of(self.cfg.backend, seed=self.cfg.seed))
+        super().__init__(student, teacher, tokenizer, cfg, cfg.batch_size, precision, micro)
 
     def sample(self, problems: list[str], step: int) -> list[tuple[list[int], list[int]]]:
         from graftlab.sampling import SamplingConfig
@@ -124,9 +113,6 @@ class Opsd:
             batch_loss += loss.item() * share
         self.optimizer.step()
         return batch_loss
-
-    def autocast(self):
-        return self.precision.autocast(self.student.device.type)
 
     @classmethod
     def start(cls, tok, student, teacher, precision: Precision, cfg: OpsdConfig, examples: list[dict]) -> "Opsd":

@@ -50,6 +50,7 @@ from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, extract_answer, get_task
 from graftlab.train.curves import mean_entropy
+from graftlab.train.onpolicy import PairStep
 from graftlab.train.precision import Precision, accumulation, checkpointing
 from graftlab.train.settings import RunSettings
 from graftlab.train.teacher import update_teacher
@@ -137,23 +138,13 @@ class Rollout(NamedTuple):
     answer_tokens: int  # response tokens after </think>
 
 
-class Sdpo:
+class Sdpo(PairStep):
     """The student, the scheduled teacher and the optimizer of one SDPO run."""
 
     def __init__(self, student, teacher, tokenizer, cfg: SdpoConfig, precision: Precision | None = None, micro=None):
-        self.student, self.teacher, self.tok, self.cfg = student, teacher.eval().requires_grad_(False), tokenizer, cfg
-        self.precision = precision or Precision("fp32", "none chosen")
-        self.micro = micro or (cfg.micro_batch_size if cfg.micro_batch_size != "auto" else cfg.share)
-        self.optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
-        self.k = min(cfg.top_k, student.config.vocab_size)
+        super().__init__(student, teacher, tokenizer, cfg, cfg.share, precision, micro)
         self.close_id = _close_id(tokenizer)
         self.keep_teacher = False  # a continual stage's EMA teacher, written for the next stage
-
-    @functools.cached_property
-    def sampler(self):
-        from graftlab.sampling import Engine, policy_sampler
-
-        return policy_sampler(self.student, self.tok, Engine.of(self.cfg.backend, seed=self.cfg.seed))
 
     @classmethod
     def start(cls, tok, student, teacher, precision, cfg: SdpoConfig, problems, post_dir, keep_teacher=False) -> Sdpo:
@@ -204,9 +195,6 @@ class Sdpo:
 
     def finals(self) -> dict:
         return {"teacher": (self.teacher, {"teacher": self.cfg.teacher})} if self.keep_teacher else {}
-
-    def autocast(self):
-        return self.precision.autocast(self.student.device.type)
 
     def sample(self, problems: list[dict], step: int) -> list[Rollout]:
         """G graded rollouts of each problem, with their teachers' prompts and distilled-token masks."""
