@@ -150,6 +150,23 @@ def test_auto_micro_batch_is_the_whole_batch_on_a_cpu_and_fits_memory_on_a_gpu(m
         prec.micro_batch(5, 12, 10, None)
 
 
+def test_the_sequence_length_is_measured_only_when_a_gpu_micro_batch_is_sized(monkeypatch):
+    """Every trainer gives its longest sequence as a function: measuring it tokenizes the data, which a
+    fixed micro-batch or a CPU run never needs."""
+    calls = []
+
+    def longest() -> int:
+        calls.append(1)
+        return 10
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert prec.micro_batch(3, 12, longest, None) == 3 and prec.micro_batch("auto", 12, longest, Model()) == 12
+    assert not calls
+    per_seq, fixed = 228_000, 16_000  # as above: 10 tokens a sequence
+    assert prec.micro_batch("auto", 12, longest, Model(), free=int((5 * per_seq + fixed) / prec.MEMORY_SHARE) + 1) == 4
+    assert calls == [1]
+
+
 def test_checkpointing_auto_is_on_for_cuda_only():
     assert prec.checkpointing("auto", cuda=True) and not prec.checkpointing("auto", cuda=False)
     assert prec.checkpointing(True, cuda=False) and not prec.checkpointing(False, cuda=True)
