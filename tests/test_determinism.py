@@ -14,6 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from compare_runs import differences
 from conftest import SMOKE, WHOLE_RUN, in_background
 
 from graftlab.analysis.latency import COSTS
@@ -54,3 +55,9 @@ def test_two_smoke_runs_differ_in_timings_only(smoke, smoke_again):
         timing = [c for c in first.columns if c.endswith("_s")] + ["best"]
         assert set(COSTS) | {"total_s", "best"} == set(timing), table
         assert first.drop(timing).equals(second.drop(timing)), table
+
+
+def test_two_smoke_runs_write_the_same_tables_throughout(smoke, smoke_again):
+    """Every table under results/, each experiment's and the world's, as `tests/compare_runs.py` compares
+    the runs of two commits."""
+    assert not differences(smoke, smoke_again)
