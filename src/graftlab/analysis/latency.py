@@ -105,7 +105,7 @@ class Ledger:
             cost |= self.on_policy_to_step(run, keys["step"])
         elif "epoch" in method.keys:  # an SFT checkpoint, or a graft or merge of its update
             cost |= self.sft_to_epoch(keys["donor"], keys["lr"], keys["epoch"])
-        if "lam" in method.keys:
+        if method.grafts:
             cost["graft_s"] = _json(self.root / run / "seconds.json", "seconds of this graft")["graft_s"]
             if keys["mask"] != "none":
                 cost["fisher_s"] = self.fisher(keys["mask"])
@@ -168,7 +168,7 @@ def step_latency(ledger_root: str | Path, runs: pl.DataFrame) -> pl.DataFrame:
                     "update_s": steps["update_s"].median(),
                 }
             )
-    grafts = runs.filter(pl.col("method").is_in([m.name for m in METHODS.values() if "lam" in m.keys]))
+    grafts = runs.filter(pl.col("method").is_in([m.name for m in METHODS.values() if m.grafts]))
     if grafts.height:
         rows.append(
             {"what": "graft (once)", "count": grafts.height, "sample_s": 0.0, "update_s": grafts["graft_s"].median()}

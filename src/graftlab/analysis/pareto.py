@@ -40,7 +40,7 @@ def _front_label(row: dict) -> str:
         return " ".join([method.short, *keys, f"s{row.get('step')}"])
     parts = [row["donor"]] if row["method"] == "graft" else []
     parts += [f"lr={row['lr']}", f"e{row['epoch']}"]
-    if "lam" in method.keys:
+    if method.grafts:
         parts.append(f"lam={row['lam']}")
         if row["mask"] not in (None, "none"):
             parts.append(f"{row['mask']}@{row['rho']}")

@@ -21,7 +21,7 @@ __all__ = ["KINDS", "METHODS", "collect_sensitivity", "plot_sensitivity", "tenso
 # The plot's groups left to right: the baselines (SFT of post, the on-policy methods), the donors' SFT,
 # merging, grafting from donors (the registry lists the graft before the merge), then the post model.
 _ALL = [m for m in REGISTRY.values() if not m.chain_only]
-_GRAFTS = [m for m in _ALL if "lam" in m.keys]
+_GRAFTS = [m for m in _ALL if m.grafts]
 _BASELINES = [m for m in _ALL if m.updates and m not in _GRAFTS]
 _DONOR_SFT = [m for m in _ALL if m.ingredient and m.keys]
 METHODS = (*(m.name for m in _BASELINES + _DONOR_SFT + _GRAFTS[::-1]), POST)

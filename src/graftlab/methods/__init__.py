@@ -70,6 +70,11 @@ class Method:
         return self.kind or self.name
 
     @property
+    def grafts(self) -> bool:
+        """Its runs add a scaled SFT update to the post model (a graft, or a merge): keyed by `lam`."""
+        return "lam" in self.keys
+
+    @property
     def chain_only(self) -> bool:
         """A continual experiment's method with no single-domain run (a graft chain's form)."""
         return self.chain_rule is not None and self.rule is None

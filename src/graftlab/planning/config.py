@@ -206,7 +206,7 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
             )
         )
     # The sections of the methods whose runs are scaled SFT updates: their epochs are SFT's.
-    for section in dict.fromkeys(m.section for m in METHODS.values() if "lam" in m.keys):
+    for section in dict.fromkeys(m.section for m in METHODS.values() if m.grafts):
         g = exp[section]
         for where, epochs in ((section, g["epochs"]), (f"{section}.masks", g["masks"]["epochs"])):
             late = [e for e in epochs or [] if e > exp["sft"]["epochs"]]

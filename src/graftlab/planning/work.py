@@ -262,7 +262,7 @@ def job_work(
     if rule == "evaluate":
         run = parse_run(wildcards.get("run", POST))
         # A donor and its SFT are the donor's size; everything else (a graft too) is the post model's.
-        base = run["donor"] if run["donor"] and "lam" not in METHODS[run["method"]].keys else POST
+        base = run["donor"] if run["donor"] and not METHODS[run["method"]].grafts else POST
         model = model_of(config, layout, base, root)
         return Work(model, generate=2 * model.params * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"]))
     if rule == "graft":  # grafted in the job's scratch, evaluated there and deleted: written, never kept

@@ -214,6 +214,11 @@ class TeacherConfig(RunSettings):
     # Completions per forward and backward pass; accumulation makes up prompts_per_step x group_size.
     micro_batch_size: int | str = schema_default("pedagogical", "micro_batch_size")
 
+    @property
+    def completions(self) -> int:
+        """Completions of one GRPO step: what its micro-batches make up."""
+        return self.prompts_per_step * self.group_size
+
 
 def make_reward_func(student, tokenizer, cfg: RewardConfig, grade=is_correct):
     """A reward function for TRL's GRPOTrainer over a dataset with `student_prompt` (the chat-formatted
@@ -294,9 +299,10 @@ def train_teacher(
         resume.open(rs.fingerprint(cfg, post=str(post_dir), problems=str(problems), task=task))
     with atomic_dir(out_dir) as tmp:
         model = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
-        batch = cfg.prompts_per_step * cfg.group_size
         # Beside the frozen student, already on the GPU, and with a KL term the reference model TRL loads.
-        micro = grpo_micro(cfg.micro_batch_size, batch, dataset["prompt"], cfg.max_new_tokens, cfg.kl, tok, model)
+        micro = grpo_micro(
+            cfg.micro_batch_size, cfg.completions, dataset["prompt"], cfg.max_new_tokens, cfg.kl, tok, model
+        )
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
@@ -326,7 +332,7 @@ def _grpo_args(cfg: TeacherConfig, work: Path, precision, micro: int | None = No
     from graftlab.train.precision import accumulation
     from graftlab.train.trl_args import grpo_args
 
-    batch = cfg.prompts_per_step * cfg.group_size
+    batch = cfg.completions
     micro = micro or batch
     print(f"batch: {batch} = {micro} x {accumulation(batch, micro)} accumulated", flush=True)
     return grpo_args(cfg, work, batch, micro, precision, generations=cfg.group_size, beta=cfg.kl)
