@@ -13,7 +13,7 @@ from graftlab.planning.layout import (
     study_experiments,
     worlds,
 )
-from graftlab.planning.resources import classify, job_resources
+from graftlab.planning.resources import TEMP_GRAFTS, classify, job_resources
 from graftlab.planning.work import continual_work, job_work, world_work
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
@@ -27,6 +27,11 @@ try:
     resolve(config)
 except ConfigError as err:
     raise WorkflowError(str(err)) from None
+
+# The grafts' cap defaults here, not in profiles/default: a workflow profile's `resources` would replace a
+# cluster profile's. A profile's or the command line's `--resources temp_grafts=N` wins.
+if "temp_grafts" not in workflow.global_resources:
+    workflow.register_resource("temp_grafts", TEMP_GRAFTS)
 
 # Every job starts offline (graftlab.io.fetch.hub_offline); the local fetch rules switch the hub back on.
 hub_offline()
@@ -200,7 +205,8 @@ def sized(rule_name):
 
         return resource
 
-    keys = ["gpu", "mem_mb", "runtime", "cpus_per_task"]
+    # Every resource it sizes; the partition only where the profile names one.
+    keys = list(job_resources(rule_name))
     if PARTITIONS[classify(rule_name)]:
         keys.append("slurm_partition")
     return {key: get(key) for key in keys}

@@ -27,21 +27,28 @@ def local_sources(preset: str) -> list[str]:
     return [s for s in re.findall(r"source: (\S+?)[,}\s]", text) if looks_local(s)]
 
 
-def dry_run(preset: str, workdir) -> str:
+def dry_run(preset: str, workdir, *args: str) -> str:
     """The dry-run's output of `preset` in `workdir`, its local data files stood in for (the dry-run reads no
     data, but needs its inputs to exist)."""
     for path in local_sources(preset):
         (workdir / path).parent.mkdir(parents=True, exist_ok=True)
         (workdir / path).write_text('{"prompt": "q", "answer": "A", "idx": 1}\n')
-    proc = snakemake(workdir, "-n", configs=(REPO / "configs" / preset,))
+    proc = snakemake(workdir, "-n", *args, configs=(REPO / "configs" / preset,))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_preset_dry_run_job_count(preset, tmp_path):
-    total = re.search(r"^total\s+(\d+)$", dry_run(preset, tmp_path), re.M)
+def test_preset_dry_run_job_count_and_every_job_on_one_node(preset, tmp_path):
+    """Under the cluster profile: the preset's jobs, each held to one node (a multi-GPU job starts its own
+    processes on the node it is given, so SLURM must not spread its GPUs)."""
+    out = dry_run(preset, tmp_path, "--profile", str(REPO / "profiles" / "slurm"))
+    total = re.search(r"^total\s+(\d+)$", out, re.M)
     assert total and int(total.group(1)) == PRESETS[preset]
+    jobs = re.findall(r"^(?:local)?rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
+    requests = [(rule, dict(kv.split("=", 1) for kv in res.split(", "))) for rule, res in jobs if rule != "all"]
+    assert len(requests) == PRESETS[preset] - 1
+    assert [rule for rule, r in requests if r.get("nodes") != "1"] == []
 
 
 @pytest.mark.parametrize("preset", [p for p in sorted(PRESETS) if p != "qwen3-1.7b-star.yaml"])

@@ -15,7 +15,14 @@ def test_sft_of_an_8b_model_by_hand():
     # GPU: 16 bytes/param x 8e9 x 1.25 headroom = 160 GB = 2 GPUs of 80 GB. Host: 4 GB + 4 bytes x 8e9.
     # Runtime: 6 x 8e9 x 1000 sequences x 1000 tokens = 4.8e16 FLOPs at 2 x 120e12/s = 200 s, + 10 min.
     r = job_resources("sft", 8e9, compute=4.8e16, partitions=PARTITIONS)
-    assert r == {"gpu": 2, "mem_mb": 36000, "runtime": 14, "cpus_per_task": 8, "slurm_partition": "gpu-part"}
+    assert r == {
+        "gpu": 2,
+        "mem_mb": 36000,
+        "runtime": 14,
+        "cpus_per_task": 8,
+        "nodes": 1,
+        "slurm_partition": "gpu-part",
+    }
     # A retry: x1.5 memory and runtime (13.33 min x 1.5 = 20).
     retry = job_resources("sft", 8e9, compute=4.8e16, attempt=2, partitions=PARTITIONS)
     assert (retry["mem_mb"], retry["runtime"], retry["gpu"]) == (54000, 20, 2)
@@ -113,3 +120,34 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
 def test_local_runs_name_no_partition(tmp_path):
     jobs = dry_run_jobs(tmp_path)
     assert all("slurm_partition" not in res for _, res in jobs)
+
+
+@pytest.mark.workflow
+@pytest.mark.parametrize(
+    ("profile", "args", "cap"),
+    [(False, (), "2"), (True, (), None), (True, ("--resources", "temp_grafts=5"), "5")],
+    ids=["no-profile", "cluster-profile", "command-line"],
+)
+def test_the_grafts_cap_is_the_cluster_profiles_else_two(tmp_path, profile, args, cap):
+    """The cap Snakemake schedules by (its 'Provided resources' line of a real one-job run): the command
+    line's, else the cluster profile's (which the workflow profile, profiles/default, must not override),
+    else graftlab's default (rules/common.smk)."""
+    import yaml
+
+    cluster = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    if profile:
+        # profiles/slurm's own `resources`, on the local executor (no scheduler on this machine).
+        (tmp_path / "profile").mkdir()
+        local = {"resources": cluster["resources"], "cores": 1}
+        (tmp_path / "profile" / "config.yaml").write_text(yaml.safe_dump(local))
+        where = ("--profile", str(tmp_path / "profile"))
+    else:
+        where = ("--cores", "1")
+    cap = cap or dict(r.split("=") for r in cluster["resources"])["temp_grafts"]
+    assert cap != "2" or not profile  # the cluster's cap must differ from the default to be seen
+    # The target between flags: --configfile (first) and --resources (last) each take a list.
+    done = snakemake(tmp_path, *where, "results/world/tokenizer", *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    provided = re.search(r"^Provided resources: .*$", done.stdout + done.stderr, re.M)
+    # Snakemake prints a resource as `name=value` or, parsed, `name=Resource("name", value)`.
+    assert provided and re.findall(r'temp_grafts=(?:Resource\("temp_grafts", )?(\d+)', provided[0]) == [cap]

@@ -4,6 +4,7 @@ leave no output behind, and its launch over several processes."""
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,12 @@ def test_launch_command_runs_one_process_plainly_and_several_under_accelerate():
     assert fsdp[5:7] == ["--config_file", str(FSDP_CONFIG)] and fsdp[-5:] == ["sft", *argv]
     ddp = launch_command(2, argv, fsdp=False)
     assert "--multi_gpu" in ddp and "--config_file" not in ddp
+    # Each launch meets on a port free when it starts, never accelerate's fixed default (two jobs on one
+    # node would collide there); a given port is passed through.
+    port = int(ddp[ddp.index("--main_process_port") + 1])
+    assert port != 29500 and launch_command(2, argv, fsdp=False, port=port) == ddp
+    with socket.socket() as s:
+        s.bind(("localhost", port))  # it was free
     with pytest.raises(ValueError, match="at least 1"):
         launch_command(0, argv, fsdp=False)
 
@@ -180,5 +187,6 @@ def test_the_workflow_launches_over_several_gpus_and_a_failure_is_one_line(monke
     cfg = TrainConfig(lr=1e-3, batch_size=8, epochs=2)
     with pytest.raises(GraftlabError, match=r"SFT over 2 GPUs failed \(exit status 1\)"):
         sft_cli.launch_epochs("m", "d.parquet", cfg, tmp_path / "o", 2)
-    assert seen == [launch_command(2, cli_args(cfg, "m", "d.parquet", tmp_path / "o"), fsdp=True)]
+    port = int(seen[0][seen[0].index("--main_process_port") + 1])
+    assert seen == [launch_command(2, cli_args(cfg, "m", "d.parquet", tmp_path / "o"), fsdp=True, port=port)]
     assert "--epoch-dirs" in seen[0] and "--config_file" in seen[0]

@@ -275,17 +275,21 @@ class HfSampler:
         return [samples[i : i + n] * (cfg.n // n) for i in range(0, len(samples), n)]
 
 
-def _single_process_group() -> None:
-    """The rendezvous an in-process engine joins: this process alone, on a free port, so that two such
-    jobs on one node do not collide."""
+def free_port() -> int:
+    """A TCP port free on this node now, for a job's rendezvous: two jobs on one node that both took a
+    fixed port (torch's and accelerate's 29500) would collide."""
     import socket
 
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _single_process_group() -> None:
+    """The rendezvous an in-process engine joins: this process alone, on a free port."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "localhost")):
         os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("localhost", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 def _until_eos(ids: list[int], eos: int) -> list[int]:

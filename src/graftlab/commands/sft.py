@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from graftlab.sampling import free_port
+
 # Shipped inside the package, beside this module: accelerate reads it as a file.
 FSDP_CONFIG = Path(__file__).resolve().with_name("fsdp.yaml")
 
@@ -169,11 +171,14 @@ def _train_replica(args: argparse.Namespace, cfg, traces) -> None:
         finetune(args.model, rows, cfg, [Path(scratch) / n for n in names], data=args.data)
 
 
-def launch_command(processes: int, argv: Sequence[str], fsdp: bool, config: Path = FSDP_CONFIG) -> list[str]:
+def launch_command(
+    processes: int, argv: Sequence[str], fsdp: bool, config: Path = FSDP_CONFIG, port: int | None = None
+) -> list[str]:
     """The command that runs `graftlab sft` with the arguments `argv` over `processes` GPUs of one node:
     `accelerate launch` with FSDP (full shard, one wrap per decoder layer, fp32 master weights, bf16
     compute: src/graftlab/commands/fsdp.yaml) when the model does not fit one GPU, else plain DDP; one
-    process, no launcher."""
+    process, no launcher. The processes meet on `port`, by default one free now: accelerate's own default,
+    29500, would make two such jobs on one node collide."""
     if processes < 1:
         raise ValueError(f"processes must be at least 1, got {processes}")
     entry = ["-m", "graftlab.commands.sft", "sft", *argv]
@@ -181,6 +186,7 @@ def launch_command(processes: int, argv: Sequence[str], fsdp: bool, config: Path
         return [sys.executable, *entry]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
     launch += ["--config_file", str(config)] if fsdp else ["--multi_gpu"]
+    launch += ["--main_process_port", str(port or free_port())]
     return [*launch, *entry]
 
 

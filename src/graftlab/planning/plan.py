@@ -26,6 +26,7 @@ from graftlab.planning.chains import (
     stage_data_kind,
 )
 from graftlab.planning.layout import POST, Experiment, study_experiments, world_key
+from graftlab.planning.resources import TEMP_GRAFTS
 from graftlab.planning.work import MINED, Work
 
 
@@ -37,7 +38,7 @@ class Assumptions(work.Assumptions):
     decode_mfu: float = 0.1  # share that decoding reaches: it is bound by memory bandwidth
     gpu_flops: float = 989e12  # an H100's dense bf16 peak
     jobs: int = 1  # jobs at once (Snakemake's --jobs)
-    temp_grafts: int = 2  # grafts on disk at once (`--resources temp_grafts=N`, profiles/default)
+    temp_grafts: int = TEMP_GRAFTS  # grafts on disk at once (`--resources temp_grafts=N`)
 
 
 @dataclass

@@ -85,6 +85,9 @@ TRAIN_FLOPS = 120e12  # about 30% of the bf16 peak
 SETUP_MIN = 10  # loading the model, compiling the engine, writing the results
 MAX_RUNTIME_MIN = 48 * 60
 GROWTH = 1.5
+# Grafted models on disk at once (each graft job holds one, rules/graft.smk) unless a profile or the command
+# line gives `--resources temp_grafts=N`; `graftlab plan --temp-grafts N` prices the disk a cap needs.
+TEMP_GRAFTS = 2
 BASE_MEM_MB = 4000
 GPU_JOB_CPUS = 8  # tokenization and vLLM's scheduler and detokenizer run on the CPU beside the GPU
 TINY_PARAMS = 2e6  # a job with no model of its own (fetching, data sets, tables): the tiny world's size
@@ -128,6 +131,9 @@ def job_resources(
         "mem_mb": math.ceil(mem_mb * grow),
         "runtime": min(MAX_RUNTIME_MIN, math.ceil(runtime * grow)),
         "cpus_per_task": GPU_JOB_CPUS if gpus else 1,
+        # Every job is one node's: a multi-GPU job starts its processes itself (accelerate, on a free port),
+        # so SLURM must not spread its GPUs over nodes.
+        "nodes": 1,
     }
     if partitions and partitions.get(kind):
         out["slurm_partition"] = partitions[kind]
