@@ -289,7 +289,8 @@ def _single_process_group() -> None:
     """The rendezvous an in-process engine joins: this process alone, on a free port."""
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "localhost")):
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
 
 
 def _until_eos(ids: list[int], eos: int) -> list[int]:
