@@ -3,8 +3,8 @@
 # A grafted model exists only inside its job: grafted into the job's scratch directory, evaluated, its
 # update's sensitivity share measured, then deleted. Each job holds one `temp_grafts` resource, so
 # `--resources temp_grafts=N` (a profile's, else 2: rules/common.smk) bounds the grafts on disk at once;
-# a temp() output evaluated by a later job could not be bounded (docs/cluster.md#disk). The outputs are the evaluation's
-# and the sensitivity job's own paths: every reader finds them where it finds an SFT model's.
+# a temp() output evaluated by a later job could not be bounded (docs/cluster.md#disk). The outputs are
+# the evaluation's and the sensitivity job's own paths: every reader finds them where it finds an SFT model's.
 
 
 ruleorder: graft > evaluate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -102,6 +103,12 @@ def snakemake_cmd(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,
 
 def snakemake(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> subprocess.CompletedProcess:
     return subprocess.run(snakemake_cmd(workdir, *args, configs=configs), capture_output=True, text=True, cwd=workdir)
+
+
+def job_requests(dry_run_output: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, resources) of every job a dry-run printed, in its order."""
+    jobs = re.findall(r"^(?:local)?rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", dry_run_output, re.M)
+    return [(rule, dict(kv.split("=", 1) for kv in res.split(", "))) for rule, res in jobs]
 
 
 # Whole workflow runs are most of the suite's time, and a run's jobs are mostly process start-up and tiny

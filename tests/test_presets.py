@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, job_requests, snakemake
 
 # Jobs of a dry-run from nothing: fetches, data sets, traces, SFT, grafts, evaluations, analysis.
 PRESETS = {
@@ -45,8 +45,7 @@ def test_preset_dry_run_job_count_and_every_job_on_one_node(preset, tmp_path):
     out = dry_run(preset, tmp_path, "--profile", str(REPO / "profiles" / "slurm"))
     total = re.search(r"^total\s+(\d+)$", out, re.M)
     assert total and int(total.group(1)) == PRESETS[preset]
-    jobs = re.findall(r"^(?:local)?rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
-    requests = [(rule, dict(kv.split("=", 1) for kv in res.split(", "))) for rule, res in jobs if rule != "all"]
+    requests = [(rule, r) for rule, r in job_requests(out) if rule != "all"]
     assert len(requests) == PRESETS[preset] - 1
     assert [rule for rule, r in requests if r.get("nodes") != "1"] == []
 

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, classify, job_resources
-from tests.conftest import REPO, snakemake
+from tests.conftest import REPO, job_requests, snakemake
 
 PARTITIONS = {"cpu": "cpu-part", "gpu": "gpu-part"}
 
@@ -74,10 +74,9 @@ def test_every_rule_is_sized_once():
 def dry_run_jobs(workdir, *args):
     proc = snakemake(workdir, "-n", *args, configs=(REPO / "configs" / "qwen3-1.7b-star.yaml",))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout + proc.stderr
-    jobs = re.findall(r"^(?:local)?rule (\w+):\n(?:    .*\n)*?    resources: (.*)$", out, re.M)
+    jobs = job_requests(proc.stdout + proc.stderr)
     assert jobs
-    return [(rule, dict(kv.split("=", 1) for kv in res.split(", "))) for rule, res in jobs]
+    return jobs
 
 
 def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
