@@ -106,6 +106,9 @@ rule latency:
         "benchmarks/jobs/{exp}/latency.tsv"
     conda:
         "../envs/cpu.yaml"
+    params:
+        # The post model's retention Fishers, which charge the masked grafts (in results/fisher/, shared).
+        fishers=lambda w: {k: layout(w).fisher_dir(k) for k in FISHER_KINDS},
     script:
         "../workflow_scripts/latency.py"
 

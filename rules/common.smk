@@ -1,5 +1,6 @@
 import functools
 import json
+import re
 from pathlib import Path
 
 from graftlab.planning.config import ConfigError, resolve
@@ -7,8 +8,13 @@ from graftlab.io.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.planning.chains import Chain, Continual, is_continual, stage_data_kind
 from graftlab.planning.layout import (
+    ON_POLICY,
     Experiment,
+    checkpoint_groups,
+    checkpoint_rule,
+    fisher_options,
     kept_steps,
+    retention_homes,
     section_of,
     study_experiments,
     worlds,
@@ -48,6 +54,42 @@ LAYOUTS = {exp: Experiment.of(config, exp) for exp in EXPERIMENTS} | {
     exp: Continual.of(config, exp) for exp in CONTINUAL
 }
 CONTINUAL_PATTERN = "|".join(CONTINUAL) or "(?!)"
+# The training runs whose checkpoints one job evaluates, by the checkpoints they keep (rules/evaluate.smk),
+# and the kinds of run they are: SFT and the on-policy trainers.
+CHECKPOINT_GROUPS = checkpoint_groups([LAYOUTS[e] for e in EXPERIMENTS])
+TRAINING_KINDS = ("sft", *ON_POLICY)
+
+
+def runs_pattern(runs):
+    """A pattern of the `exp` wildcard matching each experiment only where the rest of the path is the
+    evaluation of one of its runs `runs[exp]` (a lookahead), so two experiments whose same run keeps other
+    checkpoints never make two rules match one file."""
+    tied = [
+        f"{re.escape(exp)}(?=/eval/(?:{'|'.join(map(re.escape, keys))})/)"
+        for exp, keys in runs.items()
+    ]
+    return "|".join(tied)
+
+
+def checkpoint_keys(checkpoints):
+    """The evaluation keys of a training run's checkpoints (a function, so the loop's list is bound)."""
+    return lambda w: [f"{w.trainrun}/{c}" for c in checkpoints]
+
+
+def checkpoint_models(checkpoints):
+    return lambda w: [f"{layout(w).root}/{w.trainrun}/{c}" for c in checkpoints]
+
+
+# Each retention home (results/fisher/<id>/, rules/fisher.smk) with the experiments sharing it; the first
+# one's layout serves its rules.
+RETENTION = retention_homes(config)
+RETENTION_PATTERN = "|".join(re.escape(home) for home in RETENTION) or "(?!)"
+
+
+def retention_layout(wildcards):
+    """The layout of the first experiment whose post model's retention Fisher lives in the job's home."""
+    return RETENTION[wildcards.home][0]
+
 
 MINED = (
     "expert",
@@ -185,11 +227,10 @@ def sized(rule_name):
 
     def get(key):
         def resource(wildcards, attempt):
-            work = work_of(
-                rule_name,
-                getattr(wildcards, "exp", None),
-                tuple(sorted(wildcards.items())),
-            )
+            # A job of a retention home is sized as its first experiment's.
+            home = getattr(wildcards, "home", None)
+            exp = RETENTION[home][0].name if home else getattr(wildcards, "exp", None)
+            work = work_of(rule_name, exp, tuple(sorted(wildcards.items())))
             sizes = (
                 {}
                 if work is None
@@ -260,7 +301,7 @@ def graft_inputs(w):
     fisher = []
     if w.mask != "none":
         fisher = (
-            f"{c.root}/fisher/post/{w.mask}"
+            c.base.fisher_dir(w.mask)
             if k == 1
             else f"{c.stage_dir(chain, k - 1)}/fisher/{w.mask}"
         )

@@ -1,32 +1,35 @@
-# Retention Fisher of the post model: its own rollouts on fresh old-task prompts, then the
-# Fisher of each kind a masked graft asks for, computed once per experiment and kind and kept.
+# Retention Fisher of the post model: its own rollouts on fresh old-task prompts, then the Fisher of each
+# kind a masked graft asks for (and the diagonal one the sensitivity analysis ranks by). Both live in the
+# post model's retention home, `results/fisher/<model>-<digest>/` (graftlab.planning.layout,
+# `retention_home`), keyed by all they are computed from: experiments that agree on it share one job.
 
 
 rule rollouts:
     input:
-        model=post_dir,
-        benchmarks=lambda w: [f for f, _ in layout(w).old_benchmarks().values()],
-        prompts=lambda w: layout(w).retention_prompts(),
+        model=lambda w: retention_layout(w).post_dir,
+        benchmarks=lambda w: [
+            f for f, _ in retention_layout(w).old_benchmarks().values()
+        ],
+        prompts=lambda w: retention_layout(w).retention_prompts(),
     output:
-        rollouts="results/{exp}/fisher/post/rollouts.parquet",
-        stats="results/{exp}/fisher/post/rollouts.json",
+        rollouts="results/fisher/{home}/rollouts.parquet",
+        stats="results/fisher/{home}/rollouts.json",
     log:
-        "logs/{exp}/fisher/post/rollouts.log",
+        "logs/fisher/{home}/rollouts.log",
     benchmark:
-        "benchmarks/jobs/{exp}/fisher/post/rollouts.tsv"
+        "benchmarks/jobs/fisher/{home}/rollouts.tsv"
+    wildcard_constraints:
+        home=RETENTION_PATTERN,
     conda:
         "../envs/sample-vllm.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("rollouts"),
     params:
-        tasks=lambda w: layout(w).world["old_tasks"],
+        tasks=lambda w: retention_layout(w).retention_spec()["tasks"],
         # Only what sampling uses: a new Fisher batch size or EKFAC must not re-sample the rollouts.
-        rollouts=lambda w: {
-            k: xcfg(w, "fisher", k)
-            for k in ("rollouts", "temperature", "max_new_tokens")
-        },
-        seed=lambda w: xcfg(w, "seed"),
+        rollouts=lambda w: retention_layout(w).retention_spec()["rollouts"],
+        seed=lambda w: retention_layout(w).retention_spec()["seed"],
         backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/rollouts.py"
@@ -34,34 +37,28 @@ rule rollouts:
 
 rule fisher:
     input:
-        model=post_dir,
-        rollouts="results/{exp}/fisher/post/rollouts.parquet",
+        model=lambda w: retention_layout(w).post_dir,
+        rollouts="results/fisher/{home}/rollouts.parquet",
     output:
-        directory("results/{exp}/fisher/post/{mask}"),
+        directory("results/fisher/{home}/{fisher}"),
     log:
-        "logs/{exp}/fisher/post/{mask}.log",
+        "logs/fisher/{home}/{fisher}.log",
     benchmark:
-        "benchmarks/jobs/{exp}/fisher/post/{mask}.tsv"
+        "benchmarks/jobs/fisher/{home}/{fisher}.tsv"
     wildcard_constraints:
-        # The kind a masked graft names (`mask~{mask}`); mask~none ranks by no Fisher.
-        mask="|".join(FISHER_KINDS),
+        home=RETENTION_PATTERN,
+        # The kind, with KFAC's options (graftlab.planning.layout.fisher_name): diag, kfac-completion-ekfac, ...
+        fisher="(" + "|".join(FISHER_KINDS) + ")(-[a-z]+)*",
     conda:
         "../envs/train.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("fisher"),
     params:
-        kind=lambda w: w.mask,
-        # Options of one kind only: switching EKFAC on must not recompute the diagonal Fisher.
-        options=lambda w: (
-            {
-                "ekfac": xcfg(w, "fisher", "ekfac"),
-                "positions": xcfg(w, "fisher", "kfac_positions"),
-            }
-            if w.mask == "kfac"
-            else {}
-        ),
-    # The batch size is memory, not results (the sums are the same up to rounding): the script reads it
-    # from the config, so changing it never recomputes a Fisher, nor the grafts and analyses built on one.
+        # The kind and its options, from the directory's name: EKFAC on must not recompute the diagonal Fisher.
+        kind=lambda w: fisher_options(w.fisher)[0],
+        options=lambda w: fisher_options(w.fisher)[1],
+    # The batch size is memory, not results (the sums are the same up to rounding): the script reads it from
+    # the config, so changing it never recomputes a Fisher, nor the grafts and analyses built on one.
     script:
         "../workflow_scripts/fisher.py"

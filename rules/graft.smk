@@ -18,7 +18,7 @@ rule graft:
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
         fisher=lambda w: layout(w).graft_fisher(w.mask, w.rho),
         benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
-        sensitivity_fisher="results/{exp}/fisher/post/diag",
+        sensitivity_fisher=lambda w: layout(w).fisher_dir("diag"),
     output:
         metrics="results/{exp}/eval/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/metrics.json",
         share="results/{exp}/sensitivity/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/share.parquet",

@@ -6,7 +6,7 @@
 
 rule sensitivity_update:
     input:
-        fisher="results/{exp}/fisher/post/diag",
+        fisher=lambda w: layout(w).fisher_dir("diag"),
         post=post_dir,
         model=lambda w: layout(w).eval_model(w.run)[0],
     output:

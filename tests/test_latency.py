@@ -45,9 +45,15 @@ def root(tmp_path):
     _steps(tmp_path / "opsd/post/alpha~0.5/lr~1e-4", [{"step": s, "sample_s": 9.0, "update_s": 1.0} for s in (1, 2, 3)])
     for run, seconds in ((GRAFT, 0.25), (MASKED, 0.5), (MERGE, 0.125)):
         _json(tmp_path / run / "seconds.json", {"graft_s": seconds})
-    _json(tmp_path / "fisher/post/rollouts.json", {"sample_s": 3.0, "rollouts": 8})
-    _json(tmp_path / "fisher/post/kfac/seconds.json", {"fisher_s": 4.0})
+    _json(tmp_path / "fisher/home/rollouts.json", {"sample_s": 3.0, "rollouts": 8})
+    _json(tmp_path / "fisher/home/kfac/seconds.json", {"fisher_s": 4.0})
     return tmp_path
+
+
+def fishers(root) -> dict:
+    """The retention Fisher a masked graft is charged, as the latency rule passes it (its home, here a folder of
+    `root`, holds the rollouts' statistics)."""
+    return {"kfac": root / "fisher/home/kfac"}
 
 
 def _summary(runs=SCORES) -> pl.DataFrame:
@@ -60,7 +66,7 @@ def _summary(runs=SCORES) -> pl.DataFrame:
 
 
 def test_each_run_is_charged_the_work_that_made_it(root):
-    table = run_costs(_summary(), root)
+    table = run_costs(_summary(), root, fishers(root))
     cost = {r["run"]: tuple(r[c] for c in COSTS) for r in table.iter_rows(named=True)}  # sample, update, graft, fisher
     assert cost["post"] == (0, 0, 0, 0)
     assert cost["sft/post/lr~1e-3/epoch~1"] == (0, 2.0, 0, 0)  # epoch 1's two steps
@@ -73,7 +79,7 @@ def test_each_run_is_charged_the_work_that_made_it(root):
 
 
 def test_best_point_is_the_highest_mean_accuracy_on_the_methods_own_front(root):
-    table = run_costs(_summary(), root)
+    table = run_costs(_summary(), root, fishers(root))
     best = dict(table.filter("best").select("method", "run").iter_rows())
     # SFT: 0.5/0.5 (mean 0.5) beats 0.7/0.2; graft: 0.6/0.8 beats the masked 0.4/0.85; OPSD: a tie of equal
     # scores goes to the cheaper run, step 2. The post model and donor SFTs are no method's best point.
@@ -82,7 +88,7 @@ def test_best_point_is_the_highest_mean_accuracy_on_the_methods_own_front(root):
 
 
 def test_step_latency_splits_sampling_from_update(root):
-    steps = step_latency(root, run_costs(_summary(), root))
+    steps = step_latency(root, run_costs(_summary(), root, fishers(root)))
     rows = {r["what"]: r for r in steps.iter_rows(named=True)}
     assert rows["OPSD"]["sample_s"] == 9.0 and rows["OPSD"]["update_s"] == 1.0
     assert rows["OPSD"]["sampling_share"] == pytest.approx(0.9)
@@ -95,7 +101,15 @@ def test_write_latency_writes_tables_and_a_figure(root, tmp_path):
     summary = tmp_path / "summary.parquet"
     _summary().write_parquet(summary)
     out = tmp_path / "out"
-    write_latency(summary, root, out / "latency.parquet", out / "steps.parquet", out / "latency.png", title="t")
+    write_latency(
+        summary,
+        root,
+        out / "latency.parquet",
+        out / "steps.parquet",
+        out / "latency.png",
+        title="t",
+        fishers=fishers(root),
+    )
     assert pl.read_parquet(out / "latency.parquet").height == len(SCORES)
     assert pl.read_parquet(out / "steps.parquet").height == 4
     assert (out / "latency.png").read_bytes()[:4] == b"\x89PNG"
@@ -105,14 +119,14 @@ def test_write_latency_writes_tables_and_a_figure(root, tmp_path):
     "remove, message",
     [
         (f"{GRAFT}/seconds.json", "seconds of this graft"),
-        ("fisher/post/rollouts.json", "retention rollout statistics"),
+        ("fisher/home/rollouts.json", "retention rollout statistics"),
         ("sft/step~50/lr~1e-3/steps.jsonl", "per-step seconds"),
     ],
 )
 def test_a_missing_record_is_named(root, remove, message):
     (root / remove).unlink()
     with pytest.raises(FileNotFoundError, match=message):
-        run_costs(_summary(), root)
+        run_costs(_summary(), root, fishers(root))
 
 
 def test_steps_without_the_epoch_asked_for_are_refused(root):
@@ -120,11 +134,11 @@ def test_steps_without_the_epoch_asked_for_are_refused(root):
         root / "sft/post/lr~1e-3", [{"step": 1, "sample_s": 0.0, "update_s": 1.0}]
     )  # an SFT from before epochs were logged
     with pytest.raises(ValueError, match="no steps of epoch 1"):
-        run_costs(_summary(), root)
+        run_costs(_summary(), root, fishers(root))
     opsd = {r: s for r, s in SCORES.items() if r.startswith(("post", "opsd"))}
     _steps(root / "opsd/post/alpha~0.5/lr~1e-4", [{"step": 1, "sample_s": 1.0, "update_s": 1.0}])
     with pytest.raises(ValueError, match="1 of 2 steps"):
-        run_costs(_summary(opsd), root)
+        run_costs(_summary(opsd), root, fishers(root))
 
 
 def test_a_reused_batch_spreads_its_sampling_over_the_steps_that_use_it():

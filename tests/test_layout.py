@@ -1,15 +1,34 @@
 """The results layout: run keys built from each shipped config parse back to what built them, and which
 runs, inputs and timing records an experiment's jobs read."""
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
+from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.planning.config import resolve
-from graftlab.planning.layout import KEY_COLUMNS, Experiment, Run, eval_root, parse_run, run, study_experiments, worlds
+from graftlab.planning.layout import (
+    KEY_COLUMNS,
+    ON_POLICY,
+    Experiment,
+    Run,
+    checkpoint_groups,
+    checkpoint_rule,
+    eval_root,
+    fisher_name,
+    fisher_options,
+    parse_run,
+    retention_homes,
+    run,
+    study_experiments,
+    worlds,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ("config.yaml", "configs/smoke.yaml", "configs/qwen3-1.7b-star.yaml", "configs/qwen3-4b-sdpo.yaml")
@@ -104,7 +123,8 @@ def test_latency_reads_each_training_run_graft_and_fisher(smoke):
         "results/expert/opsd/post/alpha~1/lr~1e-4",
     ]
     assert sum(r.endswith("/seconds.json") for r in records) == 7
-    assert records[-2:] == ["results/expert/fisher/post/diag", "results/expert/fisher/post/rollouts.json"]
+    home = Experiment.of(smoke, "expert").retention_home()
+    assert records[-2:] == [f"{home}/diag", f"{home}/rollouts.json"]
     # Unmasked grafts only: no Fisher to charge.
     assert not [r for r in Experiment.of(smoke, "narrow").latency_records() if "/fisher/" in r]
 
@@ -148,7 +168,7 @@ def test_each_evaluated_model_and_the_directory_it_is_read_from(smoke):
 
 def test_only_masked_grafts_read_a_fisher_and_its_settings(smoke):
     xp = Experiment.of(smoke, "expert")
-    assert xp.graft_fisher("diag", "0.1") == "results/expert/fisher/post/diag"
+    assert xp.graft_fisher("diag", "0.1") == f"{xp.retention_home()}/diag"
     assert xp.graft_fisher("none", "0") == [] and xp.mask_settings("post", "none") == {}
     assert xp.mask_settings("post", "diag") == {"scope": "global", "score": "fisher_delta"}
     with pytest.raises(ValueError, match="mask~none/rho~0, not rho~0.1"):
@@ -245,3 +265,67 @@ def test_parse_run_keeps_extra_keys() -> None:
 def test_parse_run_rejects(run: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_run(run)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_training_runs_checkpoints_are_exactly_the_evaluated_runs_it_keeps(name):
+    """Every SFT and on-policy evaluation is one training run's checkpoint, evaluated by the rule its list
+    of checkpoints names; every other evaluated run is no training run's."""
+    for xp in layouts(load(name)):
+        trained = {f"{key}/{c}" for key, cs in xp.checkpointed().items() for c in cs}
+        kinds = {r.key: r.kind for r in xp.run_list()}
+        assert trained == {key for key, kind in kinds.items() if kind == "sft" or kind in ON_POLICY}
+        for cs in xp.checkpointed().values():
+            assert checkpoint_rule(cs).startswith("evaluate_run_") and checkpoint_rule(cs).isidentifier()
+
+
+def test_runs_keeping_other_checkpoints_get_other_rules(smoke):
+    groups = checkpoint_groups([xp for xp in layouts(smoke) if not xp.x["stages"]])  # a chain's stages are its own
+    assert {checkpoint_rule(cs) for cs in groups} == {
+        "evaluate_run_epoch_1_2",  # every SFT run: 2 epochs
+        "evaluate_run_step_4",  # OPSD
+        "evaluate_run_step_2",  # GRPO and SDPO
+    }
+    assert groups[("epoch~1", "epoch~2")]["expert"] == ["sft/post/lr~1e-3", "sft/step~50/lr~1e-3"]
+    with pytest.raises(ValueError, match="not of one kind"):
+        checkpoint_rule(["epoch~1", "step~2"])
+
+
+def test_experiments_share_a_retention_home_exactly_when_its_inputs_agree(smoke):
+    homes = retention_homes(smoke)
+    # The five experiments on the main world's post model with the same Fisher settings; narrow's world.
+    assert sorted(len(users) for users in homes.values()) == [1, 1, 5]
+    expert = Experiment.of(smoke, "expert")
+    assert expert.retention_home().startswith("results/fisher/world-post-")
+    base = expert.retention_home()
+    for change in (
+        {"fisher": {"rollouts": 30}},
+        {"fisher": {"temperature": 0.5}},
+        {"fisher": {"max_new_tokens": 41}},
+        {"seed": 3},
+        {"fisher": {"prompts": {"source": "old.jsonl"}}},
+        {"benchmarks": {"b": {"source": "b.jsonl", "task": "arith"}}},
+    ):
+        changed = copy.deepcopy(smoke)
+        for key, value in change.items():
+            section = changed["experiments"]["expert"]
+            section[key] = section[key] | value if isinstance(value, dict) and section[key] else value
+        assert Experiment.of(changed, "expert").retention_home() != base, change
+    # Memory and KFAC's options shape no rollout: the home stays, and only a KFAC Fisher's name changes.
+    same = copy.deepcopy(smoke)
+    same["experiments"]["expert"]["fisher"] |= {"batch_size": 2, "ekfac": True, "kfac_positions": "all"}
+    other = Experiment.of(same, "expert")
+    assert other.retention_home() == base and other.fisher_dir("diag") == expert.fisher_dir("diag")
+    assert other.fisher_dir("kfac") == f"{base}/kfac-all-ekfac" != expert.fisher_dir("kfac")
+
+
+@given(st.sampled_from(sorted(FISHER_KINDS)), st.booleans(), st.sampled_from(["completion", "all"]))
+def test_a_fishers_name_gives_back_its_kind_and_options(kind, ekfac, positions):
+    got = fisher_options(fisher_name(kind, ekfac, positions))
+    assert got == ((kind, {"ekfac": ekfac, "positions": positions}) if kind == "kfac" else (kind, {}))
+
+
+@pytest.mark.parametrize("name", ["diag-all", "kfac", "kfac-all-ekfac-x", "kfac-all-x"])
+def test_a_fisher_name_of_no_kind_and_options_is_refused(name):
+    with pytest.raises(ValueError, match=name):
+        fisher_options(name)

@@ -54,8 +54,10 @@ def test_hand_computed_plan(tmp_path):
     # (50 + 10 problems) x 2 samples, and measures its sensitivity share.
     assert (c["graft"].jobs, c["graft"].written, c["graft"].kept) == (2, 4e9, 0)
     assert c["graft"].flops == pytest.approx(2 * 2e9 * 60 * 2 * 1000)
-    # post and SFT of post at epochs 1 and 2 in evaluation jobs of their own.
-    assert (c["evaluate"].jobs, c["evaluate"].flops) == (3, pytest.approx(3 * 2e9 * 60 * 2 * 1000))
+    # post in an evaluation job of its own; SFT of post at epochs 1 and 2 in one job (rules/evaluate.smk).
+    assert (c["evaluate"].jobs, c["evaluate"].flops) == (1, pytest.approx(2e9 * 60 * 2 * 1000))
+    run = c["evaluate_run_epoch_1_2"]
+    assert (run.jobs, run.flops) == (1, pytest.approx(2 * 2e9 * 60 * 2 * 1000))
     assert c["fetch_model"].written == 4e9
     assert c["sensitivity_update"].jobs == 2 and c["dataset"].jobs == 3 and "opsd" not in c
     # Decoding (mining, STaR, rollouts, evaluation) at 0.25 of the peak, SFT and the Fisher at 0.5.

@@ -8,13 +8,14 @@ import yaml
 
 from tests.conftest import REPO, job_requests, snakemake
 
-# Jobs of a dry-run from nothing: fetches, data sets, traces, SFT, grafts, evaluations, analysis.
+# Jobs of a dry-run from nothing: fetches, data sets, traces, SFT, grafts, evaluations (a training run's
+# checkpoints in one job), analysis.
 PRESETS = {
-    "qwen3-1.7b-star.yaml": 79,
-    "qwen3-1.7b-teacher.yaml": 148,
-    "qwen3-8b-star.yaml": 79,
-    "olmo3-7b-knowledge.yaml": 239,
-    "qwen3-4b-sdpo.yaml": 144,
+    "qwen3-1.7b-star.yaml": 75,
+    "qwen3-1.7b-teacher.yaml": 132,
+    "qwen3-8b-star.yaml": 75,
+    "olmo3-7b-knowledge.yaml": 209,
+    "qwen3-4b-sdpo.yaml": 110,
     "qwen3-4b-continual.yaml": 153,
 }
 

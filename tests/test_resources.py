@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from graftlab.planning.plan import sized_as
 from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, classify, job_resources
 from tests.conftest import REPO, job_requests, snakemake
 
@@ -59,8 +60,10 @@ def test_an_unsized_rule_is_an_error():
 
 
 def workflow_rules() -> set[str]:
-    files = [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]
-    return {m for f in files for m in re.findall(r"^rule (\w+):", f.read_text(), re.M)}
+    """Every rule's name, and the name each rule a loop defines is sized under (`sized("evaluate_run")`)."""
+    texts = [f.read_text() for f in [REPO / "Snakefile", *sorted((REPO / "rules").glob("*.smk"))]]
+    found = [re.findall(r"^rule (\w+):|^\s+\*\*sized\(\"(\w+)\"\)", t, re.M) for t in texts]
+    return {name for pairs in found for pair in pairs for name in pair if name}
 
 
 def test_every_rule_is_sized_once():
@@ -82,9 +85,10 @@ def dry_run_jobs(workdir, *args):
 def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
     jobs = dry_run_jobs(tmp_path, "--profile", str(REPO / "profiles" / "slurm"))
     seen = {}
-    for rule, res in jobs:
-        if rule == "all":
+    for named, res in jobs:
+        if named == "all":
             continue
+        rule = sized_as(named)  # the rules evaluating a training run's checkpoints are sized as `evaluate_run`
         gpu = classify(rule) == "gpu"
         assert res["slurm_partition"] == ("YOUR_GPU_PARTITION" if gpu else "YOUR_CPU_PARTITION"), rule
         assert (int(res.get("gpu", 0)) >= 1) == gpu, rule
@@ -97,6 +101,7 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
         "rollouts",
         "fisher",
         "evaluate",
+        "evaluate_run",
         "graft",
     }
     # Qwen3-1.7B (the preset's 1.72e9 hint): one GPU each, 4 GB + 4 bytes/param of host memory.

@@ -57,6 +57,14 @@ def write_config(tmp_path: Path, name: str, config: dict) -> Path:
     return path
 
 
+def retention_home(workdir: Path, exp: str = "expert") -> Path:
+    """The smoke experiment's retention home in `workdir` (rules/fisher.smk), as its layout names it."""
+    from graftlab.planning.config import resolve
+    from graftlab.planning.layout import Experiment
+
+    return workdir / Experiment.of(resolve(yaml.safe_load(SMOKE.read_text())), exp).retention_home()
+
+
 def test_smoke_run_writes_summary_and_plot(smoke):
     exp = smoke / "results" / "expert"
     summary = pl.read_parquet(exp / "summary.parquet")
@@ -131,7 +139,7 @@ def test_rollouts_are_chat_completions_of_fresh_old_task_prompts(smoke):
     from graftlab.fisher.diag import read_rollouts
     from graftlab.tasks import chat_prompt
 
-    rollouts = pl.read_parquet(smoke / "results/expert/fisher/post/rollouts.parquet")
+    rollouts = pl.read_parquet(retention_home(smoke) / "rollouts.parquet")
     assert Counter(rollouts["task"]) == {"add": 8, "sub": 8, "compare": 8}
     benchmark_ids = set(
         pl.concat([pl.read_parquet(f) for f in (smoke / "results/world/benchmarks").glob("*.parquet")])["id"]
@@ -142,24 +150,29 @@ def test_rollouts_are_chat_completions_of_fresh_old_task_prompts(smoke):
         assert tok.decode(row["prompt_ids"], skip_special_tokens=False) == chat_prompt(tok, row["prompt"])
         assert tok.decode(row["completion_ids"], skip_special_tokens=False) == row["completion"]
         assert 1 <= len(row["completion_ids"]) <= 40 and tok.eos_token_id not in row["completion_ids"][:-1]
-    assert len(read_rollouts(smoke / "results/expert/fisher/post/rollouts.parquet")) == 24
+    assert len(read_rollouts(retention_home(smoke) / "rollouts.parquet")) == 24
 
 
 def test_fisher_is_kept_and_masked_grafts_are_evaluated(smoke):
     from safetensors import safe_open
 
-    fisher = smoke / "results/expert/fisher/post"
+    fisher = retention_home(smoke)
     assert sorted(p.name for p in fisher.iterdir()) == [
         "diag",
         "rollouts.json",
         "rollouts.parquet",
     ]  # no kfac: no graft asks for it
+    # One retention home for the five experiments on the main world's post model, one for `narrow`'s world.
+    homes = sorted(p.name for p in (smoke / "results/fisher").iterdir())
+    assert homes == sorted({fisher.name, retention_home(smoke, "narrow").name}) and len(homes) == 2
     with safe_open(str(fisher / "diag" / "diag.safetensors"), framework="pt") as f:
         assert any("mlp" in name for name in f.keys())
     run = smoke / "results/expert/eval/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
-    assert (
-        json.loads((run / "metrics.json").read_text())["run"] == "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
-    )
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["run"] == "graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
+    # Named by its record's directory, not the random scratch directory it was evaluated in: a re-run
+    # writes the same bytes.
+    assert metrics["model"] == "results/expert/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1"
     assert not (smoke / "results/expert/graft/post/lr~1e-3/epoch~2/lam~0.5/mask~diag/rho~0.1/model").exists()
 
 
@@ -170,8 +183,8 @@ def test_latency_charges_every_run_its_timed_work(smoke):
     assert sorted(runs.filter("best")["method"]) == ["graft", "grpo", "merge", "opsd", "sdpo", "sdpo_cot", "sft"]
     on_policy = runs.filter(pl.col("method").is_in(["opsd", "grpo", "sdpo", "sdpo_cot"]))
     assert (on_policy["sample_s"] > 0).all() and (runs.filter(method="sft")["sample_s"] == 0).all()
-    fisher = json.loads((exp / "fisher/post/rollouts.json").read_text())["sample_s"]
-    fisher += json.loads((exp / "fisher/post/diag/seconds.json").read_text())["fisher_s"]
+    fisher = json.loads((retention_home(smoke) / "rollouts.json").read_text())["sample_s"]
+    fisher += json.loads((retention_home(smoke) / "diag/seconds.json").read_text())["fisher_s"]
     masked = runs.filter(mask="diag")["fisher_s"].to_list()
     assert masked == pytest.approx([fisher] * 3)  # 2 grafts and a merge ranked by the diag Fisher
     steps = pl.read_parquet(exp / "latency_steps.parquet")
@@ -280,6 +293,29 @@ def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
     jobs = planned_jobs(tmp_path, sweep, targets=("results/expert/summary.parquet",))
     # Masked: 2 kinds x 3 rho x (2 epochs x 2 graft lam + 1 merge epoch x 1 merge lam); unmasked 4 + 2.
     assert jobs["fisher"] == 2 and jobs["rollouts"] == 1 and jobs["graft"] == 6 * (4 + 1) + 4 + 2
+
+
+def test_each_training_run_is_evaluated_in_one_job_by_the_rule_of_its_checkpoints(tmp_path):
+    """The same run key keeping other checkpoints in two experiments: each evaluated by its own list's rule,
+    and no file matched by two rules (an OPSD run kept at steps 2 and 4 in `expert`, at step 2 alone in
+    `knowledge`, where `expert`'s GRPO and SDPO also keep step 2 alone)."""
+    both = write_config(
+        tmp_path,
+        "both",
+        {
+            "experiments": {
+                "expert": {"opsd": {"alpha": ["0.5"], "checkpoints": 2}},
+                "knowledge": {"opsd": {"steps": 2}, "sft": {"epochs": 3}, "graft": {"epochs": [3]}},
+            }
+        },
+    )
+    targets = ("results/expert/summary.parquet", "results/knowledge/summary.parquet")
+    jobs = planned_jobs(tmp_path, both, targets=targets)
+    # expert's OPSD at steps 2 and 4; at step 2 alone, expert's GRPO and 4 SDPO runs and knowledge's OPSD.
+    assert jobs["evaluate_run_step_2_4"] == 1 and jobs["evaluate_run_step_2"] == 1 + 4 + 1
+    assert jobs["evaluate_run_step_4"] == 0 and jobs["evaluate_run_epoch_1_2_3"] == 1  # knowledge's SFT
+    assert jobs["evaluate_run_epoch_1_2"] == 2  # expert's SFT of post and of the donor
+    assert jobs["evaluate"] == 2 + 1  # the post model twice, expert's donor as it is
 
 
 def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_path):

@@ -108,5 +108,7 @@ def test_benchmarks_are_graded_as_math_and_rollouts_use_the_retention_prompts(re
     metrics = json.loads((real / "results/real/eval/post/metrics.json").read_text())
     assert {b: m["task"] for b, m in metrics["benchmarks"].items()} == {"sums": "math", "heldout": "math"}
     assert metrics["benchmarks"]["sums"]["problems"] == 4
-    rollouts = pl.read_parquet(real / "results/real/fisher/post/rollouts.parquet")
+    (home,) = (real / "results/fisher").iterdir()  # one post model, one retention home
+    assert home.name.startswith("pico-")  # named by the model it is of: `post: pico`, fetched to resources/models/
+    rollouts = pl.read_parquet(home / "rollouts.parquet")
     assert rollouts.height == 6 and set(rollouts["problem_id"]) <= {f"r{a}" for a in range(60, 70)}

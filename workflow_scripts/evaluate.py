@@ -1,4 +1,5 @@
-"""Evaluate one model on the old benchmarks and the held-out new-task problems."""
+"""Evaluate models on the old benchmarks and the held-out new-task problems: one model, or every kept
+checkpoint of a training run, one after another in this process (each into its own metrics.json)."""
 
 from pathlib import Path
 
@@ -9,12 +10,13 @@ from graftlab.sampling import Engine, SamplingConfig
 p = snakemake.params
 benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
 with job_log(snakemake.log[0], snakemake.threads):
-    evaluate(
-        p.model,
-        benchmarks,
-        SamplingConfig.from_config(p.sampling, p.seed),
-        Path(snakemake.output.metrics).parent,
-        snakemake.wildcards.run,
-        Engine.of(p.backend, seed=p.seed),
-        validation=p.validation,
-    )
+    for run, model, metrics in zip(p.runs, p.models, snakemake.output, strict=True):
+        evaluate(
+            model,
+            benchmarks,
+            SamplingConfig.from_config(p.sampling, p.seed),
+            Path(metrics).parent,
+            run,
+            Engine.of(p.backend, seed=p.seed),
+            validation=p.validation,
+        )

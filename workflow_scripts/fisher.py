@@ -1,9 +1,14 @@
-"""Retention Fisher of the post model on its rollouts (kind: diag or kfac)."""
+"""Retention Fisher of a model on its rollouts (kind: diag or kfac): the post model's in its retention home, or a
+continual chain's after a stage."""
 
 from graftlab.fisher import write_fisher
 from graftlab.io.joblog import job_log
+from graftlab.planning.layout import Experiment, retention_homes
 
-p, inp = snakemake.params, snakemake.input
-batch_size = snakemake.config["experiments"][snakemake.wildcards.exp]["fisher"]["batch_size"]
+p, inp, w = snakemake.params, snakemake.input, snakemake.wildcards
+# The batch size is memory, not results, so it is no param: the smallest of the experiments sharing the Fisher.
+config = snakemake.config
+sharing = retention_homes(config)[w.home] if hasattr(w, "home") else [Experiment.of(config, w.exp)]
+batch_size = min(x.x["fisher"]["batch_size"] for x in sharing)
 with job_log(snakemake.log[0], snakemake.threads):
     write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], batch_size, **p.options)

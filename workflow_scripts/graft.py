@@ -37,6 +37,8 @@ with job_log(snakemake.log[0], snakemake.threads):
             p.run,
             Engine.of(p.backend, seed=p.seed),
             validation=p.validation,
+            # Named by the directory of its record: the scratch directory is deleted, and random.
+            model_name=str(Path(out.seconds).parent),
         )
         write_update_sensitivity(inp.sensitivity_fisher, inp.post, p.run, model, out.share, top=p.top)
     finally:

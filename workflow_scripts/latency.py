@@ -7,4 +7,12 @@ from graftlab.io.joblog import job_log
 out = snakemake.output
 with job_log(snakemake.log[0]):
     root = f"results/{snakemake.wildcards.exp}"
-    write_latency(snakemake.input.summary, root, out.runs, out.steps, out.png, title=snakemake.wildcards.exp)
+    write_latency(
+        snakemake.input.summary,
+        root,
+        out.runs,
+        out.steps,
+        out.png,
+        title=snakemake.wildcards.exp,
+        fishers=snakemake.params.fishers,
+    )

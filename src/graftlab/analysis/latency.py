@@ -70,8 +70,10 @@ def read_steps(run_dir: str | Path) -> pl.DataFrame:
 class Ledger:
     """The timing records under `results/{exp}/` (`root`), each file read once however many runs share it."""
 
-    def __init__(self, root: str | Path):
-        self.root, self._steps = Path(root), {}
+    def __init__(self, root: str | Path, fishers: dict[str, str | Path] | None = None):
+        # The post model's retention Fisher of each kind, whose retention home holds its rollouts.json
+        # (`graftlab.planning.layout.Experiment.fisher_dir`): shared between experiments, so outside `root`.
+        self.root, self.fishers, self._steps = Path(root), {k: Path(d) for k, d in (fishers or {}).items()}, {}
 
     def steps(self, run_dir: str) -> pl.DataFrame:
         if run_dir not in self._steps:
@@ -93,8 +95,10 @@ class Ledger:
         return {"sample_s": steps["sample_s"].sum(), "update_s": steps["update_s"].sum()}
 
     def fisher(self, kind: str) -> float:
-        rollouts = _json(self.root / "fisher/post/rollouts.json", "retention rollout statistics")
-        fisher = _json(self.root / f"fisher/post/{kind}/seconds.json", f"seconds of the {kind} Fisher")
+        if kind not in self.fishers:
+            raise ValueError(f"a graft masked by the {kind} Fisher, but no {kind} Fisher was given to charge it")
+        rollouts = _json(self.fishers[kind].parent / "rollouts.json", "retention rollout statistics")
+        fisher = _json(self.fishers[kind] / "seconds.json", f"seconds of the {kind} Fisher")
         return rollouts["sample_s"] + fisher["fisher_s"]
 
     def cost(self, run: str) -> dict[str, float]:
@@ -112,10 +116,10 @@ class Ledger:
         return cost
 
 
-def run_costs(summary: pl.DataFrame, root: str | Path) -> pl.DataFrame:
+def run_costs(summary: pl.DataFrame, root: str | Path, fishers: dict | None = None) -> pl.DataFrame:
     """The summary's ids and scores with each run's compute (`COSTS`, `total_s`), whether it lies on its
-    method's own frontier (`on_front`), and the method's best point (`best`)."""
-    ledger = Ledger(root)
+    method's own frontier (`on_front`), and the method's best point (`best`); `fishers` as `Ledger`'s."""
+    ledger = Ledger(root, fishers)
     costs = pl.DataFrame([ledger.cost(run) for run in summary["run"]], schema=dict.fromkeys(COSTS, pl.Float64))
     # The run's ids and keys (strings) and its old/new scores with their intervals; not every benchmark.
     scores = [c for c in ("old", "new", "old_lo", "old_hi", "new_lo", "new_hi") if c in summary.columns]
@@ -224,9 +228,11 @@ def latency_figure(steps: pl.DataFrame, runs: pl.DataFrame, title: str | None = 
     return fig
 
 
-def write_latency(summary_parquet, root, out_parquet, out_steps, out_png, title: str | None = None) -> pl.DataFrame:
+def write_latency(
+    summary_parquet, root, out_parquet, out_steps, out_png, title: str | None = None, fishers: dict | None = None
+) -> pl.DataFrame:
     """`run_costs` and `step_latency` of an experiment as parquet, and their figure as PNG, each atomic."""
-    runs = run_costs(pl.read_parquet(summary_parquet), root)
+    runs = run_costs(pl.read_parquet(summary_parquet), root, fishers)
     steps = step_latency(root, runs)
     print(steps)
     print(runs.filter("best").select("method", "run", "new", "old", *COSTS, "total_s"))

@@ -126,10 +126,13 @@ def evaluate(
     backend="auto",
     sampler=None,
     validation: float = 0.0,
+    model_name: str | None = None,
 ) -> dict:
     """Score `model_dir` on `benchmarks`; `sampler` (a callable `(prompts, cfg) -> completions`) replaces
     loading one from `model_dir` (the tokenizer still comes from `model_dir`). `validation`: the share of
-    every benchmark's problems scored apart as the validation split (module docstring)."""
+    every benchmark's problems scored apart as the validation split (module docstring). `model_name`: the
+    model as metrics.json names it, where `model_dir` is a scratch directory (a graft's) whose random name
+    would make two runs' metrics differ; default `model_dir`."""
     from transformers import AutoTokenizer
 
     names = [b.name for b in benchmarks]
@@ -163,7 +166,7 @@ def evaluate(
         }
         if validation > 0:
             per_bench[bench.name]["validation"] = val_bench[bench.name]
-    metrics = {"run": run, "model": str(model_dir), "benchmarks": per_bench} | role_scores(per_bench, counts)
+    metrics = {"run": run, "model": model_name or str(model_dir), "benchmarks": per_bench} | role_scores(per_bench, counts)
     if validation > 0:
         metrics |= role_scores(val_bench, val_counts, VALIDATION) | {"validation_share": validation}
     metrics["interval"] = dict(INTERVAL)

@@ -22,6 +22,8 @@ Standard library only: the workflow imports this module on every parse, even a d
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -153,6 +155,30 @@ def kept_steps(section: dict) -> list[int]:
     return [round(steps * i / n) for i in range(1, n + 1)]
 
 
+# The settings the retention rollouts are sampled with; the Fisher's batch size is memory, not results.
+ROLLOUT_KEYS = ("rollouts", "temperature", "max_new_tokens")
+
+
+def fisher_name(kind: str, ekfac: bool = False, positions: str = "completion") -> str:
+    """A Fisher's directory name under its retention home: the kind, and for KFAC its options (`kfac-completion`,
+    `kfac-all-ekfac`), so experiments sharing rollouts but not KFAC options never share a KFAC Fisher."""
+    if kind != "kfac":
+        return kind
+    return f"kfac-{positions}" + ("-ekfac" if ekfac else "")
+
+
+def fisher_options(name: str) -> tuple[str, dict]:
+    """(kind, options of `graftlab.fisher.write_fisher`) of a Fisher's directory name (`fisher_name`)."""
+    kind, *rest = name.split("-")
+    if kind != "kfac":
+        if rest:
+            raise ValueError(f"Fisher {name!r}: only KFAC takes options")
+        return kind, {}
+    if not rest or rest[1:] not in ([], ["ekfac"]):
+        raise ValueError(f"Fisher {name!r} is not kfac-<positions>[-ekfac]")
+    return kind, {"ekfac": rest[1:] == ["ekfac"], "positions": rest[0]}
+
+
 def section_of(kind: str) -> str:
     """The config section of a method: `sdpo_cot` runs are configured in `sdpo`."""
     return METHODS[kind].section
@@ -168,6 +194,39 @@ def worlds(config: dict) -> dict[str, dict]:
     `world`, and each of `worlds`, already merged over it by the config resolution."""
     named = {f"worlds/{name}": section for name, section in config["worlds"].items()}
     return {"world": config["world"] | {"seed": config["seed"]}} | named
+
+
+# The rules that evaluate a training run's checkpoints are named by them (`checkpoint_rule`), with this prefix.
+EVALUATE_RUN = "evaluate_run"
+
+
+def checkpoint_rule(checkpoints: list[str]) -> str:
+    """The rule evaluating the training runs that keep `checkpoints` (`epoch~1`, `epoch~2` ->
+    `evaluate_run_epoch_1_2`): a rule's outputs are fixed but for its wildcards, so each list has a rule."""
+    names = {c.split("~", 1)[0] for c in checkpoints}
+    if len(names) != 1:
+        raise ValueError(f"checkpoints {checkpoints} are not of one kind")
+    return "_".join([EVALUATE_RUN, *names, *(c.split("~", 1)[1] for c in checkpoints)])
+
+
+def checkpoint_groups(layouts: list[Experiment]) -> dict[tuple[str, ...], dict[str, list[str]]]:
+    """The training runs of every experiment (`Experiment.checkpointed`) by the checkpoints they keep: for each
+    list, {experiment: [run keys]}."""
+    groups: dict[tuple[str, ...], dict[str, list[str]]] = {}
+    for layout in layouts:
+        for key, checkpoints in layout.checkpointed().items():
+            groups.setdefault(tuple(checkpoints), {}).setdefault(layout.name, []).append(key)
+    return groups
+
+
+def retention_homes(config: dict) -> dict[str, list[Experiment]]:
+    """Each retention home's id (its directory under results/fisher/) with the experiments that share it, in
+    config order: the first one's settings are its rules' (`Experiment.retention_home`)."""
+    homes: dict[str, list[Experiment]] = {}
+    for name in config["experiments"]:
+        x = Experiment.of(config, name)
+        homes.setdefault(x.retention_home().removeprefix("results/fisher/"), []).append(x)
+    return homes
 
 
 def study_experiments(config: dict) -> list[dict]:
@@ -259,6 +318,15 @@ class Experiment:
         kept = [r._replace(keys=r.keys | {"step": str(s)}) for r in self.on_policy_runs() for s in self.steps(r)]
         return [Run(POST), *(run("donor", d) for d in evaluated), *sft, *grafts, *kept]
 
+    def checkpointed(self) -> dict[str, list[str]]:
+        """Each training run whose kept checkpoints are evaluated, by its key (`sft/post/lr~1e-3`), with the
+        last key segment of each checkpoint (`epoch~1`, `epoch~2`): one job evaluates them all
+        (rules/evaluate.smk), paying the start-up once."""
+        evaluated = self.x["donors"] if self.x["eval"]["donor_sft"] else []
+        epochs = [f"epoch~{e}" for e in range(1, self.x["sft"]["epochs"] + 1)]
+        sft = {run("sft", b, lr=lr).key: epochs for b in [POST, *evaluated] for lr in self.x["sft"]["lr"]}
+        return sft | {r.key: [f"step~{s}" for s in self.steps(r)] for r in self.on_policy_runs()}
+
     def on_policy_runs(self) -> list[Run]:
         """Every on-policy training run (a directory of checkpoints), without its step key, in method order."""
         return [run(m.name, POST, **keys) for m in on_policy() for keys in m.spec.runs(self.x[m.section])]
@@ -293,8 +361,8 @@ class Experiment:
         steps.jsonl), each graft's seconds and, when a graft is masked, the Fisher and its rollouts."""
         grafts = [r for r in self.run_list() if r.kind == "graft"]
         masks = sorted({r.keys["mask"] for r in grafts} - {"none"})
-        fisher = [f"{self.root}/fisher/post/{kind}" for kind in masks]
-        rollouts = [f"{self.root}/fisher/post/rollouts.json"] if masks else []
+        fisher = [self.fisher_dir(kind) for kind in masks]
+        rollouts = [f"{self.retention_home()}/rollouts.json"] if masks else []
         seconds = [f"{self.root}/{r.key}/seconds.json" for r in grafts]
         return self.sft_dirs() + self.on_policy_dirs() + seconds + fisher + rollouts
 
@@ -332,10 +400,37 @@ class Experiment:
             return self.model_input(name), self.model_dir(name)
         raise ValueError(f"no model for evaluation key {key!r}: expected post, donor/..., sft/... or graft/...")
 
+    def retention_home(self) -> str:
+        """The directory of the post model's retention rollouts and Fishers, `results/fisher/<model>-<digest>`,
+        keyed by all they are computed from: the model, the benchmarks the fresh prompts avoid, the configured
+        prompts, the old tasks, the sampling settings and the seed. Experiments that agree on all of it share
+        one computation; a change to any of it makes a new home (`retention_spec`)."""
+        model = self.post_dir.removeprefix("results/").removeprefix("resources/models/").replace("/", "-")
+        digest = hashlib.sha256(json.dumps(self.retention_spec(), sort_keys=True).encode()).hexdigest()
+        return f"results/fisher/{model}-{digest[:12]}"
+
+    def retention_spec(self) -> dict:
+        """What the retention rollouts are computed from (the rollouts rule's inputs and params, less the
+        sampling backend, which changes no sample's distribution)."""
+        f = self.x["fisher"]
+        return {
+            "model": self.post_dir,
+            "benchmarks": [file for file, _ in self.old_benchmarks().values()],
+            "prompts": self.retention_prompts() or None,
+            "tasks": list(self.world["old_tasks"]),
+            "rollouts": {k: f[k] for k in ROLLOUT_KEYS},
+            "seed": self.x["seed"],
+        }
+
+    def fisher_dir(self, kind: str) -> str:
+        """The post model's retention Fisher of `kind` (`fisher_name`)."""
+        f = self.x["fisher"]
+        return f"{self.retention_home()}/{fisher_name(kind, f['ekfac'], f['kfac_positions'])}"
+
     def graft_fisher(self, mask: str, rho: str) -> str | list:
         """The Fisher a masked graft ranks by; none for an unmasked one."""
         if mask != "none":
-            return f"{self.root}/fisher/post/{mask}"
+            return self.fisher_dir(mask)
         if rho != "0":
             raise ValueError(f"an unmasked graft is mask~none/rho~0, not rho~{rho}")
         return []

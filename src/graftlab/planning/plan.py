@@ -25,7 +25,14 @@ from graftlab.planning.chains import (
     parse_chain,
     stage_data_kind,
 )
-from graftlab.planning.layout import POST, Experiment, study_experiments, world_key
+from graftlab.planning.layout import (
+    EVALUATE_RUN,
+    POST,
+    Experiment,
+    checkpoint_rule,
+    study_experiments,
+    world_key,
+)
 from graftlab.planning.resources import TEMP_GRAFTS
 from graftlab.planning.work import MINED, Work
 
@@ -85,18 +92,40 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     grafts = [r for r in runs if r.kind == "graft"]
     # The sensitivity analysis always ranks by the diagonal Fisher; masks may add kfac.
     kinds = sorted({"diag"} | {r.keys["mask"] for r in grafts} - {"none"})
-    jobs += [("rollouts", {})] + [("fisher", {"mask": k}) for k in kinds] + [("graft", {})] * len(grafts)
-    # A graft job evaluates its own model and measures its sensitivity share (rules/graft.smk).
-    jobs += [("evaluate", {"run": r.key}) for r in runs if r.kind != "graft"]
+    jobs += retention_jobs(layout, kinds) + [("graft", {})] * len(grafts)
+    # A graft job evaluates its own model and measures its sensitivity share (rules/graft.smk); a training
+    # run's checkpoints are evaluated in one job (rules/evaluate.smk).
+    trained = layout.checkpointed()
+    jobs += [("evaluate", {"run": r.key}) for r in runs if r.kind not in ("graft", *TRAINED_KINDS)]
+    jobs += [(checkpoint_rule(cs), {"trainrun": key}) for key, cs in trained.items()]
     grafted = {r.key for r in grafts}
     jobs += [("sensitivity_update", {})] * len(set(layout.sensitivity_runs()) - grafted)
     return jobs + [(rule, {}) for rule in ("summary", "pareto", "latency", "sensitivity", "gain_forgetting")]
 
 
+def retention_jobs(layout: Experiment, kinds: list[str]) -> list[tuple[str, dict]]:
+    """The post model's retention rollouts and its Fisher of each kind, named by their retention home: jobs
+    that experiments share (rules/fisher.smk), which the plan counts once."""
+    home = layout.retention_home().removeprefix("results/fisher/")
+    names = [layout.fisher_dir(k).rsplit("/", 1)[1] for k in kinds]
+    return [("rollouts", {"home": home})] + [("fisher", {"home": home, "fisher": n}) for n in names]
+
+
+# The kinds of run whose checkpoints a training run keeps (`Experiment.checkpointed`).
+TRAINED_KINDS = ("sft", *ON_POLICY)
+
 # The rule each continual rule is sized as: its `sized(...)` in rules/continual.smk (tests/test_plan.py
 # reads them there). A rule not listed is sized under its own name.
 SIZED_AS = {"chain_rollouts": "rollouts", "chain_fisher": "fisher", "stage_star": "star"}
 SIZED_AS |= {m.chain_rule: m.rule for m in METHODS.values() if m.chain_rule and m.rule}
+
+
+def sized_as(rule: str) -> str:
+    """The rule name `graftlab.planning.work` sizes a job of `rule` as: a continual rule's single-domain one
+    (`SIZED_AS`), `evaluate_run` for each rule evaluating a training run's checkpoints."""
+    return EVALUATE_RUN if rule.startswith(f"{EVALUATE_RUN}_") else SIZED_AS.get(rule, rule)
+
+
 # The rule of each kind of chain directory (`chain/<kind>/...`), and the wildcard naming the kind in it:
 # each chained method's, and `tune`, graft_chain's donor tuned on one stage alone (by chain_sft).
 CHAIN_RULES = {m.name: m.chain_rule for m in METHODS.values() if m.chained} | {"tune": "chain_sft"}
@@ -158,7 +187,7 @@ def continual_jobs(c: Continual) -> list[tuple[str, dict]]:
     jobs += [("stage_star", {"k": str(k)}) for k in c.stage_numbers() if stage_data_kind(c.stage(k)) == "star"]
     jobs += [("dataset", {"source": s}) for s in _continual_sources(c, bool(masks))]
     # The post model's retention Fisher, read by each masked graft chain at stage 1.
-    jobs += ([("rollouts", {})] if masks else []) + [("fisher", {"mask": m}) for m in masks]
+    jobs += retention_jobs(c.base, masks) if masks else []
     jobs += [("chain_sft", chain_wildcards(ch, k)) for ch, k in _sft_stages(c)]
     methods = [ch for ch in c.chains() if ch.kind != "sft"]
     jobs += [job for ch in methods for k in c.stage_numbers() for job in _stage_jobs(c, ch, k)]
@@ -249,17 +278,31 @@ def _fetched(config: dict, x: dict) -> set[str]:
     return {n for n in named if n in config["models"]}
 
 
-def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root: Path) -> list[float]:
+def _shared_once(rule: str, wildcards: dict, seen: set) -> bool:
+    """Whether the job is a retention home's (`retention_jobs`) that an earlier experiment already counted."""
+    if "home" not in wildcards:
+        return False
+    key = (rule, tuple(sorted(wildcards.items())))
+    if key in seen:
+        return True
+    seen.add(key)
+    return False
+
+
+def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root: Path, seen: set) -> list[float]:
     """Add an experiment's jobs to `costs`; returns the bytes of its temp() grafts. A continual experiment's
     jobs are sized as the rule each one runs (`SIZED_AS`), by `graftlab.planning.work.continual_work`."""
     if is_continual(config["experiments"][name]):
         c = Continual.of(config, name)
         for rule, wildcards in continual_jobs(c):
-            costs[rule].add(work.continual_work(SIZED_AS.get(rule, rule), config, c, wildcards, a, root))
+            if not _shared_once(rule, wildcards, seen):
+                costs[rule].add(work.continual_work(sized_as(rule), config, c, wildcards, a, root))
         return []  # a chain's grafts are kept: the next stage starts from them
     layout, grafts = Experiment.of(config, name), []
     for rule, wildcards in experiment_jobs(layout):
-        job = work.job_work(rule, config, layout, wildcards, a, root)
+        if _shared_once(rule, wildcards, seen):
+            continue
+        job = work.job_work(sized_as(rule), config, layout, wildcards, a, root)
         costs[rule].add(job)
         if rule == "graft":
             grafts.append(job.written)
@@ -275,8 +318,9 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     costs = _Costs()
     grafts: list[float] = []
     fetched: set[str] = set()
+    shared: set = set()  # the retention jobs counted so far, which experiments share
     for name, x in config["experiments"].items():
-        grafts += _experiment_costs(costs, config, name, a, root)
+        grafts += _experiment_costs(costs, config, name, a, root, shared)
         fetched |= _fetched(config, x)
     notes = []
     for name in sorted(fetched):
@@ -292,8 +336,26 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     for key, uses in by_world.items():
         _world(costs, worlds[key], uses)
     _analysis(costs, config)
+    notes += _shared_starts(config, shared)
     temp_peak = sum(sorted(grafts, reverse=True)[: min(a.jobs, a.temp_grafts)])
     return Plan({r: c for r, c in costs.items() if c.jobs}, a, notes, temp_peak)
+
+
+def _shared_starts(config: dict, shared: set) -> list[str]:
+    """What evaluating a training run's checkpoints in one job, and sharing retention homes (`shared`, the
+    retention jobs counted), save: job starts, each an interpreter, a model load and (with vLLM) an engine."""
+    single = [Experiment.of(config, e) for e, x in config["experiments"].items() if not is_continual(x)]
+    runs = [cs for layout in single for cs in layout.checkpointed().values()]
+    models = sum(len(cs) for cs in runs)
+    notes = [
+        f"Evaluation: {len(runs)} jobs score the {models} kept checkpoints of {len(runs)} training runs, "
+        f"{models - len(runs)} job starts (and vLLM engine starts) fewer than a job per checkpoint"
+    ]
+    # Every single-domain experiment has a retention Fisher: its sensitivity analysis ranks by it.
+    homes = sum(1 for rule, _ in shared if rule == "rollouts")
+    if len(single) > homes:
+        notes.append(f"Retention rollouts and Fishers: {homes} computed, shared by {len(single)} experiments")
+    return notes
 
 
 class _Costs(dict):
@@ -307,8 +369,8 @@ ORDER = (
     "fetch_model world_tokenizer world_corpus world_pretrain world_posttrain world_benchmarks world_candidates "
     "dataset stage_data mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces "
     "sft chain_sft opsd grpo sdpo chain_opsd chain_grpo chain_sdpo rollouts fisher graft chain_graft "
-    "chain_rollouts chain_fisher evaluate sensitivity_update summary pareto latency sensitivity gain_forgetting "
-    "continual param_drift response_kl drift takeover study moe report_tables all"
+    "chain_rollouts chain_fisher evaluate evaluate_run sensitivity_update summary pareto latency sensitivity "
+    "gain_forgetting continual param_drift response_kl drift takeover study moe report_tables all"
 ).split()
 GB = 1e9
 
@@ -320,7 +382,7 @@ def _hours(h: float) -> str:
 def render(plan: Plan) -> str:
     """The plan as Markdown: a row per rule, the totals, the disk peak and what it assumed."""
     a = plan.assumptions
-    rules = sorted(plan.costs, key=lambda r: (ORDER.index(r) if r in ORDER else len(ORDER), r))
+    rules = sorted(plan.costs, key=lambda r: (ORDER.index(sized_as(r)) if sized_as(r) in ORDER else len(ORDER), r))
     # "kept" is what the rule's outputs use on disk after the run: `graftlab.planning.disk` measures the same per rule.
     lines = ["| rule | jobs | GPU-hours | disk written (GB) | kept (GB) |", "|---|---:|---:|---:|---:|"]
     for rule in rules:

@@ -37,6 +37,7 @@ SAMPLE = (
     "pedagogical_traces",
     "rollouts",
     "evaluate",
+    "evaluate_run",  # every kept checkpoint of a training run (rules/evaluate.smk)
     "graft",  # grafts, then evaluates its model (rules/graft.smk)
     "chain_rollouts",
     "response_kl",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from graftlab.methods import METHODS, on_policy
 from graftlab.planning.chains import KNOWLEDGE, Chain
-from graftlab.planning.layout import POST, Experiment, kept_steps, parse_run
+from graftlab.planning.layout import POST, Experiment, fisher_options, kept_steps, parse_run
 from graftlab.tasks import get_task
 
 # The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
@@ -256,8 +256,13 @@ def job_work(
         tokens = f["rollouts"] * (p + f["max_new_tokens"])
         if rule == "rollouts":
             return Work(post, generate=2 * P * tokens)
-        kind = wildcards.get("mask", "diag")
-        passes = 2 if kind == "kfac" and f["ekfac"] else 1
+        # A retention home's Fisher names its options (`fisher_name`); a chain's takes the experiment's.
+        kind, options = (
+            fisher_options(wildcards["fisher"])
+            if "fisher" in wildcards
+            else (wildcards.get("kind", "diag"), {"ekfac": f["ekfac"]})
+        )
+        passes = 2 if kind == "kfac" and options["ekfac"] else 1
         return Work(post, compute=passes * 6 * P * tokens, written=fisher_bytes(post, kind))
     if rule == "evaluate":
         run = parse_run(wildcards.get("run", POST))
@@ -265,6 +270,11 @@ def job_work(
         base = run["donor"] if run["donor"] and not METHODS[run["method"]].grafts else POST
         model = model_of(config, layout, base, root)
         return Work(model, generate=2 * model.params * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"]))
+    if rule == "evaluate_run":  # each kept checkpoint of the training run, one after another
+        key = wildcards["trainrun"]
+        checkpoints = layout.checkpointed()[key]
+        one = job_work("evaluate", config, layout, {"run": f"{key}/{checkpoints[0]}"}, a, root)
+        return Work(one.model, generate=len(checkpoints) * one.generate)
     if rule == "graft":  # grafted in the job's scratch, evaluated there and deleted: written, never kept
         generate = 2 * P * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"])
         return Work(post, generate=generate, written=post.bytes, kept=0)
