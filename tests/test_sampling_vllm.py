@@ -11,8 +11,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from graftlab.sampling import Engine, SamplingConfig, grpo_vllm_kwargs, load_sampler
+from graftlab.sampling import Engine, SamplingConfig, engine_length, grpo_vllm_kwargs, load_sampler
 from graftlab.tasks import arith, chat_completion
 from graftlab.world import build
 from graftlab.world.tokenizer import build_tokenizer
@@ -201,3 +203,56 @@ def test_asking_for_vllm_where_it_is_absent_is_an_error(world):
         load_sampler(world / "model", "vllm")
     with pytest.raises(ValueError, match="unknown sampling backend"):
         load_sampler(world / "model", "generate")
+
+
+def test_an_unsized_engine_starts_at_its_first_call_sized_for_it_and_grows_when_a_call_needs_more(world, vllm):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    sampler = load_sampler(world / "model", {"backend": "vllm"})
+    assert calls(vllm, "init") == [] and sampler.record["vllm"]["max_model_len"] is None
+    short, long = ["1+2"], ["1+2" * 20]
+    sampler(short, SamplingConfig(1, 1.0, 1.0, 16))
+    sampler(short, SamplingConfig(1, 1.0, 1.0, 16))  # fits the running engine
+    need = len(tok(short[0])["input_ids"]) + 16
+    sampler(long, SamplingConfig(1, 1.0, 1.0, 16))  # longer than the engine holds: a larger one
+    grown = len(tok(long[0])["input_ids"]) + 16
+    assert [i["max_model_len"] for i in calls(vllm, "init")] == [engine_length(need), engine_length(grown)]
+    assert len(calls(vllm, "generate")) == 3 and sampler.record["vllm"]["max_model_len"] == engine_length(grown)
+
+
+def test_a_policys_unsized_engine_takes_its_current_weights_as_it_starts(world, vllm, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftlab.sampling import policy_sampler
+
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "x")
+        monkeypatch.delenv(key)
+    tok = AutoTokenizer.from_pretrained(world / "model")
+    policy = AutoModelForCausalLM.from_pretrained(world / "model")
+    with torch.no_grad():
+        next(policy.parameters()).add_(1.0)  # trained (or resumed) past the checkpoint the engine starts from
+    sampler = policy_sampler(policy, tok, {"backend": "vllm"})
+    sampler.load_weights(policy.named_parameters())  # before the start: taken as it starts
+    sampler.sample_ids(["1+2"], SamplingConfig(1, 1.0, 1.0, 8))
+    assert [name for name, _ in vllm.CALLS] == ["init", "load_weights", "reset_prefix_cache", "generate"]
+    assert calls(vllm, "load_weights") == [{n: float(p.detach().double().sum()) for n, p in policy.named_parameters()}]
+
+
+@given(st.integers(1, 1 << 20), st.one_of(st.none(), st.integers(1, 1 << 20)))
+def test_an_unset_context_covers_the_need_within_twice_it_and_the_models_own(need, limit):
+    length = engine_length(need, limit)
+    assert length >= need
+    if limit is not None and need <= limit:
+        assert length <= limit and (length == limit or length < 2 * need or need == 1)
+    else:
+        assert length & (length - 1) == 0 and length < 2 * need + 2
+
+
+def test_grpo_sizes_trls_engine_from_its_prompts_when_unset(vllm, capsys):
+    sized = grpo_vllm_kwargs({"backend": "vllm"}, lambda: 300, 32768)
+    assert sized["vllm_max_model_length"] == 512
+    # A configured context wins; without one and without the prompts, TRL reads the model's.
+    assert grpo_vllm_kwargs({"backend": "vllm", "max_model_len": 256}, lambda: 300)["vllm_max_model_length"] == 256
+    assert grpo_vllm_kwargs({"backend": "vllm"})["vllm_max_model_length"] is None

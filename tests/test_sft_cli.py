@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -17,6 +18,7 @@ from safetensors.torch import load_file
 
 from graftlab.commands.sft import FSDP_CONFIG, add_parser, cli_args, launch_command, main
 from graftlab.tasks import arith, chat_completion
+from graftlab.train.live import Live
 from graftlab.train.sft import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,6 +149,11 @@ def test_cli_args_reproduce_the_workflow_config(tmp_path):
     args = parser.parse_args(["sft", *cli_args(cfg, "m", "d.parquet", tmp_path / "o")])
     assert (args.lr, args.epochs, args.batch_size, args.micro_batch_size) == (3e-3, 2, 16, "4")
     assert (args.seed, args.threads, args.save_dtype, args.epoch_dirs) == (5, 2, "bfloat16", True)
+    assert (args.tensorboard, args.wandb) == (None, None)
+    # The processes of a multi-GPU SFT report where the workflow's job would.
+    live = Live("logs/tensorboard/x/sft/post/lr~3e-3", "proj", "x/sft/post/lr~3e-3")
+    args = parser.parse_args(["sft", *cli_args(replace(cfg, live=live), "m", "d.parquet", tmp_path / "o")])
+    assert (args.tensorboard, args.wandb) == (live.tensorboard, "proj")
 
 
 @pytest.mark.workflow  # a real process killed, or several at once: the slow tier

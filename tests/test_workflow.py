@@ -236,6 +236,15 @@ def test_every_job_has_a_log(smoke):
     logs = {p.relative_to(smoke / "logs").as_posix() for p in (smoke / "logs").rglob("*.log")}
     assert {"world/pretrain.log", "world/posttrain.log", "expert/mine.log", "expert/sft/post/lr~1e-3.log"} <= logs
     assert "it/s" in (smoke / "logs/world/pretrain.log").read_text()  # the progress bar went to the log
+    # Each trainer's live metrics, under its log's path (TRL's SFT and GRPO, our own OPSD and SDPO loops).
+    board = smoke / "logs/tensorboard/expert"
+    for run in (
+        "sft/post/lr~1e-3",
+        "grpo/post/lr~1e-3",
+        "opsd/post/alpha~0.5/lr~1e-4",
+        "sdpo/post/teacher~frozen/lr~1e-3",
+    ):
+        assert list((board / run).rglob("events.out.tfevents.*")), run
 
 
 def test_mining_keeps_never_solved_and_splits_disjointly(smoke):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -125,7 +126,7 @@ def policy_sampler(model, tokenizer, backend="auto"):
     name, why = _announce(engine)
     if name == "vllm":
         colocated = replace(engine, gpu_memory_utilization=engine.colocate_gpu_memory_utilization)
-        sampler = VllmSampler(model.name_or_path, colocated, colocate=True)
+        sampler = VllmSampler(model.name_or_path, colocated, policy=model)
     else:
         sampler = HfSampler.from_model(model, tokenizer)
     sampler.record = engine.record(name, why)
@@ -137,52 +138,119 @@ def sampling_record(sampler) -> dict | None:
     return getattr(sampler, "record", None)
 
 
-def grpo_vllm_kwargs(backend="auto") -> dict:
+def grpo_vllm_kwargs(backend="auto", context: Callable[[], int] | None = None, model_limit: int | None = None) -> dict:
     """TRL GRPOConfig options for the backend: vLLM in TRL's colocate mode (the engine shares the
-    trainer's process and GPU, and TRL moves the weights into it after each step), or `generate`."""
+    trainer's process and GPU, and TRL moves the weights into it after each step), or `generate`.
+    `context()`: the longest prompt plus completion the run samples (`context_bound` over its dataset),
+    which sizes the engine where `vllm.max_model_len` is unset (`engine_length`)."""
     engine = Engine.of(backend)
     if _announce(engine)[0] != "vllm":
         return {"use_vllm": False}
+    length = engine.max_model_len
+    if length is None and context is not None:
+        length = engine_length(context(), model_limit)
     return {
         "use_vllm": True,
         "vllm_mode": "colocate",
         "vllm_gpu_memory_utilization": engine.colocate_gpu_memory_utilization,
         "vllm_tensor_parallel_size": engine.tensor_parallel_size,
-        "vllm_max_model_length": engine.max_model_len,
+        "vllm_max_model_length": length,
     }
 
 
+def context_bound(tokenizer, prompts, max_new_tokens: int) -> int:
+    """Tokens the longest of `prompts` (chat-formatted text) and a whole completion take together: the
+    least context that samples them all."""
+    return max(len(tokenizer(p)["input_ids"]) for p in set(prompts)) + max_new_tokens
+
+
+def engine_length(need: int, model_limit: int | None = None) -> int:
+    """The vLLM context (`max_model_len`) an unset `vllm.max_model_len` takes: `need` rounded up to a power
+    of two, so a later call with somewhat longer prompts fits the running engine, at most the model's own
+    context. The model's own (262,144 tokens for Qwen3-4B-2507) would reserve more KV cache than a GPU holds
+    beside the weights, and vLLM refuses to start."""
+    length = 1 << max(need - 1, 1).bit_length()
+    return min(length, model_limit) if model_limit and need <= model_limit else length
+
+
+def model_context(model_dir) -> int | None:
+    """The model's own context length (`max_position_embeddings`), None where its config names none."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model_dir), "max_position_embeddings", None)
+
+
 class VllmSampler:
+    """vLLM's engine over `model_dir`. With `vllm.max_model_len` set it starts at once with that context;
+    unset, it starts at the first call, sized for that call's prompts (`engine_length`), and starts again,
+    larger, should a later call need more: a stage need not know all its prompts before it samples.
+    `policy`: a model being trained whose weights the engine samples (OPSD, SDPO): the engine runs in this
+    process (TRL's colocate mode) and takes the policy's current weights whenever it (re)starts."""
+
     backend = "vllm"
 
-    def __init__(self, model_dir, engine: Engine | None = None, colocate: bool = False):
-        try:
-            from vllm import LLM
-        except ImportError:
+    def __init__(self, model_dir, engine: Engine | None = None, policy=None):
+        if importlib.util.find_spec("vllm") is None:
             raise RuntimeError(
                 "sampling backend 'vllm' needs vLLM: install graftlab[gpu] in its own environment "
                 "(envs/sample-vllm.yaml) or use sampling_backend: transformers"
-            ) from None
+            )
+        self.model_dir, self.engine, self.policy = str(model_dir), engine or Engine("vllm"), policy
+        # `pending`: weights were asked for before the engine started, which it takes as it starts.
+        self.llm, self.max_model_len, self.pending = None, None, False
+        if self.engine.max_model_len is not None:
+            self._start(self.engine.max_model_len)
 
-        engine = engine or Engine("vllm")
+    def _start(self, max_model_len: int) -> None:
+        from vllm import LLM
+
+        restart = self.llm is not None
+        if restart:
+            print(f"vLLM engine: restarting with max_model_len {max_model_len}", flush=True)
+            self.llm = None  # the old engine's memory goes before the new one asks for its own
+            import gc
+
+            gc.collect()
         extra = {}
-        if colocate:
+        if self.policy is not None:
             # As TRL's colocate mode: the engine in this process, so its model's weights can be written.
             extra["distributed_executor_backend"] = "external_launcher"
             _single_process_group()
         self.llm = LLM(
-            model=str(model_dir),
-            max_model_len=engine.max_model_len,
-            gpu_memory_utilization=engine.gpu_memory_utilization,
-            tensor_parallel_size=engine.tensor_parallel_size,
-            dtype=engine.dtype,
-            seed=engine.seed,
+            model=self.model_dir,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=self.engine.gpu_memory_utilization,
+            tensor_parallel_size=self.engine.tensor_parallel_size,
+            dtype=self.engine.dtype,
+            seed=self.engine.seed,
             **extra,
         )
+        self.max_model_len = max_model_len
+        if record := getattr(self, "record", None):  # the stage's stats name the context it ran with
+            record["vllm"]["max_model_len"] = max_model_len
+        if self.policy is not None and (restart or self.pending):
+            self.pending = False
+            self.load_weights(self.policy.named_parameters())
+
+    def _fit(self, prompts: list[str], cfg: SamplingConfig) -> None:
+        """Start the engine, or start it again larger, where this call's prompts need it."""
+        if self.engine.max_model_len is not None:
+            return  # the configured context: vLLM refuses a longer prompt itself, naming it
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        need = context_bound(tokenizer, prompts, cfg.max_new_tokens)
+        if self.max_model_len is None or need > self.max_model_len:
+            print(f"vLLM engine: longest prompt + max_new_tokens = {need} tokens", flush=True)
+            self._start(engine_length(need, model_context(self.model_dir)))
 
     def load_weights(self, named_params) -> None:
-        """Write a trained model's `(name, tensor)` pairs into the engine (one created with `colocate`),
-        then drop the prefix cache: its keys and values came from the old weights."""
+        """Write a trained model's `(name, tensor)` pairs into the engine (one with a `policy`), then drop
+        the prefix cache: its keys and values came from the old weights. Before the engine has started,
+        nothing yet: it takes the policy's weights as it starts."""
+        if self.llm is None:
+            self.pending = True
+            return
         model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         # vLLM's loaders take any iterable: a generator copies one tensor at a time, as TRL's loop does.
         model.load_weights((name, param.detach()) for name, param in named_params)
@@ -191,6 +259,7 @@ class VllmSampler:
     def _generate(self, prompts: list[str], cfg: SamplingConfig):
         from vllm import SamplingParams
 
+        self._fit(prompts, cfg)
         params = SamplingParams(
             n=cfg.n,
             temperature=cfg.temperature,
@@ -205,11 +274,9 @@ class VllmSampler:
         return [[c.text for c in o.outputs] for o in self._generate(prompts, cfg)]
 
     def sample_ids(self, prompts: list[str], cfg: SamplingConfig) -> list[list[Sample]]:
+        outputs = self._generate(prompts, cfg)
         eos = self.llm.get_tokenizer().eos_token_id
-        return [
-            [(list(o.prompt_token_ids), _vllm_completion_ids(c, eos)) for c in o.outputs]
-            for o in self._generate(prompts, cfg)
-        ]
+        return [[(list(o.prompt_token_ids), _vllm_completion_ids(c, eos)) for c in o.outputs] for o in outputs]
 
 
 class HfSampler:

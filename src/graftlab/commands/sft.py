@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from graftlab.sampling import free_port
+from graftlab.train.live import Live
 
 # Shipped inside the package, beside this module: accelerate reads it as a file.
 FSDP_CONFIG = Path(__file__).resolve().with_name("fsdp.yaml")
@@ -64,6 +65,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="recompute activations in the backward pass; auto: on for CUDA, off on CPU",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--tensorboard", metavar="DIR", help="write the step metrics to TensorBoard event files in DIR")
+    p.add_argument("--wandb", metavar="PROJECT", help="log the step metrics to this Weights & Biases project")
     # The workflow's layout (DIR/epoch~e for every epoch, DIR/steps.jsonl and training.png), for its runs over
     # several GPUs.
     p.add_argument("--epoch-dirs", action="store_true", help=argparse.SUPPRESS)
@@ -101,6 +104,7 @@ def _config(args: argparse.Namespace):
         micro_batch_size=micro,
         gradient_checkpointing={"auto": "auto", "true": True, "false": False}[args.gradient_checkpointing],
         save_dtype=args.save_dtype,
+        live=Live(args.tensorboard, args.wandb, str(args.out)),  # a W&B run named by its output
     )
 
 
@@ -200,8 +204,15 @@ def cli_args(cfg, model, data, out) -> list[str]:
         *("--epochs", str(cfg.epochs), "--batch-size", str(cfg.batch_size)),
         *("--micro-batch-size", str(cfg.micro_batch_size), "--seed", str(cfg.seed), "--threads", str(cfg.threads)),
         *("--precision", cfg.precision, "--save-dtype", cfg.save_dtype, "--gradient-checkpointing", flag),
+        *live_args(Live.of(cfg.live)),
         "--epoch-dirs",
     ]
+
+
+def live_args(live) -> list[str]:
+    """The flags that report as `live` (a `graftlab.train.live.Live`) does."""
+    board = ["--tensorboard", live.tensorboard] if live.tensorboard else []
+    return board + (["--wandb", live.wandb] if live.wandb else [])
 
 
 def launch_epochs(model, data, cfg, out, gpus: int) -> None:

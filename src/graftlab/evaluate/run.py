@@ -166,7 +166,8 @@ def evaluate(
         }
         if validation > 0:
             per_bench[bench.name]["validation"] = val_bench[bench.name]
-    metrics = {"run": run, "model": model_name or str(model_dir), "benchmarks": per_bench} | role_scores(per_bench, counts)
+    metrics = {"run": run, "model": model_name or str(model_dir), "benchmarks": per_bench}
+    metrics |= role_scores(per_bench, counts)
     if validation > 0:
         metrics |= role_scores(val_bench, val_counts, VALIDATION) | {"validation_share": validation}
     metrics["interval"] = dict(INTERVAL)

@@ -278,6 +278,7 @@ def train_teacher(
     from graftlab.io.provenance import write_provenance
     from graftlab.tasks import get_task
     from graftlab.train import resume as rs
+    from graftlab.train.grpo import context as grpo_context
     from graftlab.train.grpo import micro as grpo_micro
     from graftlab.train.precision import WEIGHTS_DTYPE, announce, cast_saved, save_dtype
 
@@ -306,7 +307,13 @@ def train_teacher(
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
-            args=_grpo_args(cfg, resume.dir if resume is not None else tmp / ".trainer", precision, micro),
+            args=_grpo_args(
+                cfg,
+                resume.dir if resume is not None else tmp / ".trainer",
+                precision,
+                micro,
+                grpo_context(dataset["prompt"], cfg.max_new_tokens, tok, model),
+            ),
             train_dataset=dataset,
             processing_class=tok,
             callbacks=[rs.trainer_callback(resume)] if resume is not None else None,
@@ -326,7 +333,7 @@ def train_teacher(
         resume.finish()
 
 
-def _grpo_args(cfg: TeacherConfig, work: Path, precision, micro: int | None = None):
+def _grpo_args(cfg: TeacherConfig, work: Path, precision, micro: int | None = None, context: tuple | None = None):
     """GRPO's arguments (`graftlab.train.trl_args.grpo_args`) at TRL's defaults for the rest: the teacher
     is GRPO with its own reward."""
     from graftlab.train.precision import accumulation
@@ -335,7 +342,7 @@ def _grpo_args(cfg: TeacherConfig, work: Path, precision, micro: int | None = No
     batch = cfg.completions
     micro = micro or batch
     print(f"batch: {batch} = {micro} x {accumulation(batch, micro)} accumulated", flush=True)
-    return grpo_args(cfg, work, batch, micro, precision, generations=cfg.group_size, beta=cfg.kl)
+    return grpo_args(cfg, work, batch, micro, precision, generations=cfg.group_size, beta=cfg.kl, context=context)
 
 
 def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct) -> tuple:

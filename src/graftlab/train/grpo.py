@@ -224,6 +224,7 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
             work,
             precision,
             micro(cfg.micro_batch_size, cfg.completions, dataset["prompt"], cfg.max_new_tokens, cfg.beta, tok, model),
+            context(dataset["prompt"], cfg.max_new_tokens, tok, model),
         ),
         train_dataset=dataset,
         processing_class=tok,
@@ -237,16 +238,22 @@ def micro(setting, batch: int, prompts: list[str], max_new_tokens: int, beta: fl
     """Completions per forward and backward pass of a GRPO run (ours or the Pedagogical RL teacher's):
     `setting`, or with `auto` sized on CUDA for the longest prompt plus a full completion, beside the
     reference model TRL loads when beta > 0 (and anything already on the GPU, such as the teacher's student)."""
+    from graftlab.sampling import context_bound
     from graftlab.train.precision import micro_batch
 
-    def longest() -> int:
-        return max(len(tok(p, add_special_tokens=False)["input_ids"]) for p in set(prompts)) + max_new_tokens
-
     frozen = sum(p.numel() for p in model.parameters()) if beta > 0 else 0
-    return micro_batch(setting, batch, longest, model, frozen_params=frozen)
+    return micro_batch(setting, batch, lambda: context_bound(tok, prompts, max_new_tokens), model, frozen_params=frozen)
 
 
-def _grpo_args(cfg: GrpoConfig, work: Path, precision, micro: int):
+def context(prompts: list[str], max_new_tokens: int, tok, model) -> tuple:
+    """(the longest prompt plus a whole completion, as a function: it tokenizes every prompt, done only
+    where asked; the model's own context): what sizes a colocated vLLM engine (`grpo_args`' `context`)."""
+    from graftlab.sampling import context_bound
+
+    return (lambda: context_bound(tok, prompts, max_new_tokens)), getattr(model.config, "max_position_embeddings", None)
+
+
+def _grpo_args(cfg: GrpoConfig, work: Path, precision, micro: int, context: tuple | None = None):
     from graftlab.train.precision import accumulation, checkpointing
     from graftlab.train.trl_args import grpo_args
 
@@ -261,6 +268,7 @@ def _grpo_args(cfg: GrpoConfig, work: Path, precision, micro: int):
         precision,
         generations=cfg.generations,
         beta=cfg.beta,
+        context=context,
         num_iterations=cfg.updates_per_batch,
         lr_scheduler_type="constant",
         epsilon=cfg.epsilon,

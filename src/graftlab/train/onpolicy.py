@@ -186,6 +186,7 @@ class OnPolicyRun:
     def _loop(self, data: list[dict], inputs: dict | None, resume, work: Path, teacher_dir) -> list[dict]:
         """The loop: kept checkpoints into `work`; with `resume`, the state saved after a batch when due and
         the end of training marked. Returns the step log."""
+        from graftlab.train import live
         from graftlab.train import resume as rs
         from graftlab.train.precision import save_dtype
 
@@ -197,18 +198,21 @@ class OnPolicyRun:
         keep = set(cfg.checkpoints())
         log, done = load_loop_state(resume, self.name, method.optimizer, **method.state())
         last = done
-        for batch, steps in method.rounds(data):
-            if steps[-1] <= done:
-                continue  # the data position: the seeded order replayed up to the saved step
-            for record in method.steps(batch, steps):
-                log.append(record)
-                print(json.dumps(record), flush=True)
-                if record["step"] in keep:
-                    extra = {"step": record["step"], self.unit: len(data)}
-                    save_checkpoint(method.student, tok, work / f"step~{record['step']}", dtype, inputs, cfg, extra)
-            last = steps[-1]
-            if resume is not None and last < cfg.steps and resume.due():
-                save_loop_state(resume, self.name, last, log, method.optimizer, **method.state())
+        with live.writer(cfg.live) as watched:
+            for batch, steps in method.rounds(data):
+                if steps[-1] <= done:
+                    continue  # the data position: the seeded order replayed up to the saved step
+                for record in method.steps(batch, steps):
+                    log.append(record)
+                    print(json.dumps(record), flush=True)
+                    watched(record)
+                    if record["step"] in keep:
+                        extra = {"step": record["step"], self.unit: len(data)}
+                        path = work / f"step~{record['step']}"
+                        save_checkpoint(method.student, tok, path, dtype, inputs, cfg, extra)
+                last = steps[-1]
+                if resume is not None and last < cfg.steps and resume.due():
+                    save_loop_state(resume, self.name, last, log, method.optimizer, **method.state())
         for name, (module, extra) in method.finals().items():
             save_checkpoint(module, tok, work / name, dtype, inputs, cfg, {"step": last} | extra)
         if resume is not None:

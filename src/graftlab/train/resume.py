@@ -78,11 +78,11 @@ class Resume:
 
 
 def fingerprint(cfg, **more) -> dict:
-    """What a saved state depends on: the config without how it runs (a retry may get other threads or
-    another sampling engine, and its state is still good)."""
+    """What a saved state depends on: the config without how it runs (a retry may get other threads,
+    another sampling engine or other live metrics, and its state is still good)."""
     from dataclasses import asdict
 
-    return {k: v for k, v in asdict(cfg).items() if k not in ("threads", "backend")} | more
+    return {k: v for k, v in asdict(cfg).items() if k not in ("threads", "backend", "live")} | more
 
 
 def mark_trained(resume: Resume, record: dict) -> None:

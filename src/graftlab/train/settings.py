@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from graftlab.schema import schema_default
+from graftlab.train.live import Live
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,6 +28,8 @@ class RunSettings:
     # Sampling, where the method samples (anything graftlab.sampling.Engine.of reads): with vLLM, an
     # in-process engine (TRL's colocated one for GRPO), into which the current weights are written each step.
     backend: Any = schema_default("", "sampling_backend")
+    # Live metrics (graftlab.train.live.Live, or its dict): TensorBoard and W&B; none outside the workflow.
+    live: Any = None
 
 
 def job_settings(snakemake, **given) -> dict:
@@ -43,4 +46,6 @@ def job_settings(snakemake, **given) -> dict:
     }
     if "backend" in p.keys():
         settings["backend"] = p.backend
+    # From the config, not the params: where a run's live metrics go never re-runs it.
+    settings["live"] = Live.for_job(snakemake.config["live_metrics"], snakemake.log[0])
     return settings | given

@@ -12,6 +12,7 @@ def trl_args(kind, cfg, work: Path, batch: int, micro: int, precision, **own):
     `work`: an optimizer step over `batch` examples of one process, made of micro-batches of `micro`."""
     import torch
 
+    from graftlab.train.live import trainer_kwargs
     from graftlab.train.precision import accumulation, checkpointing
 
     recompute = checkpointing(cfg.gradient_checkpointing)
@@ -22,7 +23,7 @@ def trl_args(kind, cfg, work: Path, batch: int, micro: int, precision, **own):
         gradient_accumulation_steps=accumulation(batch, micro),
         seed=cfg.seed,
         logging_steps=1,
-        report_to=[],
+        **trainer_kwargs(cfg.live),
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
         **precision.trainer_kwargs(),
@@ -34,11 +35,14 @@ def trl_args(kind, cfg, work: Path, batch: int, micro: int, precision, **own):
     )
 
 
-def grpo_args(cfg, work: Path, batch: int, micro: int, precision, *, generations: int, beta: float, **own):
+def grpo_args(
+    cfg, work: Path, batch: int, micro: int, precision, *, generations: int, beta: float, context=None, **own
+):
     """TRL's GRPOConfig of a GRPO run (ours, or the Pedagogical RL teacher's): groups of `generations`
     completions, a KL term `beta`, the prompts read in the order the dataset holds them (shuffle off: the
     order is fixed in advance, so a resumed run reads on where it stopped), no Trainer checkpoints of its
-    own (ours are kept by step), sampling as `cfg.backend` says."""
+    own (ours are kept by step), sampling as `cfg.backend` says. `context`: (the longest prompt plus
+    completion, as a function; the model's own context), which size a vLLM engine left unsized."""
     from trl import GRPOConfig
 
     from graftlab.sampling import grpo_vllm_kwargs
@@ -58,6 +62,6 @@ def grpo_args(cfg, work: Path, batch: int, micro: int, precision, *, generations
         shuffle_dataset=False,
         save_strategy="no",
         disable_tqdm=True,
-        **grpo_vllm_kwargs(cfg.backend),
+        **grpo_vllm_kwargs(cfg.backend, *(context or ())),
         **own,
     )
