@@ -107,8 +107,9 @@ rule latency:
     conda:
         "../envs/cpu.yaml"
     params:
-        # The post model's retention Fishers, which charge the masked grafts (in results/fisher/, shared).
-        fishers=lambda w: {k: layout(w).fisher_dir(k) for k in FISHER_KINDS},
+        # The retention Fishers the masked grafts rank by, which charge them (in results/fisher/, shared): only
+        # those in use, so switching EKFAC on where no graft uses KFAC re-runs nothing.
+        fishers=lambda w: {k: layout(w).fisher_dir(k) for k in layout(w).mask_kinds()},
     script:
         "../workflow_scripts/latency.py"
 

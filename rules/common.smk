@@ -1,7 +1,10 @@
 import functools
 import json
+import os
 import re
 from pathlib import Path
+
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from graftlab.planning.config import ConfigError, resolve
 from graftlab.io.fetch import hub_offline, looks_local
@@ -38,6 +41,12 @@ except ConfigError as err:
 # cluster profile's. A profile's or the command line's `--resources temp_grafts=N` wins.
 if "temp_grafts" not in workflow.global_resources:
     workflow.register_resource("temp_grafts", TEMP_GRAFTS)
+
+# Under --sdm conda, every job imports graftlab from this workflow's own src/: the environments (envs/) hold its
+# dependencies only, since Snakemake copies an environment file away from the checkout it could name.
+if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
+    src = str(Path(workflow.basedir) / "src")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
 
 # Every job starts offline (graftlab.io.fetch.hub_offline); the local fetch rules switch the hub back on.
 hub_offline()

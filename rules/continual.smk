@@ -68,7 +68,7 @@ rule stage_star:
     wildcard_constraints:
         exp=CONTINUAL_PATTERN,
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("star"),
@@ -108,7 +108,7 @@ rule chain_sft:
     wildcard_constraints:
         exp=CONTINUAL_PATTERN,
     conda:
-        "../envs/train.yaml"
+        "../envs/gpu.yaml"
     # A stage's SFT is small, as an on-policy stage is: one thread, two side by side, rather than both cores
     # held while the other jobs wait (benchmarks/README.md).
     threads: config["threads"]["on_policy"]
@@ -182,7 +182,7 @@ rule chain_rollouts:
     wildcard_constraints:
         exp=CONTINUAL_PATTERN,
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("rollouts"),
@@ -214,7 +214,7 @@ rule chain_fisher:
         exp=CONTINUAL_PATTERN,
         kind="|".join(FISHER_KINDS),
     conda:
-        "../envs/train.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("fisher"),
@@ -253,7 +253,7 @@ rule chain_opsd:
     wildcard_constraints:
         exp=CONTINUAL_PATTERN,
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["on_policy"]
     resources:
         **sized("opsd"),
@@ -284,7 +284,7 @@ rule chain_grpo:
     wildcard_constraints:
         exp=CONTINUAL_PATTERN,
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["on_policy"]
     resources:
         **sized("grpo"),
@@ -328,7 +328,7 @@ rule chain_sdpo:
     wildcard_constraints:
         exp=CONTINUAL_PATTERN,
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["on_policy"]
     resources:
         **sized("sdpo"),
@@ -441,7 +441,7 @@ rule response_kl:
     wildcard_constraints:
         exp=CONTINUAL_PATTERN,
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         # It samples every model (KL) and embeds their answers: graftlab.planning.work.response_kl_work.

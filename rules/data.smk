@@ -47,7 +47,7 @@ rule mine:
     wildcard_constraints:
         exp=experiments_with(*MINED),
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("mine"),

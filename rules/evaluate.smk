@@ -17,7 +17,7 @@ rule evaluate:
         # A single-domain training run's checkpoints are evaluated together, below.
         run=f"(?!(?:{'|'.join(TRAINING_KINDS)})/).+",
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("evaluate"),
@@ -55,7 +55,7 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
             exp=runs_pattern(runs),
             trainrun=f"(?:{'|'.join(TRAINING_KINDS)})/.+",
         conda:
-            "../envs/sample-vllm.yaml"
+            "../envs/gpu.yaml"
         threads: config["threads"]["sample"]
         resources:
             **sized("evaluate_run"),

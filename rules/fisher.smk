@@ -21,7 +21,7 @@ rule rollouts:
     wildcard_constraints:
         home=RETENTION_PATTERN,
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("rollouts"),
@@ -50,7 +50,7 @@ rule fisher:
         # The kind, with KFAC's options (graftlab.planning.layout.fisher_name): diag, kfac-completion-ekfac, ...
         fisher="(" + "|".join(FISHER_KINDS) + ")(-[a-z]+)*",
     conda:
-        "../envs/train.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("fisher"),

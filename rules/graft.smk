@@ -29,7 +29,7 @@ rule graft:
     benchmark:
         "benchmarks/jobs/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}.tsv"
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("graft"),

@@ -34,7 +34,7 @@ rule teacher_traces:
     wildcard_constraints:
         exp=experiments_with("teacher"),
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("teacher_traces"),
@@ -63,7 +63,7 @@ rule star:
     wildcard_constraints:
         exp=experiments_with("star"),
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("star"),
@@ -99,7 +99,7 @@ rule pedagogical_teacher:
         exp=experiments_with("pedagogical"),
     # GRPO samples its groups with TRL's colocated vLLM, inside the training process.
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("pedagogical_teacher"),
@@ -135,7 +135,7 @@ rule pedagogical_traces:
     wildcard_constraints:
         exp=experiments_with("pedagogical"),
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("pedagogical_traces"),

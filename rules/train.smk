@@ -20,7 +20,7 @@ rule sft:
     benchmark:
         "benchmarks/jobs/{exp}/sft/{donor}/lr~{lr}.tsv"
     conda:
-        "../envs/train.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("sft"),
@@ -64,7 +64,7 @@ rule opsd:
         "benchmarks/jobs/{exp}/opsd/post/alpha~{alpha}/lr~{lr}.tsv"
     # On-policy: it samples with vLLM inside the training process, so it needs vLLM's environment.
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["on_policy"]
     resources:
         **sized("opsd"),
@@ -105,7 +105,7 @@ rule grpo:
     benchmark:
         "benchmarks/jobs/{exp}/grpo/post/lr~{lr}.tsv"
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["on_policy"]
     resources:
         **sized("grpo"),
@@ -147,7 +147,7 @@ rule sdpo:
     benchmark:
         "benchmarks/jobs/{exp}/{sdpo}/post/teacher~{teacher}/lr~{lr}.tsv"
     conda:
-        "../envs/sample-vllm.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["on_policy"]
     resources:
         **sized("sdpo"),

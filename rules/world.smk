@@ -98,7 +98,7 @@ rule world_pretrain:
     benchmark:
         "benchmarks/jobs/{world}/pretrain.tsv"
     conda:
-        "../envs/train.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("world_pretrain"),
@@ -126,7 +126,7 @@ rule world_posttrain:
     benchmark:
         "benchmarks/jobs/{world}/posttrain.tsv"
     conda:
-        "../envs/train.yaml"
+        "../envs/gpu.yaml"
     threads: config["threads"]["train"]
     resources:
         **sized("world_posttrain"),

@@ -147,7 +147,7 @@ def test_vllm_is_optional_and_its_absence_is_explained(world_model):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
     assert not sampling.vllm_available()
-    with pytest.raises(RuntimeError, match="needs vLLM: install graftlab\\[gpu\\]"):
+    with pytest.raises(RuntimeError, match="needs vLLM: install the GPU stack of envs/gpu.lock.txt"):
         generate(world_model, ["x"], SamplingConfig(1, 1.0, 1.0, 4), backend="vllm")
 
 

@@ -329,15 +329,16 @@ def test_each_training_run_is_evaluated_in_one_job_by_the_rule_of_its_checkpoint
 
 def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "lr", {"sft": {"lr": ["2e-3"]}}))
-    # SFT of post and of the donor, each evaluated per epoch; per epoch one graft and one merge, the grafts
-    # masked too, the merge masked at epoch 2, each graft job evaluating its own model. The Fisher belongs to
-    # the post model: kept.
-    expected = {"sft": 2, "graft": 4 + 3, "evaluate": 4, "sensitivity_update": 2}  # SFT of post
+    # SFT of post and of the donor, each run's epochs evaluated in one job; per epoch one graft and one merge,
+    # the grafts masked too, the merge masked at epoch 2, each graft job evaluating its own model. The Fisher
+    # belongs to the post model: kept.
+    expected = {"sft": 2, "graft": 4 + 3, "evaluate_run_epoch_1_2": 2, "sensitivity_update": 2}  # SFT of post
     assert jobs == expected | ANALYSES | {"drift": 1}  # new SFT updates: the cosines with the donor's
 
 
 # The smoke experiment `narrow` on its own world: every job of it, as re-planned when its inputs change.
-NARROW = {"mine": 1, "expert_traces": 1, "sft": 2, "graft": 2, "opsd": 1, "rollouts": 1, "fisher": 1, "evaluate": 4}
+NARROW = {"mine": 1, "expert_traces": 1, "sft": 2, "graft": 2, "opsd": 1, "rollouts": 1, "fisher": 1, "evaluate": 1}
+NARROW |= {"evaluate_run_epoch_1_2": 1, "evaluate_run_step_4": 1}  # SFT of post's 2 epochs, OPSD's last step
 NARROW |= {"sensitivity_update": 3, "drift": 1} | ANALYSES
 # A world's build: three old-task benchmarks, a job each.
 WORLD_BUILD = {"world_tokenizer": 1, "world_benchmarks": 3, "world_candidates": 1, "world_corpus": 1}
@@ -421,9 +422,10 @@ def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
         tmp_path, overlay(tmp_path, "epochs", {"graft": {"epochs": [2]}}), targets=("results/expert/summary.parquet",)
     )
     # One donor at epoch 2 only, masked there too; merging still uses both epochs and its masked run epoch 2
-    # (each graft job evaluates its own model); evaluated apart: post, the donor as it is, the 4 SFT
-    # checkpoints, the 3 OPSD runs, GRPO and 4 SDPO runs.
-    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 1 + 4 + 3 + 5
+    # (each graft job evaluates its own model); evaluated apart: post and the donor as it is, each SFT run's
+    # 2 checkpoints in one job, the 3 OPSD runs, GRPO and 4 SDPO runs.
+    assert jobs["graft"] == 1 + 1 + 2 + 1 and jobs["evaluate"] == 1 + 1
+    assert jobs["evaluate_run_epoch_1_2"] == 2 and jobs["evaluate_run_step_4"] == 3 and jobs["evaluate_run_step_2"] == 5
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ class Engine:
         if importlib.util.find_spec("vllm") is None:
             raise RuntimeError(
                 "sampling_backend auto: a CUDA device is present but vLLM is not installed; install "
-                "graftlab[gpu] (envs/sample-vllm.yaml) or set sampling_backend: transformers"
+                "the GPU stack of envs/gpu.lock.txt (envs/gpu.yaml) or set sampling_backend: transformers"
             )
         return "vllm", "auto: CUDA device and vLLM present"
 
@@ -192,8 +192,8 @@ class VllmSampler:
     def __init__(self, model_dir, engine: Engine | None = None, policy=None):
         if importlib.util.find_spec("vllm") is None:
             raise RuntimeError(
-                "sampling backend 'vllm' needs vLLM: install graftlab[gpu] in its own environment "
-                "(envs/sample-vllm.yaml) or use sampling_backend: transformers"
+                "sampling backend 'vllm' needs vLLM: install the GPU stack of envs/gpu.lock.txt (docs/cluster.md) "
+                "or use sampling_backend: transformers"
             )
         self.model_dir, self.engine, self.policy = str(model_dir), engine or Engine("vllm"), policy
         # `pending`: weights were asked for before the engine started, which it takes as it starts.

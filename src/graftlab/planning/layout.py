@@ -360,7 +360,7 @@ class Experiment:
         """Every timing record the latency analysis charges the runs with: the SFT and on-policy runs (their
         steps.jsonl), each graft's seconds and, when a graft is masked, the Fisher and its rollouts."""
         grafts = [r for r in self.run_list() if r.kind == "graft"]
-        masks = sorted({r.keys["mask"] for r in grafts} - {"none"})
+        masks = self.mask_kinds()
         fisher = [self.fisher_dir(kind) for kind in masks]
         rollouts = [f"{self.retention_home()}/rollouts.json"] if masks else []
         seconds = [f"{self.root}/{r.key}/seconds.json" for r in grafts]
@@ -421,6 +421,10 @@ class Experiment:
             "rollouts": {k: f[k] for k in ROLLOUT_KEYS},
             "seed": self.x["seed"],
         }
+
+    def mask_kinds(self) -> list[str]:
+        """The Fisher kinds the experiment's masked grafts and merges rank by."""
+        return sorted({r.keys["mask"] for r in self.run_list() if r.kind == "graft"} - {"none"})
 
     def fisher_dir(self, kind: str) -> str:
         """The post model's retention Fisher of `kind` (`fisher_name`)."""

@@ -91,7 +91,7 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     runs = layout.run_list()
     grafts = [r for r in runs if r.kind == "graft"]
     # The sensitivity analysis always ranks by the diagonal Fisher; masks may add kfac.
-    kinds = sorted({"diag"} | {r.keys["mask"] for r in grafts} - {"none"})
+    kinds = sorted({"diag", *layout.mask_kinds()})
     jobs += retention_jobs(layout, kinds) + [("graft", {})] * len(grafts)
     # A graft job evaluates its own model and measures its sensitivity share (rules/graft.smk); a training
     # run's checkpoints are evaluated in one job (rules/evaluate.smk).

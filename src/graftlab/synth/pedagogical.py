@@ -26,7 +26,7 @@ a `log_metric` callback, through which every reward component is logged per step
 import math
 import shutil
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -281,6 +281,7 @@ def train_teacher(
     from graftlab.train.grpo import context as grpo_context
     from graftlab.train.grpo import micro as grpo_micro
     from graftlab.train.precision import WEIGHTS_DTYPE, announce, cast_saved, save_dtype
+    from graftlab.train.settings import recorded
 
     torch.set_num_threads(cfg.threads)
     precision = announce(cfg.precision)
@@ -324,7 +325,7 @@ def train_teacher(
         cast_saved(tmp, dtype)
         shutil.rmtree(tmp / ".trainer", ignore_errors=True)
         inputs = {"post": str(post_dir), "problems": str(problems)}
-        write_provenance(tmp, inputs, asdict(cfg), extra={"problems": problems_read, "save_dtype": dtype})
+        write_provenance(tmp, inputs, recorded(cfg), extra={"problems": problems_read, "save_dtype": dtype})
     steps = [h for h in trainer.state.log_history if "pedagogical/reward" in h]
     from graftlab.train.curves import write_step_log
 

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,11 +61,12 @@ def save_checkpoint(model, tokenizer, path: Path, dtype: str, inputs: dict, cfg,
     """A kept checkpoint: the model in the saved dtype, its tokenizer and its provenance."""
     from graftlab.io.provenance import write_provenance
     from graftlab.train.precision import cast_saved
+    from graftlab.train.settings import recorded
 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     cast_saved(path, dtype)
-    write_provenance(path, inputs, asdict(cfg), extra=extra | {"save_dtype": dtype})
+    write_provenance(path, inputs, recorded(cfg), extra=extra | {"save_dtype": dtype})
 
 
 def save_loop_state(resume, name: str, step: int, log: list[dict], optimizer, **modules) -> None:
@@ -103,7 +103,7 @@ def load_pair(post_dir, cfg, teacher_dir=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graftlab.train.precision import WEIGHTS_DTYPE, announce, checkpointing
+    from graftlab.train.precision import WEIGHTS_DTYPE, announce, checkpointing, enable_recompute
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -115,7 +115,7 @@ def load_pair(post_dir, cfg, teacher_dir=None):
         for d in (post_dir, teacher_dir or post_dir)
     )
     if checkpointing(cfg.gradient_checkpointing):
-        student.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        enable_recompute(student)
     return tok, student, teacher, precision
 
 

@@ -136,6 +136,28 @@ def checkpointing(setting, cuda: bool | None = None) -> bool:
     return setting
 
 
+def recompute_args(kind, on: bool) -> dict:
+    """The arguments of a TrainingArguments class `kind` (TRL's SFTConfig, GRPOConfig) that set activation
+    recomputation, under the name the installed transformers reads: `activation_checkpointing` in newer
+    releases (5.24 keeps `gradient_checkpointing` as an alias that warns), `gradient_checkpointing` alone in
+    the GPU stack's 5.20 (envs/gpu.lock.txt). Set always: TRL defaults it to on, which recomputed every layer
+    even on a CPU."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(kind)}
+    name = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {name: on, f"{name}_kwargs": {"use_reentrant": False} if on else None}
+
+
+def enable_recompute(model) -> None:
+    """Turn activation recomputation on in a transformers model, by the method the installed release has
+    (`activation_checkpointing_enable`, or `gradient_checkpointing_enable` before it was renamed)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def accumulation(batch: int, micro: int) -> int:
     """Gradient accumulation steps of an effective `batch` in micro-batches of `micro`."""
     if micro < 1 or batch % micro:

@@ -49,3 +49,11 @@ def job_settings(snakemake, **given) -> dict:
     # From the config, not the params: where a run's live metrics go never re-runs it.
     settings["live"] = Live.for_job(snakemake.config["live_metrics"], snakemake.log[0])
     return settings | given
+
+
+def recorded(cfg) -> dict:
+    """A run's config as its checkpoints' provenance records it: all but where its live metrics went, which
+    changes nothing it computes (a rerun logging elsewhere writes the same record)."""
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(cfg).items() if k != "live"}

@@ -268,12 +268,12 @@ def finetune(
     directory that looks like a finished checkpoint; with `resume`, in its directory instead, which a
     failed run keeps for the rerun to continue from.
     """
-    from dataclasses import asdict
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from graftlab.io.provenance import write_provenance
     from graftlab.train.precision import WEIGHTS_DTYPE, save_dtype
+    from graftlab.train.settings import recorded
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     dtype = save_dtype(cfg.save_dtype, model_dir, model)
@@ -295,7 +295,7 @@ def finetune(
                 return  # under data parallelism the first process alone saves, and writes the output
             for i, ckpt in enumerate(checkpoints):
                 extra = {"checkpoint": i + 1, "examples": len(rows), "save_dtype": dtype}
-                write_provenance(ckpt, inputs, asdict(cfg), extra=extra)
+                write_provenance(ckpt, inputs, recorded(cfg), extra=extra)
             if resume is not None:
                 mark_trained(resume, {"checkpoints": [c.name for c in checkpoints], "steps": steps})
         else:

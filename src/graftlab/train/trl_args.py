@@ -13,7 +13,7 @@ def trl_args(kind, cfg, work: Path, batch: int, micro: int, precision, **own):
     import torch
 
     from graftlab.train.live import trainer_kwargs
-    from graftlab.train.precision import accumulation, checkpointing
+    from graftlab.train.precision import accumulation, checkpointing, recompute_args
 
     recompute = checkpointing(cfg.gradient_checkpointing)
     return kind(
@@ -27,10 +27,7 @@ def trl_args(kind, cfg, work: Path, batch: int, micro: int, precision, **own):
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
         **precision.trainer_kwargs(),
-        # Set always: TRL defaults it to on, which recomputed every layer even on a CPU. Under its new name,
-        # which transformers reads (the old one it mirrors, with a warning when given).
-        activation_checkpointing=recompute,
-        activation_checkpointing_kwargs={"use_reentrant": False} if recompute else None,
+        **recompute_args(kind, recompute),
         **own,
     )
 
