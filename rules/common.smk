@@ -1,6 +1,5 @@
 import functools
 import json
-import os
 import re
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from graftlab.planning.layout import (
     worlds,
 )
 from graftlab.planning.resources import TEMP_GRAFTS, classify, job_resources
+from graftlab.planning.source import import_from
 from graftlab.planning.work import continual_work, job_work, world_work
 
 # config.yaml is the default, not a base layer: a `--configfile` replaces it, so its experiments never
@@ -45,8 +45,7 @@ if "temp_grafts" not in workflow.global_resources:
 # Under --sdm conda, every job imports graftlab from this workflow's own src/: the environments (envs/) hold its
 # dependencies only, since Snakemake copies an environment file away from the checkout it could name.
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-    src = str(Path(workflow.basedir) / "src")
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))
+    import_from(Path(workflow.basedir) / "src")
 
 # Every job starts offline (graftlab.io.fetch.hub_offline); the local fetch rules switch the hub back on.
 hub_offline()

@@ -1,6 +1,7 @@
 """The pinned GPU stack: envs/gpu.lock.txt, the conda environments written from it, and the CPU suite's own
 installs held to the versions it pins."""
 
+import os
 import re
 import tomllib
 from importlib.metadata import version
@@ -59,3 +60,14 @@ def test_the_environments_are_the_lock():
 def test_the_suite_runs_on_the_locks_versions(package):
     """.ci/run installs these at the lock's versions: an API the GPU stack lacks fails here, on the CPU."""
     assert version(package) == lock()[package]
+
+
+def test_conda_jobs_import_graftlab_from_the_workflows_source(monkeypatch, tmp_path):
+    from graftlab.planning.source import import_from
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    import_from(tmp_path / "src")
+    assert os.environ["PYTHONPATH"] == f"{tmp_path / 'src'}{os.pathsep}/elsewhere"
+    monkeypatch.delenv("PYTHONPATH")
+    import_from(tmp_path / "src")
+    assert os.environ["PYTHONPATH"] == str(tmp_path / "src")
