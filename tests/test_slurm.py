@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import REPO, job_requests, snakemake_cmd
+from conftest import REPO, in_background, job_requests, snakemake_cmd
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 CONFIG = REPO / "tests/slurm/cluster.yaml"
@@ -23,41 +23,52 @@ TARGET = "results/expert/summary.parquet"
 NAMES = {"YOUR_ACCOUNT": "graftlab", "YOUR_CPU_PARTITION": "cpu", "YOUR_GPU_PARTITION": "gpu"}
 
 
-@pytest.fixture(scope="module")
-def cluster() -> None:
+def start_cluster() -> None:
     if shutil.which("apt-get") is None:
         pytest.fail("the SLURM test installs Debian's slurm packages: no apt-get here")
     up = subprocess.run(["bash", str(REPO / "tests/slurm/local-slurm.sh"), "up"], capture_output=True, text=True)
     assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-3000:]
 
 
-@pytest.fixture(scope="module")
-def profile(tmp_path_factory) -> Path:
+def write_profile(path: Path) -> Path:
     """profiles/slurm with its placeholder names replaced by the local cluster's, nothing else changed but
     how soon the plugin first asks for a job's state (its default, 40 s, is for a busy cluster)."""
     text = (REPO / "profiles/slurm/config.yaml").read_text()
     for placeholder, name in NAMES.items():
         assert placeholder in text
         text = text.replace(placeholder, name)
-    path = tmp_path_factory.mktemp("profile")
+    path.mkdir(parents=True, exist_ok=True)
     (path / "config.yaml").write_text(text + "slurm-init-seconds-before-status-checks: 2\n")
     return path
 
 
-def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    # The target last: --configfile takes every word up to the next option.
-    cmd = snakemake_cmd(workdir, *args, TARGET, configs=(CONFIG,))
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
+# Both runs start with the session, in the background (conftest.Background), beside the smoke run: the
+# SLURM run mostly waits for the scheduler, which should cost the suite no time of its own.
+@in_background("slurm_run", __file__)
+def _slurm_run(workdir: Path):
+    start_cluster()
+    return ("--profile", str(write_profile(workdir.parent / f"{workdir.name}-profile")), TARGET), (CONFIG,)
+
+
+@in_background("local_run", __file__)
+def _local_run(workdir: Path):
+    # The target after an option of one value: --configfile before and --quiet after take every word.
+    return ("--cores", "2", "--max-threads", "1", TARGET, "--quiet"), (CONFIG,)
 
 
 @pytest.fixture(scope="module")
-def slurm_run(cluster, profile, tmp_path_factory) -> tuple[Path, str]:
-    """The run through SLURM, and the planned jobs of a dry run of the same command before it."""
-    workdir = tmp_path_factory.mktemp("slurm-run")
-    planned = run(workdir, "-n", "--profile", str(profile))
+def local_run(background) -> Path:
+    return background.wait("local_run")
+
+
+@pytest.fixture(scope="module")
+def slurm_run(background) -> tuple[Path, str]:
+    """The run through SLURM, and the jobs a dry run of the same command plans when forced to redo them all."""
+    workdir = background.wait("slurm_run")
+    profile = workdir.parent / f"{workdir.name}-profile"
+    cmd = snakemake_cmd(workdir, "-n", "--forceall", "--profile", str(profile), TARGET, configs=(CONFIG,))
+    planned = subprocess.run(cmd, capture_output=True, text=True, cwd=workdir)
     assert planned.returncode == 0, planned.stderr[-3000:]
-    done = run(workdir, "--profile", str(profile))
-    assert done.returncode == 0, done.stderr[-5000:]
     return workdir, planned.stdout + planned.stderr
 
 
@@ -110,10 +121,8 @@ def test_every_job_asked_slurm_for_what_graftlab_sized(slurm_run):
     assert all(request[-1] == "1" for requests in asked.values() for request in requests)
 
 
-def test_the_run_through_slurm_equals_a_local_run(slurm_run, tmp_path):
+def test_the_run_through_slurm_equals_a_local_run(slurm_run, local_run):
     workdir, _ = slurm_run
-    local = run(tmp_path, "--cores", "2", "--max-threads", "1")
-    assert local.returncode == 0, local.stderr[-3000:]
-    ours, theirs = (pl.read_parquet(d / TARGET) for d in (workdir, tmp_path))
+    ours, theirs = (pl.read_parquet(d / TARGET) for d in (workdir, local_run))
     scores = [c for c in ours.columns if ours[c].dtype.is_numeric()]
     assert ours.select("run", *scores).equals(theirs.select("run", *scores))
