@@ -10,7 +10,7 @@ from graftlab.io.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.planning.chains import Chain, Continual, is_continual, stage_data_kind
 from graftlab.planning.layout import (
-    ON_POLICY,
+    TRAINED_KINDS,
     Experiment,
     checkpoint_groups,
     checkpoint_rule,
@@ -62,10 +62,8 @@ LAYOUTS = {exp: Experiment.of(config, exp) for exp in EXPERIMENTS} | {
     exp: Continual.of(config, exp) for exp in CONTINUAL
 }
 CONTINUAL_PATTERN = "|".join(CONTINUAL) or "(?!)"
-# The training runs whose checkpoints one job evaluates, by the checkpoints they keep (rules/evaluate.smk),
-# and the kinds of run they are: SFT and the on-policy trainers.
+# The training runs whose checkpoints one job evaluates, by the checkpoints they keep (rules/evaluate.smk).
 CHECKPOINT_GROUPS = checkpoint_groups([LAYOUTS[e] for e in EXPERIMENTS])
-TRAINING_KINDS = ("sft", *ON_POLICY)
 
 
 def runs_pattern(runs):

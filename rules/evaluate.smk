@@ -15,7 +15,7 @@ rule evaluate:
         "benchmarks/jobs/{exp}/eval/{run}.tsv"
     wildcard_constraints:
         # A single-domain training run's checkpoints are evaluated together, below.
-        run=f"(?!(?:{'|'.join(TRAINING_KINDS)})/).+",
+        run=f"(?!(?:{'|'.join(TRAINED_KINDS)})/).+",
     conda:
         "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
@@ -53,7 +53,7 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
             "benchmarks/jobs/{exp}/eval/{trainrun}.tsv"
         wildcard_constraints:
             exp=runs_pattern(runs),
-            trainrun=f"(?:{'|'.join(TRAINING_KINDS)})/.+",
+            trainrun=f"(?:{'|'.join(TRAINED_KINDS)})/.+",
         conda:
             "../envs/gpu.yaml"
         threads: config["threads"]["sample"]

@@ -7,6 +7,7 @@ in its own environment) and transformers `generate` everywhere else. `Engine` is
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable
@@ -236,13 +237,17 @@ class VllmSampler:
         """Start the engine, or start it again larger, where this call's prompts need it."""
         if self.engine.max_model_len is not None:
             return  # the configured context: vLLM refuses a longer prompt itself, naming it
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
-        need = context_bound(tokenizer, prompts, cfg.max_new_tokens)
+        need = context_bound(self.tokenizer, prompts, cfg.max_new_tokens)
         if self.max_model_len is None or need > self.max_model_len:
             print(f"vLLM engine: longest prompt + max_new_tokens = {need} tokens", flush=True)
             self._start(engine_length(need, model_context(self.model_dir)))
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The model's tokenizer, which counts the prompts' tokens before the engine (and its own) exists."""
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_dir)
 
     def load_weights(self, named_params) -> None:
         """Write a trained model's `(name, tensor)` pairs into the engine (one with a `policy`), then drop

@@ -196,6 +196,9 @@ def worlds(config: dict) -> dict[str, dict]:
     return {"world": config["world"] | {"seed": config["seed"]}} | named
 
 
+# The kinds of run that keep checkpoints, each evaluated with its training run's others
+# (`Experiment.checkpointed`): SFT and the on-policy trainers.
+TRAINED_KINDS = ("sft", *ON_POLICY)
 # The rules that evaluate a training run's checkpoints are named by them (`checkpoint_rule`), with this prefix.
 EVALUATE_RUN = "evaluate_run"
 

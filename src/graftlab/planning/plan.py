@@ -28,6 +28,7 @@ from graftlab.planning.chains import (
 from graftlab.planning.layout import (
     EVALUATE_RUN,
     POST,
+    TRAINED_KINDS,
     Experiment,
     checkpoint_rule,
     study_experiments,
@@ -110,9 +111,6 @@ def retention_jobs(layout: Experiment, kinds: list[str]) -> list[tuple[str, dict
     names = [layout.fisher_dir(k).rsplit("/", 1)[1] for k in kinds]
     return [("rollouts", {"home": home})] + [("fisher", {"home": home, "fisher": n}) for n in names]
 
-
-# The kinds of run whose checkpoints a training run keeps (`Experiment.checkpointed`).
-TRAINED_KINDS = ("sft", *ON_POLICY)
 
 # The rule each continual rule is sized as: its `sized(...)` in rules/continual.smk (tests/test_plan.py
 # reads them there). A rule not listed is sized under its own name.
