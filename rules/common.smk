@@ -10,6 +10,7 @@ from graftlab.io.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.planning.chains import Chain, Continual, is_continual, stage_data_kind
 from graftlab.planning.layout import (
+    ROLLOUT_KEYS,
     TRAINED_KINDS,
     Experiment,
     checkpoint_groups,

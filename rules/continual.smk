@@ -188,10 +188,7 @@ rule chain_rollouts:
         **sized("rollouts"),
     params:
         tasks=lambda w: chains(w).retention(stage_of(w) + 1)[0],
-        rollouts=lambda w: {
-            k: xcfg(w, "fisher", k)
-            for k in ("rollouts", "temperature", "max_new_tokens")
-        },
+        rollouts=lambda w: {k: xcfg(w, "fisher", k) for k in ROLLOUT_KEYS},
         seed=lambda w: xcfg(w, "seed"),
         backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
