@@ -40,6 +40,11 @@ rule all:
         expand("results/{exp}/response_drift.png", exp=CONTINUAL),
 
 
+# A local run forks its jobs from one process that has done their imports (`warm_jobs`, rules/common.smk).
+onstart:
+    start_warm_jobs()
+
+
 # After a successful run: the disk each rule's outputs use and the grafts' peak, in results/disk.tsv.
 onsuccess:
     report_disk()

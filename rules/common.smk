@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from graftlab.planning.config import ConfigError, resolve
+from graftlab.io import warm
 from graftlab.io.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
 from graftlab.planning.chains import Chain, Continual, is_continual, stage_data_kind
@@ -47,6 +48,14 @@ if "temp_grafts" not in workflow.global_resources:
 # dependencies only, since Snakemake copies an environment file away from the checkout it could name.
 if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
     import_from(Path(workflow.basedir) / "src")
+
+
+def start_warm_jobs():
+    """Start the warm process every job of this run hands itself to (graftlab.io.warm): only where the jobs
+    run here, in this interpreter (no cluster executor, no conda or container environment)."""
+    if config["warm_jobs"] and workflow.local_exec and not workflow.deployment_settings.deployment_method:
+        warm.start(Path(workflow.basedir) / "workflow_scripts")
+
 
 # Every job starts offline (graftlab.io.fetch.hub_offline); the local fetch rules switch the hub back on.
 hub_offline()

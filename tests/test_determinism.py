@@ -1,4 +1,5 @@
-"""Two whole runs of configs/smoke.yaml on the CPU, in two directories, give bit-identical tables.
+"""Two whole runs of configs/smoke.yaml on the CPU, in two directories, give bit-identical tables: the
+first with warm jobs (the default, graftlab.io.warm), the second with every job started cold.
 
 `python -m pytest --determinism tests/test_determinism.py`: the second run doubles the suite's critical
 path, so a plain `pytest` deselects these tests.
@@ -24,12 +25,13 @@ pytestmark = [pytest.mark.workflow, pytest.mark.determinism]
 
 @in_background("smoke_again", __file__)
 def _second_smoke_run(workdir: Path) -> tuple[tuple[str, ...], tuple[Path, ...]]:
-    return WHOLE_RUN, (SMOKE,)
+    return (*WHOLE_RUN, "--config", "warm_jobs=false"), (SMOKE,)
 
 
 @pytest.fixture(scope="session")
 def smoke_again(background) -> Path:
-    """configs/smoke.yaml run whole a second time, in a directory of its own, beside the first."""
+    """configs/smoke.yaml run whole a second time, every job cold, in a directory of its own, beside the
+    first."""
     return background.wait("smoke_again")
 
 

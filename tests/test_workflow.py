@@ -247,6 +247,21 @@ def test_every_job_has_a_log(smoke):
         assert list((board / run).rglob("events.out.tfevents.*")), run
 
 
+def test_every_timed_job_ran_in_a_warm_worker_that_recorded_its_own_usage(smoke):
+    """The smoke run's jobs are forked from the warm process (graftlab.io.warm), each leaving its CPU seconds
+    and peak memory beside its benchmark file, which `graftlab inspect` reads."""
+    from graftlab.commands.inspect_results import job_usage, read_benchmark
+    from graftlab.io.warm import usage_file
+
+    timed = sorted((smoke / "benchmarks/jobs").rglob("*.tsv"))
+    assert len(timed) > 50
+    for bench in timed:
+        assert usage_file(bench).is_file(), bench
+        worker, waiting = job_usage(bench), read_benchmark(bench)
+        # The worker did the job's work; the process Snakemake timed only waited for it.
+        assert worker["cpu_time"] > waiting["cpu_time"], bench
+
+
 def test_mining_keeps_never_solved_and_splits_disjointly(smoke):
     data = smoke / "results/expert/data"
     train, heldout = pl.read_parquet(data / "train.parquet"), pl.read_parquet(data / "heldout.parquet")

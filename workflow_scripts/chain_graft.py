@@ -2,6 +2,10 @@
 by that model's retention Fisher unless the mask is `none`. The model is kept (the next stage starts from
 it); the seconds it took go to `seconds.json`."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.graft import masked_graft
 from graftlab.io.atomic import write_json
 from graftlab.io.joblog import job_log, timed

@@ -4,8 +4,12 @@ from graftlab.io.fetch import hub_online
 
 hub_online()  # a local rule: the one job that downloads data sets
 
-from graftlab.io.joblog import job_log  # noqa: E402
-from graftlab.tasks.sources import ProblemSource, write_problems  # noqa: E402
+from graftlab.io.warm import hand_off
+
+hand_off()  # runs cold: the hub's switch is read at import, and the warm process imported it off
+
+from graftlab.io.joblog import job_log
+from graftlab.tasks.sources import ProblemSource, write_problems
 
 with job_log(snakemake.log[0]):
     source = ProblemSource.from_config(snakemake.wildcards.source, snakemake.params.source)

@@ -1,6 +1,10 @@
 """Drift of one tiny-world experiment: the world's drift ratio and each donor update's cosine with the
 post model's own SFT update."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.analysis.drift import write_drift
 from graftlab.io.joblog import job_log
 

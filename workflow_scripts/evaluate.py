@@ -1,6 +1,10 @@
 """Evaluate models on the old benchmarks and the held-out new-task problems: one model, or every kept
 checkpoint of a training run, one after another in this process (each into its own metrics.json)."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from pathlib import Path
 
 from graftlab.evaluate.run import Benchmark, evaluate

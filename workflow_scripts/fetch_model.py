@@ -4,7 +4,11 @@ from graftlab.io.fetch import fetch_model, hub_online
 
 hub_online()  # a local rule: the one job that downloads models
 
-from graftlab.io.joblog import job_log  # noqa: E402
+from graftlab.io.warm import hand_off
+
+hand_off()  # runs cold: the hub's switch is read at import, and the warm process imported it off
+
+from graftlab.io.joblog import job_log
 
 p = snakemake.params
 with job_log(snakemake.log[0]):

@@ -1,6 +1,10 @@
 """Retention Fisher of a model on its rollouts (kind: diag or kfac): the post model's in its retention home, or a
 continual chain's after a stage."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.fisher import write_fisher
 from graftlab.io.joblog import job_log
 from graftlab.planning.layout import Experiment, retention_homes

@@ -1,5 +1,9 @@
 """Gain and forgetting per run and benchmark against the post model (Denser ≠ Better), and its heatmap."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.analysis.gain_forgetting import write_gain_forgetting
 from graftlab.io.joblog import job_log
 

@@ -4,6 +4,10 @@ measure its update's sensitivity share, delete it. `seconds.json` holds the graf
 model was written and deleted (unix seconds) and its bytes: the latency analysis reads the one,
 `graftlab.planning.disk` the others."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 import shutil
 import tempfile
 import time

@@ -1,5 +1,9 @@
 """The knowledge world's data: QA in training phrasings + replay, held-out questions, the facts."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from pathlib import Path
 
 from graftlab.io.joblog import job_log

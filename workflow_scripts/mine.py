@@ -1,5 +1,9 @@
 """Mine the new-task problems the post model rarely or never solves."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 from graftlab.synth.mining import MiningConfig, mine

@@ -1,5 +1,9 @@
 """The grafting paper's §3 model: closed forms and their simulation as a table, and the figure."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.analysis.moe import MoeConfig, write_moe
 from graftlab.io.joblog import job_log
 

@@ -1,5 +1,9 @@
 """On-policy self-distillation of the post model at one alpha and learning rate; a checkpoint per save step."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 import polars as pl
 
 from graftlab.io.joblog import job_log

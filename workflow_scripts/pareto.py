@@ -1,5 +1,9 @@
 """Pareto plot: new-task vs old-task accuracy for every method, the post model as reference."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 import polars as pl
 
 from graftlab.analysis.pareto import data_title, plot_pareto

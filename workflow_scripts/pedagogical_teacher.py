@@ -1,6 +1,10 @@
 """Pedagogical RL: GRPO-train a copy of the post model as the teacher; reward components per step, and
 the step log's curves (training.png)."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 from graftlab.synth.pedagogical import RewardConfig, TeacherConfig, train_teacher

@@ -1,6 +1,10 @@
 """Pedagogical RL's data: the trained teacher's first verified trace per problem, stored without the
 reference solution it was shown."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine
 from graftlab.synth.pedagogical import write_teacher_traces

@@ -1,5 +1,9 @@
 """Response drift of every continual model against the post model, and KL from it against forgetting."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.analysis.continual_probes import write_probes
 from graftlab.io.joblog import job_log
 

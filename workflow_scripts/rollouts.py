@@ -1,6 +1,10 @@
 """Retention rollouts: the post model's own samples on fresh old-domain prompts, as token ids, and their
 sampling seconds and share correct."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.fisher.rollouts import RolloutConfig, write_rollouts
 from graftlab.io.joblog import job_log
 from graftlab.sampling import Engine

@@ -1,6 +1,10 @@
 """SDPO of the post model under one teacher schedule and learning rate (sdpo or sdpo_cot); a checkpoint per
 kept step."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 import polars as pl
 
 from graftlab.io.joblog import job_log

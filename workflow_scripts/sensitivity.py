@@ -4,6 +4,10 @@ Torch-free (polars and matplotlib): no thread count is passed to job_log, which 
 pin its threads.
 """
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.analysis.sensitivity import collect_sensitivity
 from graftlab.io.joblog import job_log
 

@@ -6,6 +6,10 @@ torch was most of each one's time. No thread count is passed to job_log, which w
 pin its threads; numpy's elementwise work here runs on one thread.
 """
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.analysis.sensitivity_shares import write_update_sensitivity
 from graftlab.io.joblog import job_log
 

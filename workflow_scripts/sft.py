@@ -1,6 +1,10 @@
 """SFT of one model at one learning rate; a checkpoint per epoch. Over several GPUs through accelerate.
 Also a continual chain's SFT stage (rule chain_sft)."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from pathlib import Path
 
 from graftlab.commands.sft import launch_epochs

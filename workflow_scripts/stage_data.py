@@ -1,5 +1,9 @@
 """One stage of a continual experiment: its SFT traces, held-out problems and (knowledge) facts."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from pathlib import Path
 
 from graftlab.io.joblog import job_log

@@ -1,6 +1,10 @@
 """Takeover of one tiny-world experiment: per evaluated model, the share of old-task answers written in the
 new task's procedure."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from graftlab.analysis.takeover import write_takeover
 from graftlab.io.joblog import job_log
 from graftlab.planning.layout import eval_root

@@ -1,6 +1,10 @@
 """Pretraining corpus of bare arithmetic facts, with a share of chat-format solved problems if asked: of
 the old tasks and pretraining-only families, and of the new task (exposure)."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from pathlib import Path
 
 from graftlab.io.joblog import job_log

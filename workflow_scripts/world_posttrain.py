@@ -1,5 +1,9 @@
 """Post-train the base model on the old tasks: the model continual learning starts from."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from pathlib import Path
 
 from graftlab.io.joblog import job_log

@@ -1,6 +1,10 @@
 """Pretrain the tiny model from scratch: the donor ladder (one checkpoint `step~N` per ladder step) and
 the initialisation it started from."""
 
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
 from pathlib import Path
 
 from graftlab.io.joblog import job_log

@@ -22,8 +22,8 @@ All of it is read from a workdir (the parent of its `results/`), never recompute
   changed code, params or inputs, a missing output), `missing` (the config asks for it, nothing is
   there), or `orphan` (in results/, not asked for by the config).
 
-Every job's benchmark file is its log's path under benchmarks/jobs/ instead of logs/, `.tsv` for `.log`:
-the workflow names both from the same pattern in every rule.
+Every job's benchmark file is its log's path under benchmarks/jobs/ instead of logs/, `.tsv` for `.log`
+(`graftlab.io.joblog.benchmark_of`): the workflow names both from the same pattern in every rule.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.errors import GraftlabError
+from graftlab.io.joblog import benchmark_of
+from graftlab.io.warm import usage_file
 
 # The checkout an editable install runs from (src/graftlab/commands/ -> the repository root).
 CHECKOUT_SNAKEFILE = Path(__file__).resolve().parents[3] / "Snakefile"
@@ -286,12 +288,21 @@ def read_benchmark(path: Path) -> dict:
 
 
 def benchmark_file(workdir: Path, log: str) -> Path | None:
-    """A job's benchmark file: its log's path under benchmarks/jobs/, `.tsv` for `.log`; None for a job
-    without a recorded log."""
-    first = log.split(",")[0]
-    if not (first.startswith("logs/") and first.endswith(".log")):
-        return None
-    return workdir / "benchmarks" / "jobs" / (first.removeprefix("logs/").removesuffix(".log") + ".tsv")
+    """A job's benchmark file (`graftlab.io.joblog.benchmark_of`); None for a job without a recorded log."""
+    path = benchmark_of(log.split(",")[0])
+    return None if path is None else workdir / path
+
+
+def job_usage(path: Path) -> dict:
+    """A job's benchmark, with the CPU seconds and peak RSS of the warm worker that ran it where one did
+    (`graftlab.io.warm.usage_file`): Snakemake's own are those of the process that waited for it. The
+    worker's file counts only if written while the benchmark's job ran (a colder rerun leaves an older one)."""
+    timed = read_benchmark(path)
+    usage = usage_file(path)
+    if usage.is_file() and path.stat().st_mtime - timed["s"] - 1 <= usage.stat().st_mtime <= path.stat().st_mtime:
+        worker = json.loads(usage.read_text())
+        timed |= {"cpu_time": worker["cpu_s"], "max_rss": worker["max_rss_mb"]}
+    return timed
 
 
 def cost(workdir: Path, jobs: dict[str, dict]) -> dict:
@@ -300,7 +311,7 @@ def cost(workdir: Path, jobs: dict[str, dict]) -> dict:
     for log in jobs:
         path = benchmark_file(workdir, log)
         if path is not None and path.is_file():
-            timed.append(read_benchmark(path))
+            timed.append(job_usage(path))
     return {
         "jobs": len(jobs),
         "untimed": len(jobs) - len(timed),

@@ -42,6 +42,14 @@ def job_log(path, threads: int | None = None):
             os.close(saved[1])
 
 
+def benchmark_of(log: str) -> str | None:
+    """A job's Snakemake benchmark file: its log's path under benchmarks/jobs/ instead of logs/, `.tsv` for
+    `.log` (every rule names both from the same pattern); None for a log elsewhere."""
+    if not (log.startswith("logs/") and log.endswith(".log")):
+        return None
+    return "benchmarks/jobs/" + log.removeprefix("logs/").removesuffix(".log") + ".tsv"
+
+
 @contextmanager
 def timed(record: dict, key: str):
     """Add the wall seconds of the block to `record[key]`: the latency analysis reads what each job spent
