@@ -3,6 +3,10 @@ every rule of the workflow writes under benchmarks/jobs/.
 
     rm -rf benchmarks/jobs && snakemake --cores all     # a run of its own
     python benchmarks/job_times.py [benchmarks/jobs]
+    python benchmarks/job_times.py COLD/benchmarks/jobs WARM/benchmarks/jobs    # two runs, rule by rule
+
+Given two runs (say one with `--config warm_jobs=False` and one warm, graftlab.io.warm), it prints both
+runs' seconds per job of each rule and their ratio, second to first.
 
 A job's time is the `s` column of its benchmark file: the wall seconds of its script, Snakemake's own
 scheduling left out. Its rule is the file's `rule_name` column, which Snakemake writes with
@@ -39,13 +43,45 @@ def table(count: Counter, seconds: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def paired(first: tuple[Counter, dict], second: tuple[Counter, dict]) -> str:
+    """Two runs' seconds per job of each rule, and the second's over the first's."""
+    (count1, seconds1), (count2, seconds2) = first, second
+    lines = [
+        "| rule | jobs | s per job, first | s per job, second | second / first |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for rule in sorted(seconds1.keys() | seconds2.keys(), key=lambda r: -seconds1.get(r, 0.0)):
+        a = seconds1[rule] / count1[rule] if count1[rule] else None
+        b = seconds2[rule] / count2[rule] if count2[rule] else None
+        jobs = count1[rule] if count1[rule] == count2[rule] else f"{count1[rule]} / {count2[rule]}"
+        ratio = f"{b / a:.2f}" if a and b is not None else ""
+        lines.append(
+            f"| {rule} | {jobs} | {'' if a is None else f'{a:.1f}'} | {'' if b is None else f'{b:.1f}'} | {ratio} |"
+        )
+    total1, total2 = sum(seconds1.values()), sum(seconds2.values())
+    lines.append(
+        f"| all jobs, summed s | {sum(count1.values())} | {total1:.0f} | {total2:.0f} | {total2 / total1:.2f} |"
+    )
+    return "\n".join(lines)
+
+
+def timed_runs(roots: list[Path]) -> list[tuple[Counter, dict]]:
+    runs = []
+    for root in roots:
+        if not root.is_dir():
+            sys.exit(f"{root}: not a directory of benchmark files (the workflow writes them to benchmarks/jobs/)")
+        count, seconds = job_times(root)
+        if not count:
+            sys.exit(f"{root}: no benchmark files")
+        if count[UNKNOWN]:
+            print(
+                f"{root}: {count[UNKNOWN]} file(s) without rule_name: run Snakemake with --benchmark-extended",
+                file=sys.stderr,
+            )
+        runs.append((count, seconds))
+    return runs
+
+
 if __name__ == "__main__":
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/jobs")
-    if not root.is_dir():
-        sys.exit(f"{root}: not a directory of benchmark files (the workflow writes them to benchmarks/jobs/)")
-    count, seconds = job_times(root)
-    if not count:
-        sys.exit(f"{root}: no benchmark files")
-    print(table(count, seconds))
-    if count[UNKNOWN]:
-        print(f"\n{count[UNKNOWN]} file(s) without rule_name: run Snakemake with --benchmark-extended", file=sys.stderr)
+    runs = timed_runs([Path(a) for a in sys.argv[1:3]] or [Path("benchmarks/jobs")])
+    print(table(*runs[0]) if len(runs) == 1 else paired(*runs))

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.workflow, pytest.mark.determinism]
 
 @in_background("smoke_again", __file__)
 def _second_smoke_run(workdir: Path) -> tuple[tuple[str, ...], tuple[Path, ...]]:
-    return (*WHOLE_RUN, "--config", "warm_jobs=false"), (SMOKE,)
+    return (*WHOLE_RUN, "--config", "warm_jobs=False"), (SMOKE,)
 
 
 @pytest.fixture(scope="session")

@@ -64,3 +64,18 @@ def test_every_rule_that_does_work_writes_a_benchmark_file():
                 if not re.search(r"^\s+benchmark:", body, re.M):
                     missing.append(f"{path.name}:{name}")
     assert working >= 25 and not missing
+
+
+def test_two_runs_are_paired_rule_by_rule_as_the_second_over_the_first(tmp_path):
+    write(tmp_path / "cold/x/eval/post.tsv", "evaluate", 8.0)
+    write(tmp_path / "cold/x/eval/sft.tsv", "evaluate", 10.0)
+    write(tmp_path / "cold/world/pretrain.tsv", "world_pretrain", 90.0)
+    write(tmp_path / "warm/x/eval/post.tsv", "evaluate", 2.0)
+    write(tmp_path / "warm/x/eval/sft.tsv", "evaluate", 4.0)
+    write(tmp_path / "warm/world/pretrain.tsv", "world_pretrain", 81.0)
+    write(tmp_path / "warm/x/summary.tsv", "summary", 1.0)  # a rule only the second run has
+    lines = job_times.paired(*job_times.timed_runs([tmp_path / "cold", tmp_path / "warm"])).splitlines()
+    assert lines[2] == "| world_pretrain | 1 | 90.0 | 81.0 | 0.90 |"
+    assert lines[3] == "| evaluate | 2 | 9.0 | 3.0 | 0.33 |"
+    assert lines[4] == "| summary | 0 / 1 |  | 1.0 |  |"
+    assert lines[-1] == "| all jobs, summed s | 3 | 108 | 88 | 0.81 |"

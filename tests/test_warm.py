@@ -36,6 +36,7 @@ print(json.dumps({
     "tmp": tempfile.gettempdir(),
     "warm": "torch" in sys.modules,
     "path0": sys.path[0],
+    "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
 }))
 sys.stdout.flush()
 if code.startswith("sleep:"):
@@ -52,6 +53,7 @@ sys.exit(int(code))
 # (pytest's own per-test variable left out: it changes from test to test).
 BASE = {k: v for k, v in os.environ.items() if k not in (warm.ENV, "PYTEST_CURRENT_TEST")}
 BASE["PYTHONPATH"] = str(Path(warm.__file__).resolve().parents[2]) + os.pathsep + BASE.get("PYTHONPATH", "")
+BASE["PS1"] = "(venv) $ "  # as an activated virtualenv exports it; the shell of a job drops it
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +100,20 @@ def test_a_handed_off_job_runs_forked_from_the_warm_process_as_its_own_job(serve
     assert done.stderr == "to stderr a b c\n"
 
 
+def test_a_job_started_through_a_shell_as_snakemake_starts_it_runs_warm(server, tmp_path):
+    """Snakemake runs `python script` through bash, which sets `_`, SHLVL and PWD and unsets PS1."""
+    proc, script, sock = server
+    done = subprocess.run(
+        ["bash", "-c", f"{sys.executable} {script} 6 x"],
+        cwd=tmp_path,
+        env=job_env(sock),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 6, done.stderr
+    assert json.loads(done.stdout)["ppid"] == proc.pid
+
+
 def test_a_job_that_raises_exits_1_with_its_traceback(server, tmp_path):
     _, script, sock = server
     done, report = run_job(script, tmp_path, job_env(sock), "raise")
@@ -125,9 +141,9 @@ def test_jobs_of_another_interpreter_or_environment_run_cold(server, tmp_path):
     # An environment variable an import may read (not one Snakemake sets per job): cold.
     done, report = run_job(script, tmp_path, job_env(sock, HF_HUB_OFFLINE="0"), "4")
     assert done.returncode == 4 and not report["warm"] and report["ppid"] != server[0].pid
-    # The thread counts Snakemake sets per job do not matter (each job sets torch's own).
-    _, report = run_job(script, tmp_path, job_env(sock, OMP_NUM_THREADS="7", MKL_NUM_THREADS="7"), "0")
-    assert report["warm"]
+    # The thread counts Snakemake sets per job do not matter: the worker gives torch the job's own.
+    _, report = run_job(script, tmp_path, job_env(sock, OMP_NUM_THREADS="3", MKL_NUM_THREADS="3"), "0")
+    assert report["warm"] and report["threads"] == 3
     # Another interpreter (the machine's own Python, not this virtualenv's): cold.
     other = "/usr/bin/python3"
     if Path(other).resolve() == Path(sys.executable).resolve() or sys.prefix == sys.base_prefix:
@@ -230,7 +246,7 @@ def test_a_worker_records_its_own_cpu_and_memory_beside_the_jobs_benchmark(serve
     script.write_text(
         "from graftlab.io.warm import hand_off\nhand_off()\n"
         "import time\nfrom types import SimpleNamespace\n"
-        "snakemake = SimpleNamespace(log=['logs/x/job.log'])\n"
+        "snakemake = SimpleNamespace(log=['logs/x/job.log'], bench_iteration=0)\n"
         "end = time.process_time() + 0.5\nwhile time.process_time() < end: pass\n"
     )
     start = time.time()

@@ -9,12 +9,13 @@ its own, so it hands its work over a Unix socket instead:
 - `start()` (the Snakefile's `onstart`, local runs with `warm_jobs` on) starts `python -m graftlab.io.warm`,
   which imports what the workflow scripts import and then forks one worker per job it is sent. It dies with
   Snakemake (PR_SET_PDEATHSIG) and stays in Snakemake's process group, so a kill of the group takes it and
-  its workers along.
+  its workers along. It prints a line on Snakemake's output for every job it sends back cold.
 - `hand_off()`, the first statement of every workflow script, sends the job's argv, working directory,
   environment and standard streams to that process and waits for the worker's exit status, which it
   exits with. The worker runs the same script file from its first line, with everything imported;
-  there, and wherever no warm process of the same interpreter and host is listening (a cluster job, a
-  conda or container job), `hand_off()` returns and the script runs in the process Snakemake started.
+  there, and wherever no warm process of the same interpreter, environment, graftlab code and host is
+  listening (a cluster job, a conda or container job, a fetch job, a job started after an edit to
+  graftlab), `hand_off()` returns and the script runs in the process Snakemake started.
 
 A worker lives no longer than its job's process: a signal that process gets (Snakemake cancelling the
 job) is forwarded, and a job process killed outright closes the socket, on which the worker kills itself.
@@ -54,21 +55,28 @@ LAZY = (
 )
 PACKAGE = Path(__file__).resolve().parents[1]  # graftlab's source
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# What Snakemake sets for each job (snakemake.shell): thread counts, which each job applies to torch itself
-# (graftlab.io.joblog.job_log), and the temporary directory, which a worker re-reads. Any other variable
-# may be read at import (HF_HUB_OFFLINE by huggingface_hub, say), so a job whose environment differs in
-# one runs cold.
-PER_JOB = {
+# The thread counts Snakemake sets per job (snakemake.shell). The warm process imports with one thread
+# each (no thread pool may exist when it forks: a forked OpenMP pool hangs); a worker gives torch its
+# job's count, as a cold process's OpenMP would have read it.
+THREADS = (
     "OMP_NUM_THREADS",
     "GOTO_NUM_THREADS",
     "OPENBLAS_NUM_THREADS",
     "MKL_NUM_THREADS",
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
+)
+# What a job's environment may hold apart from the warm process's: its thread counts, its temporary
+# directory (which a worker reads anew), and the bookkeeping of the shell Snakemake runs each job through
+# (bash sets `_`, SHLVL and PWD, and unsets PS1 in a script). Any other variable may be read at import
+# (HF_HUB_OFFLINE by huggingface_hub, say), so a job whose environment differs in one runs cold.
+PER_JOB = {
+    *THREADS,
     "TMPDIR",
     "TMP",
     "TEMPDIR",
     "TEMP",
+    *("_", "SHLVL", "PWD", "OLDPWD", "PS1", "PS2"),
 }
 
 
@@ -101,12 +109,11 @@ def start(scripts: Path):
     # Under /tmp: a socket's path has at most 107 bytes, and a workflow's directory may be deeper.
     sock = Path(tempfile.mkdtemp(prefix="graftlab-warm-")) / "socket"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "graftlab.io.warm", str(sock), str(scripts)],
+        [sys.executable, "-m", "graftlab.io.warm", str(sock), str(scripts), str(os.getpid())],
         stdin=subprocess.DEVNULL,
         # os.environ, as Snakemake gives its jobs (snakemake.shell), not the C library's environment:
         # a library may have set a variable there that os.environ never saw (a terminal's COLUMNS).
         env=dict(os.environ),
-        preexec_fn=_die_with_parent,
     )
     while not sock.exists():
         if proc.poll() is not None:
@@ -116,10 +123,13 @@ def start(scripts: Path):
     return proc
 
 
-def _die_with_parent() -> None:
+def _die_with(parent: int) -> None:
+    """Be killed when `parent` dies (set here, not in a preexec_fn: Snakemake's process has threads)."""
     import ctypes
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
 
 
 def hand_off() -> None:
@@ -134,7 +144,11 @@ def hand_off() -> None:
         return  # no warm process here (it has stopped, or this is another host)
     request = json.dumps({"identity": identity(), "argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ)})
     data = request.encode()
-    socket.send_fds(conn, [len(data).to_bytes(8, "big") + data], [0, 1, 2])
+    try:
+        socket.send_fds(conn, [len(data).to_bytes(8, "big") + data], [0, 1, 2])
+    except OSError:  # a standard stream closed (nothing to pass on), or the warm process gone: cold
+        conn.close()
+        return
     replies = conn.makefile("rb")  # the worker's pid, then its exit status: a line each
     reply = replies.readline().strip()
     if not reply.isdigit():  # "cold": another interpreter or host; nothing: the warm process is gone
@@ -167,7 +181,6 @@ def _preload(scripts: Path) -> None:
 
     import torch
 
-    # No thread pool may exist when the process forks (a forked OpenMP pool hangs); each job sets its own.
     torch.set_num_threads(1)
     for name in LAZY:
         importlib.import_module(name)
@@ -177,17 +190,19 @@ def _preload(scripts: Path) -> None:
                 importlib.import_module(node.module)
 
 
-def serve(sock: Path, scripts: Path) -> None:
-    """Listen at `sock`, preload, then fork a worker for every job that connects."""
+def serve(sock: Path, scripts: Path, parent: int) -> None:
+    """Listen at `sock`, preload, then fork a worker for every job that connects, until `parent` dies."""
+    _die_with(parent)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     umask = os.umask(0o177)  # the socket is the user's alone
     server.bind(str(sock))
     os.umask(umask)
     server.listen(64)
     own, before = identity(), dict(os.environ)  # what a cold job would import under
+    os.environ.update(dict.fromkeys(THREADS, "1"))
     _preload(scripts)
     # What the imports set in the environment, as they would have in the job's own process.
-    imported = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    imported = {k: v for k, v in os.environ.items() if before.get(k) != v and k not in PER_JOB}
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers
     while True:
         conn, _ = server.accept()
@@ -220,13 +235,19 @@ def _difference(own: dict, job: dict) -> str:
 
 def _receive(conn: socket.socket) -> tuple[dict | None, list[int]]:
     """A job's request and its three standard streams; None if its process died while sending it."""
-    msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-    while msg and len(msg) < 8 + int.from_bytes(msg[:8].ljust(8, b"\0"), "big"):
-        chunk = conn.recv(1 << 20)
-        if not chunk:
-            return None, fds
-        msg += chunk
-    return (json.loads(msg[8:]) if len(fds) == 3 else None), fds
+    try:
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    except OSError:
+        return None, []
+    try:
+        while msg and len(msg) < 8 + int.from_bytes(msg[:8].ljust(8, b"\0"), "big"):
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                return None, fds
+            msg += chunk
+        return (json.loads(msg[8:]) if len(fds) == 3 else None), fds
+    except (OSError, ValueError):
+        return None, fds
 
 
 def _work(conn: socket.socket, fds: list[int], request: dict) -> None:
@@ -240,6 +261,10 @@ def _work(conn: socket.socket, fds: list[int], request: dict) -> None:
     import tempfile
 
     tempfile.tempdir = None  # read again from this job's TMPDIR
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     sys.argv = request["argv"]
     sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))  # as `python script.py` has it
     for sig in SIGNALS:
@@ -279,8 +304,8 @@ def _work(conn: socket.socket, fds: list[int], request: dict) -> None:
 def _record_usage(job) -> None:
     """The worker's CPU seconds and peak RSS beside its job's benchmark file (`graftlab inspect` reads it)."""
     logs = list(getattr(job, "log", None) or [])
-    if not logs or benchmark_of(str(logs[0])) is None:
-        return
+    if getattr(job, "bench_iteration", None) is None or not logs or benchmark_of(str(logs[0])) is None:
+        return  # a job without a benchmark file
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -290,4 +315,4 @@ def _record_usage(job) -> None:
 
 
 if __name__ == "__main__":
-    serve(Path(sys.argv[1]), Path(sys.argv[2]))
+    serve(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))
