@@ -1,6 +1,8 @@
 """What a model job pays before its work: the interpreter, importing torch, importing transformers, loading a
 model (which pulls in transformers' distributed and compiler modules) and its tokenizer, each timed in a
-fresh process, against a bare `python -c pass` in the same run. Prints a Markdown table.
+fresh process, against a bare `python -c pass` in the same run; and the same load in a job handed to a warm
+process (graftlab.io.warm, as the workflow's local runs do): a fresh interpreter that connects, and a
+worker forked from a process that has imported what the workflow scripts import. Prints a Markdown table.
 
     python benchmarks/startup_bench.py [--repeats 5] [--model DIR]
 
@@ -39,9 +41,16 @@ def build_model(root: Path) -> Path:
     return root
 
 
-def timed(code: str, model: Path) -> float:
+WARM = "+ load model and tokenizer, handed to a warm process"
+SCRIPTS = Path(__file__).resolve().parents[1] / "workflow_scripts"
+
+
+def timed(code: str, model: Path, script: Path) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code.replace("MODEL", repr(str(model)))], check=True, capture_output=True)
+    if code == WARM:  # the job as a script file (a worker runs a file), handing itself off first
+        subprocess.run([sys.executable, str(script)], check=True, capture_output=True)
+    else:
+        subprocess.run([sys.executable, "-c", code.replace("MODEL", repr(str(model)))], check=True, capture_output=True)
     return time.perf_counter() - start
 
 
@@ -50,13 +59,24 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--model", type=Path)
     args = parser.parse_args()
+    from graftlab.io import warm
+
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or build_model(Path(tmp) / "model")
-        # Interleaved, so a drift in the machine's speed spreads over every step alike.
-        times = {name: [] for name in STEPS}
-        for _ in range(args.repeats):
-            for name, code in STEPS.items():
-                times[name].append(timed(code, model))
+        script = Path(tmp) / "job.py"
+        load = STEPS["+ load model and tokenizer"].replace("MODEL", repr(str(model)))
+        script.write_text(f"from graftlab.io.warm import hand_off\nhand_off()\n{load}\n")
+        server = warm.start(SCRIPTS)
+        steps = STEPS | {WARM: WARM}
+        try:
+            timed(WARM, model, script)  # the warm process's own imports, before the first timing
+            # Interleaved, so a drift in the machine's speed spreads over every step alike.
+            times = {name: [] for name in steps}
+            for _ in range(args.repeats):
+                for name, code in steps.items():
+                    times[name].append(timed(code, model, script))
+        finally:
+            server.kill()
     base = statistics.median(times["interpreter (`python -c pass`)"])
     print(f"| step (a fresh process each) | median s of {args.repeats} | x interpreter |")
     print("| --- | ---: | ---: |")

@@ -40,9 +40,10 @@ from graftlab.io.joblog import benchmark_of
 
 ENV = "GRAFTLAB_WARM"  # the socket's path, in the environment Snakemake gives its jobs
 WORKER = "GRAFTLAB_WARM_WORKER"  # set in a worker: hand_off() returns there
-# What transformers imports lazily at a model's first load (torch's distributed and compiler modules,
-# sympy: 1,100 modules, 2.4 s of `benchmarks/startup_bench.py`), found by diffing sys.modules around
-# AutoModelForCausalLM.from_pretrained and a tokenizer's load.
+# What is imported lazily, past the workflow scripts' own imports: by transformers at a model's first load
+# (torch's distributed and compiler modules, sympy: 1,100 modules, 2.4 s of `benchmarks/startup_bench.py`,
+# found by diffing sys.modules around AutoModelForCausalLM.from_pretrained and a tokenizer's load), and by
+# graftlab's plots (matplotlib, about 1 s of each analysis job).
 LAZY = (
     "transformers.models.auto.modeling_auto",
     "transformers.models.qwen3.modeling_qwen3",
@@ -52,6 +53,8 @@ LAZY = (
     "torch._dynamo",
     "sympy",
     "accelerate",
+    "matplotlib.figure",
+    "matplotlib.backends.backend_agg",
 )
 PACKAGE = Path(__file__).resolve().parents[1]  # graftlab's source
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
