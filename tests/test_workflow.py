@@ -249,17 +249,21 @@ def test_every_job_has_a_log(smoke):
 
 def test_every_timed_job_ran_in_a_warm_worker_that_recorded_its_own_usage(smoke):
     """The smoke run's jobs are forked from the warm process (graftlab.io.warm), each leaving its CPU seconds
-    and peak memory beside its benchmark file, which `graftlab inspect` reads."""
+    and peak memory beside its benchmark file, which `graftlab inspect` reads; the fetch rules run cold
+    (they switch the hub on before their imports)."""
     from graftlab.commands.inspect_results import job_usage, read_benchmark
     from graftlab.io.warm import usage_file
 
     timed = sorted((smoke / "benchmarks/jobs").rglob("*.tsv"))
-    assert len(timed) > 50
+    assert len(timed) > 200
     for bench in timed:
+        waiting = read_benchmark(bench)
+        if waiting["rule"] in ("dataset", "fetch_model"):
+            assert not usage_file(bench).exists(), bench
+            continue
         assert usage_file(bench).is_file(), bench
-        worker, waiting = job_usage(bench), read_benchmark(bench)
-        # The worker did the job's work; the process Snakemake timed only waited for it.
-        assert worker["cpu_time"] > waiting["cpu_time"], bench
+        # The worker holds torch (hundreds of MB); the process Snakemake timed only waited for it.
+        assert job_usage(bench)["max_rss"] > 100 > waiting["max_rss"], bench
 
 
 def test_mining_keeps_never_solved_and_splits_disjointly(smoke):
