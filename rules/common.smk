@@ -52,8 +52,13 @@ if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
 
 def start_warm_jobs():
     """Start the warm process every job of this run hands itself to (graftlab.io.warm): only where the jobs
-    run here, in this interpreter (no cluster executor, no conda or container environment)."""
-    if config["warm_jobs"] and workflow.local_exec and not workflow.deployment_settings.deployment_method:
+    run here, in this interpreter (no cluster executor, no conda or container environment).
+    """
+    if (
+        config["warm_jobs"]
+        and workflow.local_exec
+        and not workflow.deployment_settings.deployment_method
+    ):
         warm.start(Path(workflow.basedir) / "workflow_scripts")
 
 
