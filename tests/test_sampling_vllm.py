@@ -29,9 +29,12 @@ ENGINE = Engine(
     colocate_gpu_memory_utilization=0.2,
     tensor_parallel_size=1,
     dtype="float32",
+    enforce_eager=True,
     seed=7,
 )
-OPTIONS = dict(max_model_len=512, gpu_memory_utilization=0.55, tensor_parallel_size=1, dtype="float32", seed=7)
+OPTIONS = dict(
+    max_model_len=512, gpu_memory_utilization=0.55, tensor_parallel_size=1, dtype="float32", enforce_eager=True, seed=7
+)
 LOGGED = "sampling backend: vllm (configured)"
 
 
@@ -165,8 +168,8 @@ def test_opsd_moves_its_current_weights_into_the_engine_each_step(world, vllm, c
     assert LOGGED in capsys.readouterr().out
     assert os.environ["WORLD_SIZE"] == "1" and int(os.environ["MASTER_PORT"]) > 0
     names = [name for name, _ in vllm.CALLS]
-    assert names == ["init"] + ["load_weights", "reset_prefix_cache", "generate"] * 2
-    loaded = calls(vllm, "load_weights")
+    assert names == ["init"] + ["reload_weights", "reset_prefix_cache", "generate"] * 2
+    loaded = calls(vllm, "reload_weights")
     # Each step the engine got every parameter as it stood before that step's sampling: step 2's are trained.
     assert loaded == sums
     assert loaded[0] != loaded[1]
@@ -236,8 +239,10 @@ def test_a_policys_unsized_engine_takes_its_current_weights_as_it_starts(world, 
     sampler = policy_sampler(policy, tok, {"backend": "vllm"})
     sampler.load_weights(policy.named_parameters())  # before the start: taken as it starts
     sampler.sample_ids(["1+2"], SamplingConfig(1, 1.0, 1.0, 8))
-    assert [name for name, _ in vllm.CALLS] == ["init", "load_weights", "reset_prefix_cache", "generate"]
-    assert calls(vllm, "load_weights") == [{n: float(p.detach().double().sum()) for n, p in policy.named_parameters()}]
+    assert [name for name, _ in vllm.CALLS] == ["init", "reload_weights", "reset_prefix_cache", "generate"]
+    assert calls(vllm, "reload_weights") == [
+        {n: float(p.detach().double().sum()) for n, p in policy.named_parameters()}
+    ]
 
 
 @given(st.integers(1, 1 << 20), st.one_of(st.none(), st.integers(1, 1 << 20)))

@@ -251,8 +251,8 @@ def test_rollouts_are_sampled_by_vllm_with_the_students_current_weights(vllm_wor
             assert len(rollouts) == 4
             with torch.no_grad():  # stands in for an update: the engine must see the new weights
                 next(student.parameters()).add_(1.0)
-        assert [name for name, _ in vllm.CALLS] == ["init"] + ["load_weights", "reset_prefix_cache", "generate"] * 2
-        assert calls(vllm, "load_weights") == sums
+        assert [name for name, _ in vllm.CALLS] == ["init"] + ["reload_weights", "reset_prefix_cache", "generate"] * 2
+        assert calls(vllm, "reload_weights") == sums
         assert all(g["params"].n == 2 for g in calls(vllm, "generate"))  # G rollouts of each problem
     finally:
         sys.modules.pop("vllm", None)

