@@ -263,12 +263,14 @@ class VllmSampler:
         # step again, where vLLM's CPU backend packs its linear weights and drops the originals, which a
         # plain load_weights then finds empty (tests/vllm_cpu/). A generator copies one tensor at a time.
         runner.reload_weights(weights_iterator=((name, param.detach()) for name, param in named_params))
-        # vLLM 0.32 gets one layer wrong: an output head tied to the embedding is sent no weights of its
-        # own, so the reload never runs its post-load step, and the CPU backend's packed copy of the head
-        # keeps the old embedding (measured: the wrong tokens, tests/vllm_cpu/). Run that step again; it
-        # does nothing on a GPU.
+        # vLLM 0.32's CPU backend gets one layer wrong: an output head tied to the embedding is sent no
+        # weights of its own, so the reload never runs its post-load step, and the packed copy of the head
+        # keeps the old embedding (measured: the wrong tokens, tests/vllm_cpu/). Run that step again there
+        # (only there: a quantized head on a GPU must not be processed twice).
+        from vllm.platforms import current_platform
+
         head = getattr(runner.get_model(), "lm_head", None)
-        if head is not None and hasattr(head, "quant_method"):
+        if current_platform.is_cpu() and head is not None and hasattr(head, "quant_method"):
             head.quant_method.process_weights_after_loading(head)
         self.llm.reset_prefix_cache()
 
