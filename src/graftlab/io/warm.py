@@ -313,8 +313,11 @@ def _record_usage(job) -> None:
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     path = usage_file(Path(benchmark_of(str(logs[0]))))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_mb": usage.ru_maxrss / 1024}))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_mb": usage.ru_maxrss / 1024}))
+    except OSError as err:  # a record the job's outcome does not hang on
+        print(f"graftlab.io.warm: no usage record at {path}: {err}", file=sys.stderr)
 
 
 if __name__ == "__main__":
