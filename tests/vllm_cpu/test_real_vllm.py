@@ -8,6 +8,7 @@ Elsewhere (the main environment, with no vLLM) the module is skipped; `.ci/run` 
 which makes a missing or fake vLLM a failure instead.
 """
 
+import gc
 import os
 
 import pytest
@@ -61,19 +62,30 @@ def model_dir(tmp_path_factory):
     return root
 
 
-def test_greedy_samples_equal_transformers_token_for_token(model_dir):
-    real = VllmSampler(model_dir, ENGINE).sample_ids(PROMPTS, GREEDY)
+@pytest.fixture
+def engines():
+    """The samplers a test starts, shut down at its end: vLLM's engine process, left to the interpreter's
+    exit, is killed after pytest has closed the streams its shutdown logs to."""
+    started = []
+    yield lambda *args, **kwargs: started.append(VllmSampler(*args, **kwargs)) or started[-1]
+    for sampler in started:
+        sampler.llm = None
+    gc.collect()
+
+
+def test_greedy_samples_equal_transformers_token_for_token(model_dir, engines):
+    real = engines(model_dir, ENGINE).sample_ids(PROMPTS, GREEDY)
     reference = HfSampler(model_dir).sample_ids(PROMPTS, GREEDY)
     assert [[completion for _, completion in p] for p in real] == [[c for _, c in p] for p in reference]
     assert [p[0][0] for p in real] == [p[0][0] for p in reference]  # the same prompt tokens
     assert any(len(p[0][1]) > 3 for p in real)  # something was generated
 
 
-def test_a_policys_weights_moved_into_the_running_engine_are_what_it_samples(model_dir):
+def test_a_policys_weights_moved_into_the_running_engine_are_what_it_samples(model_dir, engines):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    sampler = VllmSampler(model_dir, ENGINE, policy=policy)
+    sampler = engines(model_dir, ENGINE, policy=policy)
     before = sampler.sample_ids(PROMPTS, GREEDY)  # the engine starts from the checkpoint on disk
     _perturb(policy, seed=1, scale=0.5)  # a training step, in effect
     sampler.load_weights(policy.named_parameters())
