@@ -97,8 +97,8 @@ def _code_stamp(package: Path = PACKAGE) -> str:
     each, no file is read."""
     import hashlib
 
-    stats = sorted((str(p.relative_to(package)), p.stat().st_mtime_ns, p.stat().st_size) for p in package.rglob("*.py"))
-    return hashlib.sha1(repr(stats).encode()).hexdigest()
+    stats = sorted((str(p.relative_to(package)), p.stat()) for p in package.rglob("*.py"))
+    return hashlib.sha1(repr([(name, st.st_mtime_ns, st.st_size) for name, st in stats]).encode()).hexdigest()
 
 
 def start(scripts: Path):
