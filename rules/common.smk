@@ -23,7 +23,13 @@ from graftlab.planning.layout import (
     study_experiments,
     worlds,
 )
-from graftlab.planning.resources import TEMP_GRAFTS, classify, job_resources
+from graftlab.planning.resources import (
+    GPU_MEMORY_GB,
+    TEMP_GRAFTS,
+    classify,
+    gpu_memory,
+    job_resources,
+)
 from graftlab.planning.source import import_from
 from graftlab.planning.work import continual_work, job_work, world_work
 
@@ -213,20 +219,31 @@ def local_source(source):
 
 # Each job's resources, from the model it loads and the work it does (graftlab.planning.resources, unit-tested
 # there): rules set them, and no profile sets per-rule resources, so nothing overrides them.
-def profile_partitions():
-    """{cpu, gpu} partition names from the profile's default-resources: `slurm_partition` (every job's
-    default, a CPU partition) and `gpu_partition` (read by the GPU rules alone). A profile cannot
-    template per rule, so the GPU rules look their partition up here. Without them: no partitions.
-    """
+def profile_default(name):
+    """The raw value of the profile's default-resources entry `name`, or None."""
     defaults = workflow.resource_settings.default_resources
-    raw = {}
-    for name in ("slurm_partition", "gpu_partition"):
-        resource = defaults.get(name) if defaults is not None else None
-        raw[name] = getattr(resource, "raw", resource)
-    return {"cpu": raw["slurm_partition"], "gpu": raw["gpu_partition"]}
+    resource = defaults.get(name) if defaults is not None else None
+    return getattr(resource, "raw", resource)
 
 
-PARTITIONS = profile_partitions()
+# The cluster's shape, as the profile's default-resources state it (a profile cannot template per rule, so
+# the GPU rules look these up here): `slurm_partition` (every job's default, a CPU partition) and
+# `gpu_partition` (read by the GPU rules alone), none without a profile; `gpu_memory_gb`, one GPU's memory.
+PARTITIONS = {
+    "cpu": profile_default("slurm_partition"),
+    "gpu": profile_default("gpu_partition"),
+}
+
+
+def profile_gpu_memory():
+    raw = profile_default("gpu_memory_gb")
+    try:
+        return gpu_memory(GPU_MEMORY_GB if raw is None else raw)
+    except ValueError as err:
+        raise WorkflowError(f"the profile's default-resources: {err}") from None
+
+
+GPU_MEMORY = profile_gpu_memory()
 
 
 @functools.cache
@@ -262,7 +279,11 @@ def sized(rule_name):
                 }
             )
             return job_resources(
-                rule_name, **sizes, attempt=attempt, partitions=PARTITIONS
+                rule_name,
+                **sizes,
+                attempt=attempt,
+                partitions=PARTITIONS,
+                gpu_memory_gb=GPU_MEMORY,
             )[key]
 
         return resource

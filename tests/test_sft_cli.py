@@ -158,17 +158,17 @@ def test_cli_args_reproduce_the_workflow_config(tmp_path):
 
 @pytest.mark.workflow  # a real process killed, or several at once: the slow tier
 def test_two_data_parallel_processes_train_as_one_and_write_once(model, data, tmp_path):
-    """DDP over gloo on the CPU (torchrun, which `accelerate launch --multi_gpu` runs on GPUs; accelerate
-    starts a single process for `--cpu`): each process takes half of every batch of 8, the gradients are
-    averaged, and the first process alone writes DIR, with the weights of one process taking whole
-    batches."""
+    """The workflow's own launch over two processes (`launch_command`, accelerate with commands/fsdp.yaml),
+    which on a host without CUDA accelerate runs as data parallel over gloo: each process takes half of
+    every batch of 8, the gradients are averaged, and the first process alone writes DIR, with the weights
+    of one process taking whole batches. Within fp32 rounding: the launch config's `mixed_precision: bf16`
+    must not override the trainer's fp32 (it did, by 1e-4, before graftlab.train.precision pinned it)."""
     single, parallel = tmp_path / "single", tmp_path / "parallel"
     assert sft(model, data, single, "--steps", "2", "--batch-size", "8") == 0
     argv = ["--model", str(model), "--data", str(data), "--lr", "1e-3", "--steps", "2", "--batch-size", "8"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "graftlab.commands.sft"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(
-        [*command, "sft", *argv, "--threads", "1", "--out", str(parallel)],
+        launch_command(2, [*argv, "--threads", "1", "--out", str(parallel)], fsdp=True),
         capture_output=True,
         text=True,
         timeout=120,

@@ -7,7 +7,7 @@ hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
 
 from pathlib import Path
 
-from graftlab.commands.sft import launch_epochs
+from graftlab.commands.sft import job_processes, launch_epochs
 from graftlab.io.joblog import job_log
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.settings import job_settings
@@ -22,17 +22,16 @@ cfg = TrainConfig(
     **job_settings(snakemake),
 )
 with job_log(snakemake.log[0], snakemake.threads):
-    import torch
-
     from graftlab.io.safetensors_io import refuse_nonfinite
 
     # As `graftlab sft` does: a NaN or Inf in the start model trains a model of NaN without a word.
     refuse_nonfinite(p.model, "SFT start model")
 
     # More than one GPU is asked for only when the model does not fit one (graftlab.planning.resources): FSDP.
-    gpus = min(int(getattr(snakemake.resources, "gpu", 0) or 0), torch.cuda.device_count())
-    if gpus > 1:
-        launch_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), gpus)
+    processes, why = job_processes(int(getattr(snakemake.resources, "gpu", 0) or 0))
+    if processes > 1:
+        print(f"processes: {processes} ({why})", flush=True)
+        launch_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), processes)
     else:
         resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
         sft_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), resume)

@@ -9,7 +9,8 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
   copy (2 bytes) where a second model sits beside it (OPSD's teacher, Pedagogical RL's student);
   sampling holds bf16 weights (2 bytes) and leaves the rest to the KV cache; a Fisher holds bf16
   weights, fp32 per-example gradients and fp32 accumulators (2 + 4 + 4 = 10 bytes). `HEADROOM` covers
-  activations and the KV cache. GPUs = that need over `GPU_MEMORY_GB`, rounded up.
+  activations and the KV cache. GPUs = that need over a GPU's memory (`GPU_MEMORY_GB` unless the
+  cluster profile states its own, `gpu_memory_gb`), rounded up.
 - Host memory: a GPU job passes one fp32 copy of the model through host memory while it loads and
   saves (4 bytes per parameter); a graft holds the post model, a delta, the Fisher and the result in
   fp32 at once (16 bytes); a sensitivity update the Fisher and two streamed models (8 bytes).
@@ -111,17 +112,20 @@ def job_resources(
     compute: float = 0.0,
     attempt: int = 1,
     partitions: dict | None = None,
+    gpu_memory_gb: float = GPU_MEMORY_GB,
 ) -> dict:
     """The resources of one job of `rule` by a model of `params` parameters that decodes `generate` FLOPs
     and passes `compute` FLOPs over whole sequences (`graftlab.planning.work.Work`), at try `attempt`.
-    `partitions` maps `cpu` / `gpu` to partition names; without it no `slurm_partition` is set."""
+    `partitions` maps `cpu` / `gpu` to partition names; without it no `slurm_partition` is set.
+    `gpu_memory_gb`: the memory of one of the cluster's GPUs."""
+    gpu_memory_gb = gpu_memory(gpu_memory_gb)
     kind = classify(rule)
     grow = GROWTH ** (attempt - 1)
     gpus = 0
     host = HOST_BYTES_PER_PARAM.get(rule, 0)
     streamed = params * host / 50e6 / 60  # minutes of tensors streamed through host memory at ~50 MB/s
     if kind == "gpu":
-        gpus = max(1, math.ceil(params * _gpu_bytes(rule) * HEADROOM / (GPU_MEMORY_GB * 1e9)))
+        gpus = max(1, math.ceil(params * _gpu_bytes(rule) * HEADROOM / (gpu_memory_gb * 1e9)))
         mem_mb = BASE_MEM_MB + params * max(4, host) / 1e6
         runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / gpus / 60
     else:
@@ -139,6 +143,17 @@ def job_resources(
     if partitions and partitions.get(kind):
         out["slurm_partition"] = partitions[kind]
     return out
+
+
+def gpu_memory(value) -> float:
+    """`value` as one GPU's memory in GB (a number, or a profile's text of one); an error unless positive."""
+    try:
+        gb = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        gb = math.nan
+    if not (math.isfinite(gb) and gb > 0):
+        raise ValueError(f"gpu_memory_gb must be a positive number of GB, got {value!r}")
+    return gb
 
 
 def _gpu_bytes(rule: str) -> int:

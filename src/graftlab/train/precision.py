@@ -43,7 +43,11 @@ class Precision:
         return self.name == "bf16"
 
     def trainer_kwargs(self) -> dict:
-        """For transformers/TRL training arguments: both flags set, so no library default decides."""
+        """For transformers/TRL training arguments: both flags set, so no library default decides. Also
+        sets accelerate's variable for the process: TrainingArguments start from it when neither flag is
+        on, so under `accelerate launch` with a config of `mixed_precision: bf16` (commands/fsdp.yaml) an
+        fp32 choice would otherwise train in bf16 (seen on transformers 5.20)."""
+        os.environ["ACCELERATE_MIXED_PRECISION"] = "bf16" if self.bf16 else "no"
         return {"bf16": self.bf16, "fp16": False}
 
     def autocast(self, device_type: str):
