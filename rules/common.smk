@@ -220,10 +220,12 @@ def local_source(source):
 # Each job's resources, from the model it loads and the work it does (graftlab.planning.resources, unit-tested
 # there): rules set them, and no profile sets per-rule resources, so nothing overrides them.
 def profile_default(name):
-    """The raw value of the profile's default-resources entry `name`, or None."""
+    """The text of the profile's default-resources entry `name`, or None. Read from `args` (name=text), which
+    Snakemake 9.15 (vLLM's environment, envs/vllm-cpu.sh) and 9.27 both have; newer ones also offer `get`.
+    """
     defaults = workflow.resource_settings.default_resources
-    resource = defaults.get(name) if defaults is not None else None
-    return getattr(resource, "raw", resource)
+    given = dict(arg.split("=", 1) for arg in defaults.args) if defaults else {}
+    return given.get(name)
 
 
 # The cluster's shape, as the profile's default-resources state it (a profile cannot template per rule, so

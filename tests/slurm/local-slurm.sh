@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A single-node SLURM on this machine from Debian's packages (22.05), for tests/test_slurm.py: munge,
 # MariaDB and slurmdbd (sacct, which the executor plugin polls, needs accounting), slurmctld and slurmd, with
-# four fake GPUs declared as gres (`gpu:test`, plain files as their devices), 16 CPUs declared whatever the
+# eight fake GPUs declared as gres (`gpu:test`, plain files as their devices), 64 CPUs declared whatever the
 # machine has, and two partitions, `cpu` and `gpu`, over the one node. Run as root (or with sudo):
 #
 #   bash tests/slurm/local-slurm.sh up      # install what is missing, write the configs, start, wait for the node
@@ -31,7 +31,7 @@ install() {
 
 configure() {
     $sudo mkdir -p "$STATE"/{ctld,slurmd,gpu,log,mysql} /run/munge /run/mysqld
-    for i in 0 1 2 3; do $sudo touch "$STATE/gpu/gpu$i"; done
+    for i in $(seq 0 7); do $sudo touch "$STATE/gpu/gpu$i"; done
     $sudo chown munge:munge /run/munge
     $sudo chown mysql:mysql "$STATE/mysql" /run/mysqld
     # Memory for jobs: all but 2 GB of this machine's.
@@ -67,14 +67,14 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=5
 MinJobAge=600
 # More CPUs than the machine has, as the config states them (config_overrides): a GPU job asks for 8, as on
-# a real GPU node, and two such jobs must fit at once.
+# a real GPU node, and the GPU jobs the test's run has ready at once (two-GPU trainers among them) must fit.
 SlurmdParameters=config_overrides
-NodeName=$HOST CPUs=16 RealMemory=$mem Gres=gpu:test:4 State=UNKNOWN
+NodeName=$HOST CPUs=64 RealMemory=$mem Gres=gpu:test:8 State=UNKNOWN
 PartitionName=cpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$HOST MaxTime=INFINITE State=UP
 EOF
     $sudo tee /etc/slurm/gres.conf >/dev/null <<EOF
-NodeName=$HOST Name=gpu Type=test File=$STATE/gpu/gpu[0-3]
+NodeName=$HOST Name=gpu Type=test File=$STATE/gpu/gpu[0-7]
 EOF
     $sudo tee /etc/slurm/cgroup.conf >/dev/null <<EOF
 CgroupPlugin=autodetect
@@ -129,7 +129,7 @@ up() {
     pgrep -x slurmctld >/dev/null || $sudo slurmctld
     pgrep -x slurmd >/dev/null || $sudo slurmd
     wait_for 60 "the node" sh -c "sinfo -h -N -o %T | grep -qE '^(idle|mixed|allocated)'"
-    echo "local-slurm: node $HOST up, partitions cpu and gpu, 4 gpu:test, account graftlab"
+    echo "local-slurm: node $HOST up, partitions cpu and gpu, 8 gpu:test, account graftlab"
 }
 
 down() {
