@@ -24,9 +24,11 @@ from graftlab.io.warm import hand_off
 
 hand_off()
 
-import json, os, sys, tempfile
+import atexit, json, os, sys, tempfile
 
 code, *args = sys.argv[1:]
+# As vLLM shuts its engine's processes down: an exit handler runs as the job ends, warm or cold.
+atexit.register(lambda: sys.stderr.write("exit handler\\n"))
 sys.stderr.write("to stderr " + " ".join(args) + "\\n")
 print(json.dumps({
     "pid": os.getpid(),
@@ -97,7 +99,7 @@ def test_a_handed_off_job_runs_forked_from_the_warm_process_as_its_own_job(serve
     assert report["cwd"] == str(tmp_path) and report["argv"] == ["a b", "c"]
     assert report["tmp"] == str(tmp)  # the job's TMPDIR, which Snakemake sets per job
     assert report["path0"] == str(script.parent)  # as `python script.py` has it
-    assert done.stderr == "to stderr a b c\n"
+    assert done.stderr == "to stderr a b c\nexit handler\n"
 
 
 def test_a_job_started_through_a_shell_as_snakemake_starts_it_runs_warm(server, tmp_path):

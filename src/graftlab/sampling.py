@@ -7,9 +7,11 @@ in its own environment) and transformers `generate` everywhere else. `Engine` is
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -218,16 +220,17 @@ class VllmSampler:
             # As TRL's colocate mode: the engine in this process, so its model's weights can be written.
             extra["distributed_executor_backend"] = "external_launcher"
             _single_process_group()
-        self.llm = LLM(
-            model=self.model_dir,
-            max_model_len=max_model_len,
-            gpu_memory_utilization=self.engine.gpu_memory_utilization,
-            tensor_parallel_size=self.engine.tensor_parallel_size,
-            dtype=self.engine.dtype,
-            enforce_eager=self.engine.enforce_eager,
-            seed=self.engine.seed,
-            **extra,
-        )
+        with _spawn_safe_main():
+            self.llm = LLM(
+                model=self.model_dir,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=self.engine.gpu_memory_utilization,
+                tensor_parallel_size=self.engine.tensor_parallel_size,
+                dtype=self.engine.dtype,
+                enforce_eager=self.engine.enforce_eager,
+                seed=self.engine.seed,
+                **extra,
+            )
         self.max_model_len = max_model_len
         if record := getattr(self, "record", None):  # the stage's stats name the context it ran with
             record["vllm"]["max_model_len"] = max_model_len
@@ -258,21 +261,7 @@ class VllmSampler:
         if self.llm is None:
             self.pending = True
             return
-        runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-        # vLLM's in-place reload, not the model's own load_weights: the reload runs each layer's post-load
-        # step again, where vLLM's CPU backend packs its linear weights and drops the originals, which a
-        # plain load_weights then finds empty (tests/vllm_cpu/). A generator copies one tensor at a time.
-        runner.reload_weights(weights_iterator=((name, param.detach()) for name, param in named_params))
-        # vLLM 0.32's CPU backend gets one layer wrong: an output head tied to the embedding is sent no
-        # weights of its own, so the reload never runs its post-load step, and the packed copy of the head
-        # keeps the old embedding (measured: the wrong tokens, tests/vllm_cpu/). Run that step again there
-        # (only there: a quantized head on a GPU must not be processed twice).
-        from vllm.platforms import current_platform
-
-        head = getattr(runner.get_model(), "lm_head", None)
-        if current_platform.is_cpu() and head is not None and hasattr(head, "quant_method"):
-            head.quant_method.process_weights_after_loading(head)
-        self.llm.reset_prefix_cache()
+        write_weights(self.llm, named_params)
 
     def _generate(self, prompts: list[str], cfg: SamplingConfig):
         from vllm import SamplingParams
@@ -368,6 +357,55 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("localhost", 0))
         return s.getsockname()[1]
+
+
+def write_weights(llm, named_params) -> None:
+    """Write a trained model's `(name, tensor)` pairs into `llm`, an engine running in this process, then
+    drop its prefix cache: its keys and values came from the old weights. graftlab's samplers and TRL's
+    colocated GRPO (`take_over_trl_sync`) both sync through here."""
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
+    # vLLM's in-place reload, not the model's own load_weights: the reload runs each layer's post-load
+    # step again, where vLLM's CPU backend packs its linear weights and drops the originals, which a
+    # plain load_weights then finds empty (tests/vllm_cpu/). A generator copies one tensor at a time.
+    runner.reload_weights(weights_iterator=((name, param.detach()) for name, param in named_params))
+    # vLLM 0.32's CPU backend gets one layer wrong: an output head tied to the embedding is sent no
+    # weights of its own, so the reload never runs its post-load step, and the packed copy of the head
+    # keeps the old embedding (measured: the wrong tokens, tests/vllm_cpu/). Run that step again there
+    # (only there: a quantized head on a GPU must not be processed twice).
+    from vllm.platforms import current_platform
+
+    head = getattr(runner.get_model(), "lm_head", None)
+    if current_platform.is_cpu() and head is not None and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)
+    llm.reset_prefix_cache()
+
+
+def take_over_trl_sync(trainer) -> None:
+    """Make a TRL GRPOTrainer with a colocated engine sync its weights through `write_weights`. TRL 1.16
+    calls each vLLM layer's own `load_weights`, which vLLM's CPU build cannot take (AttributeError:
+    'Parameter' object has no attribute 'weight_loader', tests/vllm_cpu/); the in-place reload works on
+    both, so GRPO's sync is the one the CPU tests check. TRL's parameter walk (FSDP gathering, vLLM's
+    names) is kept."""
+    if not (getattr(trainer, "use_vllm", False) and trainer.vllm_mode == "colocate"):
+        return
+    generation = trainer.vllm_generation
+    generation.sync_weights = lambda: write_weights(generation.llm, generation._iter_named_params())
+
+
+@contextlib.contextmanager
+def _spawn_safe_main():
+    """vLLM starts its engine core (and tensor-parallel workers) as spawned processes, and a spawned process
+    first runs the parent's main script again, as `__mp_main__`. A workflow job's main script is the
+    job itself, which there finds no `snakemake` object and fails (seen with the real vLLM on a CPU:
+    "Engine core initialization failed"). With `__file__` hidden while the engine starts, the children
+    start from an empty main module, as they need nothing of it."""
+    main = sys.modules["__main__"]
+    hidden = main.__dict__.pop("__file__", None) if getattr(main, "__spec__", None) is None else None
+    try:
+        yield
+    finally:
+        if hidden is not None:
+            main.__file__ = hidden
 
 
 def _single_process_group() -> None:

@@ -280,6 +280,7 @@ def _work(conn: socket.socket, fds: list[int], request: dict) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=orphaned, daemon=True).start()
+    import atexit
     import runpy
     import traceback
 
@@ -294,9 +295,13 @@ def _work(conn: socket.socket, fds: list[int], request: dict) -> None:
         traceback.print_exc()
         status = 1
         if isinstance(error, KeyboardInterrupt):  # Python dies of the SIGINT it did not handle: so does this
+            atexit._run_exitfuncs()
             sys.stderr.flush()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
+    # The exit handlers an interpreter runs as it ends, which os._exit below would skip: vLLM's shuts its
+    # engine's processes down there (without it each sampling job left a 1 GB worker process behind).
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
     _record_usage(script.get("snakemake"))

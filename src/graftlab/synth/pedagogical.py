@@ -276,6 +276,7 @@ def train_teacher(
 
     from graftlab.io.atomic import atomic_dir
     from graftlab.io.provenance import write_provenance
+    from graftlab.sampling import take_over_trl_sync
     from graftlab.tasks import get_task
     from graftlab.train import resume as rs
     from graftlab.train.grpo import context as grpo_context
@@ -319,6 +320,7 @@ def train_teacher(
             processing_class=tok,
             callbacks=[rs.trainer_callback(resume)] if resume is not None else None,
         )
+        take_over_trl_sync(trainer)
         trainer.train(resume_from_checkpoint=rs.last_checkpoint(resume) if resume is not None else None)
         trainer.model.save_pretrained(tmp)
         tok.save_pretrained(tmp)

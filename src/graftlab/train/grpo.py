@@ -209,6 +209,7 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
     (`clock`, or a new one) holds the step's timing and the record of every sampled batch."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from graftlab.sampling import take_over_trl_sync
     from graftlab.train.precision import WEIGHTS_DTYPE, Precision
 
     tok = AutoTokenizer.from_pretrained(post_dir)
@@ -231,6 +232,7 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
         callbacks=list(callbacks) or None,
     )
     trainer.clock = clock
+    take_over_trl_sync(trainer)
     return trainer
 
 
