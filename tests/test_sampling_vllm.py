@@ -261,3 +261,29 @@ def test_grpo_sizes_trls_engine_from_its_prompts_when_unset(vllm, capsys):
     # A configured context wins; without one and without the prompts, TRL reads the model's.
     assert grpo_vllm_kwargs({"backend": "vllm", "max_model_len": 256}, lambda: 300)["vllm_max_model_length"] == 256
     assert grpo_vllm_kwargs({"backend": "vllm"})["vllm_max_model_length"] is None
+
+
+def test_an_in_process_engine_takes_a_port_of_its_own_not_an_inherited_one(monkeypatch):
+    """Every job on a node inherits the same MASTER_PORT: an engine that kept it collided with another's."""
+    import socket
+
+    from graftlab.sampling import single_process_rendezvous
+
+    for key in ("RANK", "LOCAL_RANK", "MASTER_ADDR"):  # restored after the test, as monkeypatch keeps them
+        monkeypatch.delenv(key, raising=False)
+    with socket.socket() as held:  # the inherited port, already taken by another job's engine
+        held.bind(("localhost", 0))
+        held.listen()
+        taken = str(held.getsockname()[1])
+        monkeypatch.setenv("MASTER_PORT", taken)
+        monkeypatch.setenv("WORLD_SIZE", "1")
+        single_process_rendezvous()
+        port = os.environ["MASTER_PORT"]
+        assert port != taken and (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("0", "1")
+        with socket.socket() as ours:
+            ours.bind(("localhost", int(port)))  # free
+    # Inside a launcher's group of several processes, its rendezvous stands.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_PORT", taken)
+    single_process_rendezvous()
+    assert os.environ["MASTER_PORT"] == taken

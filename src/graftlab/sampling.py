@@ -219,7 +219,7 @@ class VllmSampler:
         if self.policy is not None:
             # As TRL's colocate mode: the engine in this process, so its model's weights can be written.
             extra["distributed_executor_backend"] = "external_launcher"
-            _single_process_group()
+            single_process_rendezvous()
         with _spawn_safe_main():
             self.llm = LLM(
                 model=self.model_dir,
@@ -408,12 +408,15 @@ def _spawn_safe_main():
             main.__file__ = hidden
 
 
-def _single_process_group() -> None:
-    """The rendezvous an in-process engine joins: this process alone, on a free port."""
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "localhost")):
-        os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(free_port())
+def single_process_rendezvous() -> None:
+    """The rendezvous an in-process engine joins (ours, or TRL's colocated one): this process alone, on a
+    port free now. An inherited MASTER_PORT is not kept: every job on a node inherits the same one, and two
+    engines started at once collided on it (tests/vllm_cpu/). Inside a launcher's group of several
+    processes (WORLD_SIZE > 1) the launcher's variables stand."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return
+    port = str(free_port())
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="localhost", MASTER_PORT=port)
 
 
 def _until_eos(ids: list[int], eos: int) -> list[int]:

@@ -28,14 +28,18 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "tests/vllm_cpu/world.yaml"
 TARGETS = ("results/expert/summary.parquet", "results/star/data/sft.parquet")
 # Every rule that samples, and the rollouts' rules whose sampler is TRL's engine (GRPO) or graftlab's.
+RENDEZVOUS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 SAMPLING = {"mine", "star", "rollouts", "evaluate", "evaluate_run", "graft", "opsd", "sdpo", "grpo"}
 
 
 def snakemake(workdir: Path, *args: str) -> str:
     command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
     command += ["--configfile", str(CONFIG), "--cores", "2", "--max-threads", "1", *args]
-    # graftlab from src/, as in the rest of this environment's tests; the jobs inherit it.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])))
+    # graftlab from src/, as in the rest of this environment's tests; the jobs inherit it. Not the rendezvous
+    # an engine of another test in this process set up (RANK, MASTER_PORT...): a job inheriting it would take
+    # itself for a rank of a launched group.
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
     done = subprocess.run(command, capture_output=True, text=True, cwd=workdir, env=env, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout + done.stderr

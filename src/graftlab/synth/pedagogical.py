@@ -276,7 +276,7 @@ def train_teacher(
 
     from graftlab.io.atomic import atomic_dir
     from graftlab.io.provenance import write_provenance
-    from graftlab.sampling import take_over_trl_sync
+    from graftlab.sampling import single_process_rendezvous, take_over_trl_sync
     from graftlab.tasks import get_task
     from graftlab.train import resume as rs
     from graftlab.train.grpo import context as grpo_context
@@ -306,16 +306,19 @@ def train_teacher(
         micro = grpo_micro(
             cfg.micro_batch_size, cfg.completions, dataset["prompt"], cfg.max_new_tokens, cfg.kl, tok, model
         )
+        args = _grpo_args(
+            cfg,
+            resume.dir if resume is not None else tmp / ".trainer",
+            precision,
+            micro,
+            grpo_context(dataset["prompt"], cfg.max_new_tokens, tok, model),
+        )
+        if args.use_vllm:
+            single_process_rendezvous()  # TRL's colocated engine keeps an inherited MASTER_PORT
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
-            args=_grpo_args(
-                cfg,
-                resume.dir if resume is not None else tmp / ".trainer",
-                precision,
-                micro,
-                grpo_context(dataset["prompt"], cfg.max_new_tokens, tok, model),
-            ),
+            args=args,
             train_dataset=dataset,
             processing_class=tok,
             callbacks=[rs.trainer_callback(resume)] if resume is not None else None,
