@@ -1,9 +1,12 @@
 """Job resources: the sizing function with figures worked by hand, and the Qwen3 preset's DAG resolved
 under profiles/slurm, each job checked for its partition, GPUs, memory and runtime."""
 
+import math
 import re
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from graftlab.planning.plan import sized_as
 from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, classify, job_resources
@@ -52,6 +55,28 @@ def test_sampling_and_cpu_jobs_by_hand():
     )
     assert "slurm_partition" not in job_resources("chain_graft", 8e9)  # no cluster: no partition
     assert job_resources("mine", 1e12, generate=2e23)["runtime"] == 48 * 60  # capped
+
+
+@given(gb=st.floats(0.01, 1000))
+def test_the_gpus_of_a_job_are_its_need_over_one_gpus_memory_rounded_up(gb):
+    # SFT of 8e9 parameters needs 16 bytes a parameter and a quarter more: 160 GB. The fewest GPUs that hold it.
+    gpus = job_resources("sft", 8e9, gpu_memory_gb=gb)["gpu"]
+    assert gpus * gb >= 160 * (1 - 1e-12) and (gpus == 1 or (gpus - 1) * gb < 160 * (1 + 1e-12))
+
+
+@given(bad=st.one_of(st.floats().filter(lambda x: not (math.isfinite(x) and x > 0)), st.text(), st.booleans()))
+def test_a_gpu_memory_that_is_not_a_positive_number_is_refused_by_name(bad):
+    if isinstance(bad, str):
+        assume(not _positive(bad))
+    with pytest.raises(ValueError, match="gpu_memory_gb must be a positive number of GB"):
+        job_resources("sft", 8e9, gpu_memory_gb=bad)
+
+
+def _positive(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) > 0
+    except ValueError:
+        return False
 
 
 def test_an_unsized_rule_is_an_error():

@@ -16,7 +16,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from graftlab.commands.sft import FSDP_CONFIG, add_parser, cli_args, launch_command, main
+from graftlab.commands.sft import FSDP_CONFIG, add_parser, cli_args, job_processes, launch_command, main
 from graftlab.tasks import arith, chat_completion
 from graftlab.train.live import Live
 from graftlab.train.sft import TrainConfig
@@ -197,3 +197,22 @@ def test_the_workflow_launches_over_several_gpus_and_a_failure_is_one_line(monke
     port = int(seen[0][seen[0].index("--main_process_port") + 1])
     assert seen == [launch_command(2, cli_args(cfg, "m", "d.parquet", tmp_path / "o"), fsdp=True, port=port)]
     assert "--epoch-dirs" in seen[0] and "--config_file" in seen[0]
+
+
+@pytest.mark.parametrize(("asked", "given", "processes"), [(2, "2", 2), (4, "2", 2), (2, None, 0), (1, "4", 1)])
+def test_a_job_without_cuda_starts_a_process_per_gpu_slurm_gave_it(monkeypatch, asked, given, processes):
+    """The SLURM test's fake GPUs: no CUDA, the allocation in SLURM_GPUS_ON_NODE; never more than asked."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if given is None:
+        monkeypatch.delenv("SLURM_GPUS_ON_NODE", raising=False)
+    else:
+        monkeypatch.setenv("SLURM_GPUS_ON_NODE", given)
+    count, why = job_processes(asked)
+    assert count == processes and "no CUDA" in why
+
+
+def test_a_job_with_cuda_starts_a_process_per_gpu_it_sees_at_most_those_asked(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "8")  # what torch sees counts, not what SLURM says
+    assert [job_processes(n)[0] for n in (1, 2, 4)] == [1, 2, 2]
