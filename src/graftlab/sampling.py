@@ -362,7 +362,7 @@ def free_port() -> int:
 def write_weights(llm, named_params) -> None:
     """Write a trained model's `(name, tensor)` pairs into `llm`, an engine running in this process, then
     drop its prefix cache: its keys and values came from the old weights. graftlab's samplers and TRL's
-    colocated GRPO (`take_over_trl_sync`) both sync through here."""
+    colocated GRPO (`trl_grpo_trainer`) both sync through here."""
     runner = llm.llm_engine.model_executor.driver_worker.model_runner
     # vLLM's in-place reload, not the model's own load_weights: the reload runs each layer's post-load
     # step again, where vLLM's CPU backend packs its linear weights and drops the originals, which a
@@ -380,16 +380,21 @@ def write_weights(llm, named_params) -> None:
     llm.reset_prefix_cache()
 
 
-def take_over_trl_sync(trainer) -> None:
-    """Make a TRL GRPOTrainer with a colocated engine sync its weights through `write_weights`. TRL 1.16
-    calls each vLLM layer's own `load_weights`, which vLLM's CPU build cannot take (AttributeError:
-    'Parameter' object has no attribute 'weight_loader', tests/vllm_cpu/); the in-place reload works on
-    both, so GRPO's sync is the one the CPU tests check. TRL's parameter walk (FSDP gathering, vLLM's
-    names) is kept."""
-    if not (getattr(trainer, "use_vllm", False) and trainer.vllm_mode == "colocate"):
-        return
-    generation = trainer.vllm_generation
-    generation.sync_weights = lambda: write_weights(generation.llm, generation._iter_named_params())
+def trl_grpo_trainer(cls, args, **kwargs):
+    """TRL's GRPO trainer `cls(args=args, **kwargs)` (GRPO's, the Pedagogical RL teacher's). Where it
+    colocates a vLLM engine, the engine joins a rendezvous of its own (`single_process_rendezvous`: TRL
+    keeps an inherited MASTER_PORT), and its weights are synced through `write_weights`: TRL 1.16 calls each
+    vLLM layer's own `load_weights`, which vLLM's CPU build cannot take (AttributeError: 'Parameter' object
+    has no attribute 'weight_loader', tests/vllm_cpu/), while the in-place reload works on both, so GRPO's
+    sync is the one the CPU tests check. TRL's parameter walk (FSDP gathering, vLLM's names) is kept."""
+    colocated = args.use_vllm and args.vllm_mode == "colocate"
+    if colocated:
+        single_process_rendezvous()
+    trainer = cls(args=args, **kwargs)
+    if colocated:
+        generation = trainer.vllm_generation
+        generation.sync_weights = lambda: write_weights(generation.llm, generation._iter_named_params())
+    return trainer
 
 
 @contextlib.contextmanager

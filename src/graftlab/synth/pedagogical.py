@@ -276,7 +276,7 @@ def train_teacher(
 
     from graftlab.io.atomic import atomic_dir
     from graftlab.io.provenance import write_provenance
-    from graftlab.sampling import single_process_rendezvous, take_over_trl_sync
+    from graftlab.sampling import trl_grpo_trainer
     from graftlab.tasks import get_task
     from graftlab.train import resume as rs
     from graftlab.train.grpo import context as grpo_context
@@ -313,17 +313,15 @@ def train_teacher(
             micro,
             grpo_context(dataset["prompt"], cfg.max_new_tokens, tok, model),
         )
-        if args.use_vllm:
-            single_process_rendezvous()  # TRL's colocated engine keeps an inherited MASTER_PORT
-        trainer = GRPOTrainer(
+        trainer = trl_grpo_trainer(
+            GRPOTrainer,
+            args,
             model=model,
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
-            args=args,
             train_dataset=dataset,
             processing_class=tok,
             callbacks=[rs.trainer_callback(resume)] if resume is not None else None,
         )
-        take_over_trl_sync(trainer)
         trainer.train(resume_from_checkpoint=rs.last_checkpoint(resume) if resume is not None else None)
         trainer.model.save_pretrained(tmp)
         tok.save_pretrained(tmp)

@@ -209,7 +209,7 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
     (`clock`, or a new one) holds the step's timing and the record of every sampled batch."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from graftlab.sampling import single_process_rendezvous, take_over_trl_sync
+    from graftlab.sampling import trl_grpo_trainer
     from graftlab.train.precision import WEIGHTS_DTYPE, Precision
 
     tok = AutoTokenizer.from_pretrained(post_dir)
@@ -224,18 +224,16 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
         micro(cfg.micro_batch_size, cfg.completions, dataset["prompt"], cfg.max_new_tokens, cfg.beta, tok, model),
         context(dataset["prompt"], cfg.max_new_tokens, tok, model),
     )
-    if args.use_vllm:
-        single_process_rendezvous()  # TRL's colocated engine keeps an inherited MASTER_PORT
-    trainer = _trainer_class()(
+    trainer = trl_grpo_trainer(
+        _trainer_class(),
+        args,
         model=model,
         reward_funcs=[make_reward(tok, clock, cfg.generations)],
-        args=args,
         train_dataset=dataset,
         processing_class=tok,
         callbacks=list(callbacks) or None,
     )
     trainer.clock = clock
-    take_over_trl_sync(trainer)
     return trainer
 
 
