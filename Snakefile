@@ -48,3 +48,8 @@ onstart:
 # After a successful run: the disk each rule's outputs use and the grafts' peak, in results/disk.tsv.
 onsuccess:
     report_disk()
+    stop_warm_jobs()
+
+
+onerror:
+    stop_warm_jobs()

@@ -65,7 +65,17 @@ def start_warm_jobs():
         and workflow.local_exec
         and not workflow.deployment_settings.deployment_method
     ):
-        warm.start(Path(workflow.basedir) / "workflow_scripts")
+        WARM.append(warm.start(Path(workflow.basedir) / "workflow_scripts"))
+
+
+WARM = []  # the warm process of this run, once started
+
+
+def stop_warm_jobs():
+    """End the warm process at the run's end, and remove its socket."""
+    for proc in filter(None, WARM):
+        warm.stop(proc)
+    WARM.clear()
 
 
 # Every job starts offline (graftlab.io.fetch.hub_offline); the local fetch rules switch the hub back on.

@@ -239,6 +239,17 @@ def test_the_warm_process_dies_with_the_process_that_started_it(tmp_path):
     assert _wait_for(lambda: not _alive(pid)), "the warm process outlived the process that started it"
 
 
+def test_stopping_the_warm_process_at_the_runs_end_leaves_neither_it_nor_its_socket(tmp_path, monkeypatch):
+    """One socket directory per run under /tmp: they piled up before the Snakefile's onsuccess and onerror
+    stopped the warm process."""
+    monkeypatch.delenv(warm.ENV, raising=False)
+    proc = warm.start(tmp_path)
+    sock = Path(os.environ[warm.ENV])
+    assert proc is not None and sock.exists()
+    warm.stop(proc)
+    assert proc.poll() is not None and not sock.parent.exists() and warm.ENV not in os.environ
+
+
 def test_a_worker_records_its_own_cpu_and_memory_beside_the_jobs_benchmark(server, tmp_path):
     """`graftlab inspect` reads the worker's usage: Snakemake's benchmark measures the waiting process."""
     from graftlab.commands.inspect_results import job_usage

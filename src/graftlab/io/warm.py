@@ -126,6 +126,16 @@ def start(scripts: Path):
     return proc
 
 
+def stop(proc) -> None:
+    """End the warm process `start` returned, and remove its socket's directory (one per run, under /tmp)."""
+    import shutil
+
+    proc.kill()
+    proc.wait()
+    if sock := os.environ.pop(ENV, None):
+        shutil.rmtree(Path(sock).parent, ignore_errors=True)
+
+
 def _die_with(parent: int) -> None:
     """Be killed when `parent` dies (set here, not in a preexec_fn: Snakemake's process has threads)."""
     import ctypes
