@@ -1,6 +1,7 @@
 """A GPU check: every stage of graftlab on a Qwen3-shaped model of about 0.5B parameters, built locally.
 
-    python benchmarks/gpu_check.py --out /tmp/gpu_check            # on a GPU machine: at most ~8 minutes
+    python benchmarks/gpu_check.py --out /tmp/gpu_check            # a GPU with vLLM: a few minutes
+    python benchmarks/gpu_check.py --backend transformers --out /tmp/gpu_check   # a GPU without vLLM: ~4 min
     python benchmarks/gpu_check.py --size pico --out /tmp/check    # the same stages on a CPU, in seconds
 
 Nothing is downloaded: the model is initialised at random with the tiny world's character tokenizer, so
@@ -11,12 +12,16 @@ are the workflow's own functions, run in this process:
 2. SFT, 20 steps under the precision graftlab picks (bf16 autocast over fp32 weights on a GPU);
 3. the diagonal retention Fisher over the rollouts (256 on the 0.5B model);
 4. a graft of the SFT update into the model;
-5. an evaluation of the graft on a tiny-world benchmark.
+5. an evaluation of the graft on a tiny-world benchmark;
+6. GRPO (TRL's trainer, as the workflow runs it): 2 optimizer steps, each sampling `GRPO_GENERATIONS`
+   completions of 16 problems; the second step's sampling and update seconds are the figures.
 
 Per stage it prints seconds, tokens/s, MFU (model FLOPs: 2 x params per sampled or scored token, 6 x
 params per trained token or Fisher token, over the stage's wall time, against `--peak-flops`) and peak
 memory (GPU: torch's peak allocation in the stage; CPU: the process's peak RSS so far), as a Markdown
-table, and writes it to `OUT/gpu_check.json`. Record the table in benchmarks/README.md.
+table, and writes it to `OUT/gpu_check.json` after every stage. A stage that fails is reported with its
+error and the rest still run, so one short lease gives every figure it can.
+Record the table in benchmarks/README.md.
 """
 
 import argparse
@@ -25,6 +30,7 @@ import random
 import resource
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,6 +42,7 @@ SIZES = {
     "pico": (32, 64, 2, 2, 1, 16, 16, 16, 4, 32),
 }
 SFT_STEPS = 20
+GRPO_PROBLEMS, GRPO_GENERATIONS = 16, 8
 
 
 @dataclass
@@ -196,6 +203,45 @@ def evaluation(root: Path, size: str, params: int, backend: str) -> Stage:
     return Stage("evaluation", seconds, generated, 2 * params * generated, peak_memory_gb())
 
 
+def grpo(model: Path, size: str, root: Path, params: int, backend: str) -> Stage:
+    """Two GRPO steps through graftlab's trainer; the second (warm) step's seconds and tokens."""
+    from graftlab.tasks import arith
+    from graftlab.train.grpo import GrpoConfig, train_grpo
+
+    rows = arith.sample_problems("add", GRPO_PROBLEMS, "bench", 0)
+    problems = [{"prompt": p["prompt"], "answer": p["answer"], "task": "add"} for p in rows]
+    cfg = GrpoConfig(
+        lr=1e-6,
+        steps=2,
+        batch_size=GRPO_PROBLEMS,
+        generations=GRPO_GENERATIONS,
+        max_new_tokens=SIZES[size][7] // 2,
+        threads=torch.get_num_threads(),
+        backend=backend,
+    )
+    reset_peak()
+    log = train_grpo(model, problems, cfg, root / "grpo")
+    last = log[-1]
+    seconds = last["sample_s"] + last["update_s"]
+    tokens = int(last["response_tokens"])  # of the step's whole sampled batch
+    # Sampling 2 x params per token; the update's old log-probs, forward and backward 2 + 6.
+    note = f"sampling {last['sample_s']:.2f} s, update {last['update_s']:.2f} s"
+    return Stage("grpo (1 warm step)", seconds, tokens, 10 * params * tokens, peak_memory_gb(), note)
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ("torch", "transformers", "trl", "accelerate", "vllm", "polars", "pyarrow", "datasets")
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
@@ -206,21 +252,31 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     params = build_model(args.size, args.out / "model")
-    print(f"{args.size}: {params / 1e6:.1f}M parameters on {device}", flush=True)
+    print(f"{args.size}: {params / 1e6:.1f}M parameters on {device}; {versions()}", flush=True)
     model = args.out / "model"
-    stages = [
-        sampling(model, args.size, args.out, params, args.backend),
-        sft(model, args.size, args.out, params),
-        fisher(model, args.out, params),
-        graft(model, args.out),
-        evaluation(args.out, args.size, params, args.backend),
+    runs = [
+        lambda: sampling(model, args.size, args.out, params, args.backend),
+        lambda: sft(model, args.size, args.out, params),
+        lambda: fisher(model, args.out, params),
+        lambda: graft(model, args.out),
+        lambda: evaluation(args.out, args.size, params, args.backend),
+        lambda: grpo(model, args.size, args.out, params, args.backend),
     ]
+    stages, failed = [], []
+    for run in runs:
+        try:
+            stages.append(run())
+            print(stages[-1].row(args.peak_flops), flush=True)
+        except Exception as e:  # a benchmark reports each stage it can; the error is printed and recorded
+            traceback.print_exc()
+            failed.append(repr(e))
+        record = {"device": device, "params": params, "size": args.size, "versions": versions()}
+        record |= {"stages": [asdict(s) for s in stages], "failed": failed}
+        (args.out / "gpu_check.json").write_text(json.dumps(record, indent=2))
     print(f"\n{device}, {params / 1e6:.1f}M parameters, MFU against {args.peak_flops:.3g} FLOP/s")
     print("| stage | seconds | tokens | tokens/s | MFU | peak memory (GB) | |\n|---|---:|---:|---:|---:|---:|---|")
     print("\n".join(s.row(args.peak_flops) for s in stages))
-    record = {"device": device, "params": params, "size": args.size, "stages": [asdict(s) for s in stages]}
-    (args.out / "gpu_check.json").write_text(json.dumps(record, indent=2))
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
