@@ -1,6 +1,7 @@
 import functools
 import json
 import re
+import sys
 from pathlib import Path
 
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
@@ -29,6 +30,7 @@ from graftlab.planning.resources import (
     classify,
     gpu_memory,
     job_resources,
+    misfit,
 )
 from graftlab.planning.source import import_from
 from graftlab.planning.work import continual_work, job_work, world_work
@@ -272,6 +274,12 @@ def work_of(rule_name, exp, wildcards):
     return job_work(rule_name, config, LAYOUTS[exp], w)
 
 
+@functools.cache
+def warn_misfit(rule_name, problem):
+    """Say once per rule that its jobs do not fit the profile's GPUs (graftlab.planning.resources.misfit)."""
+    print(f"graftlab: warning: {problem}", file=sys.stderr)
+
+
 def sized(rule_name):
     """The `resources:` of a rule: each a function of the job's wildcards and attempt."""
 
@@ -288,8 +296,13 @@ def sized(rule_name):
                     "params": work.model.params,
                     "generate": work.generate,
                     "compute": work.compute,
+                    "memory": work.memory,
+                    "batch": work.batch,
                 }
             )
+            if key == "gpu" and work is not None and work.memory is not None:
+                if problem := misfit(rule_name, work.memory, GPU_MEMORY, work.batch):
+                    warn_misfit(rule_name, problem)
             return job_resources(
                 rule_name,
                 **sizes,

@@ -3,33 +3,52 @@ under profiles/slurm, each job checked for its partition, GPUs, memory and runti
 
 import math
 import re
+from dataclasses import replace
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from graftlab.planning import memory
+from graftlab.planning.memory import Shape
 from graftlab.planning.plan import sized_as
-from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, classify, job_resources
+from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, classify, job_resources, misfit, nominal_memory
 from tests.conftest import REPO, job_requests, snakemake
 
 PARTITIONS = {"cpu": "cpu-part", "gpu": "gpu-part"}
 
 
+# Qwen3-8B's shape (its config.json): 36 layers of 4,096, MLP 12,288, 8 KV heads of 128, 151,936 tokens.
+QWEN3_8B = Shape(layers=36, hidden=4096, intermediate=12288, kv_heads=8, head_dim=128, vocab=151_936)
+
+
 def test_sft_of_an_8b_model_by_hand():
-    # GPU: 16 bytes/param x 8e9 x 1.25 headroom = 160 GB = 2 GPUs of 80 GB. Host: 4 GB + 4 bytes x 8e9.
-    # Runtime: 6 x 8e9 x 1000 sequences x 1000 tokens = 4.8e16 FLOPs at 2 x 120e12/s = 200 s, + 10 min.
-    r = job_resources("sft", 8e9, compute=4.8e16, partitions=PARTITIONS)
+    # One sequence of 8,704 tokens, recomputed: per token 36 x 4,096 x 2 (each layer's input) + one layer's
+    # 16 x 4,096 + 6 x 1,024 + 8 x 12,288 + the logits' 151,936 x 16 = 2,895,872 bytes: 25.21 GB. Sharded
+    # (FSDP): 16 + 4 bytes a parameter, 160 GB. A GPU of 80 GB holds 68 GB: 160 / n + 25.21 <= 68 from n = 4.
+    need = memory.trainer(8e9, QWEN3_8B, tokens=8704, recompute=True, shards=True)
+    assert need.parts["activations"] == 8704 * 2_895_872
+    # Runtime: 6 x 8e9 x 1000 sequences x 1000 tokens = 4.8e16 FLOPs at 4 x 120e12/s = 100 s, + 10 min.
+    r = job_resources("sft", 8e9, compute=4.8e16, memory=need, batch=64, partitions=PARTITIONS)
     assert r == {
-        "gpu": 2,
+        "gpu": 4,
         "mem_mb": 36000,
-        "runtime": 14,
+        "runtime": 12,
         "cpus_per_task": 8,
         "nodes": 1,
         "slurm_partition": "gpu-part",
     }
-    # A retry: x1.5 memory and runtime (13.33 min x 1.5 = 20).
-    retry = job_resources("sft", 8e9, compute=4.8e16, attempt=2, partitions=PARTITIONS)
-    assert (retry["mem_mb"], retry["runtime"], retry["gpu"]) == (54000, 20, 2)
+    # A retry: x1.5 memory and runtime (11.67 min x 1.5 = 17.5).
+    retry = job_resources("sft", 8e9, compute=4.8e16, memory=need, batch=64, attempt=2, partitions=PARTITIONS)
+    assert (retry["mem_mb"], retry["runtime"], retry["gpu"]) == (54000, 18, 4)
+    # A batch of 63 splits over 7 processes, not 4, 5 or 6 (the 8B STaR preset's 64 over 3 failed every try).
+    assert job_resources("sft", 8e9, memory=need, batch=63)["gpu"] == 7
+    # An 8B OPSD cannot shard: 128 + 32 + a 32 GB teacher is more than one GPU holds. It asks for one GPU
+    # (more would sit idle) and `misfit` says why.
+    opsd = memory.trainer(8e9, QWEN3_8B, tokens=8704, recompute=True, scorers=1)
+    assert job_resources("opsd", 8e9, compute=4.8e16, memory=opsd, batch=64)["gpu"] == 1
+    assert "opsd: needs 217.2 GB a GPU on 1" in misfit("opsd", opsd, 80, 64)
+    assert misfit("opsd", opsd, 300, 64) is None and misfit("sft", need, 80, 64) is None
 
 
 def test_sampling_and_cpu_jobs_by_hand():
@@ -57,11 +76,16 @@ def test_sampling_and_cpu_jobs_by_hand():
     assert job_resources("mine", 1e12, generate=2e23)["runtime"] == 48 * 60  # capped
 
 
-@given(gb=st.floats(0.01, 1000))
-def test_the_gpus_of_a_job_are_its_need_over_one_gpus_memory_rounded_up(gb):
-    # SFT of 8e9 parameters needs 16 bytes a parameter and a quarter more: 160 GB. The fewest GPUs that hold it.
-    gpus = job_resources("sft", 8e9, gpu_memory_gb=gb)["gpu"]
-    assert gpus * gb >= 160 * (1 - 1e-12) and (gpus == 1 or (gpus - 1) * gb < 160 * (1 + 1e-12))
+@given(gb=st.floats(0.01, 1000), batch=st.integers(1, 256), sharded=st.booleans())
+def test_the_gpus_of_a_job_are_the_fewest_that_hold_it_and_divide_its_batch(gb, batch, sharded):
+    need = nominal_memory("sft", 8e9)
+    need = need if sharded else replace(need, sharded=frozenset())
+    gpus = job_resources("sft", 8e9, memory=need, batch=batch, gpu_memory_gb=gb)["gpu"]
+    holds = lambda n: batch % n == 0 and need.per_gpu(n) <= memory.GPU_SHARE * gb * 1e9  # noqa: E731
+    if need.gpus(gb * 1e9, batch) is None:  # none up to 64 does: one GPU, and `misfit` names the job
+        assert gpus == 1 and not any(holds(n) for n in range(1, 65)) and misfit("sft", need, gb, batch)
+    else:
+        assert holds(gpus) and not any(holds(n) for n in range(1, gpus)) and (sharded or gpus == 1)
 
 
 @given(bad=st.one_of(st.floats().filter(lambda x: not (math.isfinite(x) and x > 0)), st.text(), st.booleans()))

@@ -3,6 +3,7 @@ twin does (fp32 master weights), gradient accumulation and gradient checkpointin
 they were, and the micro-batch and save dtype are chosen as documented."""
 
 import json
+import types
 from pathlib import Path
 
 import polars as pl
@@ -133,14 +134,23 @@ class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1000))
-        self.config = type("Config", (), {"num_hidden_layers": 2, "hidden_size": 100, "vocab_size": 1000})()
+        self.config = types.SimpleNamespace(
+            num_hidden_layers=2,
+            hidden_size=100,
+            intermediate_size=300,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=1000,
+        )
 
 
 def test_auto_micro_batch_is_the_whole_batch_on_a_cpu_and_fits_memory_on_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert prec.micro_batch("auto", 12, 512, Model()) == 12
-    # Per sequence of 10 tokens: 10 x (2 x 100 x 34 + 1000 x 16) = 228,000 bytes; fixed: 1,000 x 16.
-    per_seq, fixed = 228_000, 16_000
+    # Per token, bf16, kept for the backward (graftlab.planning.memory): 2 layers x (16 x 100 hidden + 6 x 50
+    # KV-wide + 8 x 300 intermediate) = 8,600 bytes, logits 1,000 x 16; a sequence of 10 tokens: 246,000 bytes.
+    # Fixed: 1,000 parameters x 16.
+    per_seq, fixed = 246_000, 16_000
     free = int((5 * per_seq + fixed) / prec.MEMORY_SHARE) + 1  # room for 5 sequences: 4 divides 12
     assert prec.micro_batch("auto", 12, 10, Model(), free=free) == 4
     assert prec.micro_batch("auto", 12, 10, Model(), free=int((12 * per_seq + fixed) / prec.MEMORY_SHARE) + 1) == 12
@@ -162,7 +172,7 @@ def test_the_sequence_length_is_measured_only_when_a_gpu_micro_batch_is_sized(mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert prec.micro_batch(3, 12, longest, None) == 3 and prec.micro_batch("auto", 12, longest, Model()) == 12
     assert not calls
-    per_seq, fixed = 228_000, 16_000  # as above: 10 tokens a sequence
+    per_seq, fixed = 246_000, 16_000  # as above: 10 tokens a sequence
     assert prec.micro_batch("auto", 12, longest, Model(), free=int((5 * per_seq + fixed) / prec.MEMORY_SHARE) + 1) == 4
     assert calls == [1]
 

@@ -212,6 +212,9 @@ def _add_plan(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mfu", type=float, default=a.mfu, help="share of the GPU's peak FLOP/s a training pass reaches")
     p.add_argument("--decode-mfu", type=float, default=a.decode_mfu, help="share that decoding reaches")
     p.add_argument("--gpu-flops", type=float, default=a.gpu_flops, help="peak FLOP/s (default: H100 bf16 dense)")
+    p.add_argument(
+        "--gpu-memory-gb", type=float, default=a.gpu_memory_gb, help="one GPU's memory, as the profile's gpu_memory_gb"
+    )
     p.add_argument("--prompt-tokens", type=int, default=a.prompt_tokens, help="tokens per prompt")
     p.add_argument("--problems", type=int, default=a.problems, help="candidates of a data set with no limit")
     p.add_argument("--benchmark-problems", type=int, default=a.benchmark_problems, help="problems per benchmark")

@@ -28,10 +28,9 @@ from tqdm import tqdm
 
 from graftlab.errors import GraftlabError
 from graftlab.io.tables import read_table
+from graftlab.planning.memory import CHUNK_FLOATS  # per-rollout gradients are materialised this many at a time
 
 ROLLOUT_COLUMNS = ("prompt_ids", "completion_ids")
-# Per-rollout gradients of a parameter are materialised this many floats at a time.
-CHUNK_FLOATS = 2**25
 
 
 def read_rollouts(path, vocab_size: int | None = None) -> list[tuple[list[int], list[int]]]:
@@ -79,6 +78,25 @@ def checked_inputs(model_dir, rollouts_path) -> list[tuple[list[int], list[int]]
 def fisher_device() -> torch.device:
     """The GPU when there is one (the workflow gives Fisher jobs `gpu: 1`), else the CPU."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def fitting_batch(batch_size: int, rollouts, model, factors: float = 0.0) -> int:
+    """Rollouts per pass: `batch_size`, or on a GPU as many as fit (at least one) beside the model, the fp32
+    accumulator, a chunk of per-rollout gradients and `factors` bytes still to come: the batch changes memory,
+    not results (graftlab.planning.memory counts the same parts)."""
+    if not torch.cuda.is_available():
+        return batch_size
+    from graftlab.planning import memory
+
+    shape = memory.Shape.of_config(model.config.to_dict())
+    longest = max(len(p) + len(c) for p, c in rollouts)
+    params = sum(p.numel() for p in model.parameters())
+    coming = params * memory.FP32 + memory.CHUNK_BYTES + factors
+    budget = memory.GPU_SHARE * torch.cuda.mem_get_info()[0] - coming
+    fits = int(budget // memory.activations(shape, longest, act_bytes=memory.FP32))
+    batch = max(1, min(batch_size, fits))
+    print(f"fisher batch: {batch} rollouts of up to {longest} tokens a pass (batch_size {batch_size})", flush=True)
+    return batch
 
 
 def right_pad(rollouts, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,7 +249,9 @@ def diag_fisher(
         # A weight used outside its module's forward (e.g. `hidden @ embed.weight.T`) is invisible to the
         # hooks: a zero Fisher would make the mask rank it least sensitive, so refuse instead.
         raise GraftlabError(f"no module call reached parameters {unseen[:3]}: their Fisher cannot be computed")
-    return {name: f / len(rollouts) for name, f in fisher.items()}
+    for f in fisher.values():  # in place: a divided copy would be the job's peak, 4 more bytes a parameter
+        f.div_(len(rollouts))
+    return fisher
 
 
 def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int = 16) -> None:
@@ -249,7 +269,7 @@ def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int =
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
     model = model.eval().to(fisher_device())
     pad_id = model.config.pad_token_id or 0
-    fisher = diag_fisher(model, rollouts, batch_size, pad_id)
+    fisher = diag_fisher(model, rollouts, fitting_batch(batch_size, rollouts, model), pad_id)
     with atomic_dir(out_dir) as tmp:
         save_file({k: v.cpu().contiguous() for k, v in fisher.items()}, tmp / "diag.safetensors")
         write_provenance(

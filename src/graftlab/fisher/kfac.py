@@ -34,6 +34,7 @@ from graftlab.fisher.diag import (
     CHUNK_FLOATS,
     checked_inputs,
     fisher_device,
+    fitting_batch,
     parameter_owners,
     per_example_grad,
     right_pad,
@@ -66,6 +67,14 @@ def kfac_layers(model: nn.Module, max_dim: int) -> dict[str, str]:
             if max(module.in_features, module.out_features) <= max_dim:
                 layers[name] = module_name
     return layers
+
+
+def factor_bytes(model: nn.Module, max_dim: int) -> int:
+    """fp32 bytes of every Kronecker factor and its eigenvectors (an A counted per layer, though layers
+    reading one input share it): what `fitting_batch` keeps free for them."""
+    modules = dict(model.named_modules())
+    dims = [(modules[m].in_features, modules[m].out_features) for m in kfac_layers(model, max_dim).values()]
+    return 2 * 4 * sum(i * i + o * o for i, o in dims)
 
 
 def _record(model: nn.Module, calls: _Calls) -> list:
@@ -189,10 +198,11 @@ def kfac_statistics(
         # A weight used outside its module's forward (e.g. `hidden @ embed.weight.T`) is invisible to the
         # hooks: a zero Fisher would make the mask rank it least sensitive, so refuse instead.
         raise GraftlabError(f"no module call reached parameters {unseen[:3]}: their Fisher cannot be computed")
-    out = {k: v / (max(tokens, 1) if k.endswith(".A") else len(rollouts)) for k, v in sums.items()}
+    # Divided in place, as every Fisher here: divided copies would be the job's peak memory.
+    out = {k: v.div_(max(tokens, 1) if k.endswith(".A") else len(rollouts)) for k, v in sums.items()}
     for name, owner in share.items():  # one tensor object for a shared factor: the file stores it once
         out[f"{name}.A"] = out[f"{owner}.A"]
-    return out | {f"{n}.diag": f / len(rollouts) for n, f in diag.items()}
+    return out | {f"{n}.diag": f.div_(len(rollouts)) for n, f in diag.items()}
 
 
 def kfac_fisher(
@@ -235,7 +245,7 @@ def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, to
                     for a, d in zip(calls.inputs[m], d_out[m])
                 )
                 fit[name] += g.square().sum(0)
-    return {f"{name}.ekfac": f / len(rollouts) for name, f in fit.items()}
+    return {f"{name}.ekfac": f.div_(len(rollouts)) for name, f in fit.items()}
 
 
 def shared_factors(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -276,6 +286,7 @@ def write_kfac_fisher(
     if positions not in POSITIONS:  # before the model loads
         raise GraftlabError(f"KFAC positions must be one of {list(POSITIONS)}, got {positions!r}")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(fisher_device())
+    batch_size = fitting_batch(batch_size, rollouts, model, factor_bytes(model, max_dim))
     tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac, positions)
     stored, shared = shared_factors(tensors)
     meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower(), "positions": positions}

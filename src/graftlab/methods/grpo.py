@@ -12,6 +12,9 @@ class GrpoSpec(OnPolicySpec):
     def batch(self, section: dict) -> int:
         return section["batch_size"] * section["generations"]  # completions: what micro-batches make up
 
+    def scorers(self, section: dict) -> int:
+        return 1 if section["beta"] else 0  # TRL loads the reference only for a KL term
+
     def own(self, section: dict) -> list[str]:
         counts = at_least(section, steps=1, batch_size=1, generations=2, updates_per_batch=1, max_new_tokens=1)
         beta = [] if section["beta"] >= 0 else [f"beta: must be >= 0, got {section['beta']}"]

@@ -79,6 +79,10 @@ class OnPolicySpec(TrainerSpec):
         """The keys of every run the section sweeps, in the order tables list them."""
         return [{"lr": lr} for lr in section["lr"]]
 
+    def scorers(self, section: dict) -> int:
+        """Models beside the student that only score (a teacher, a reference): fp32 on its GPU today."""
+        return self.models - 1
+
     def keeps_teacher(self, keys: dict[str, str]) -> bool:
         """Whether a continual stage of this run writes a teacher the next stage carries on with."""
         return False

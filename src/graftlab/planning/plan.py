@@ -34,7 +34,8 @@ from graftlab.planning.layout import (
     study_experiments,
     world_key,
 )
-from graftlab.planning.resources import TEMP_GRAFTS
+from graftlab.planning.memory import Memory
+from graftlab.planning.resources import GPU_MEMORY_GB, TEMP_GRAFTS, misfit
 from graftlab.planning.work import MINED, Work
 
 
@@ -45,6 +46,7 @@ class Assumptions(work.Assumptions):
     mfu: float = 0.3  # share of the GPU's peak FLOP/s a whole-sequence pass reaches
     decode_mfu: float = 0.1  # share that decoding reaches: it is bound by memory bandwidth
     gpu_flops: float = 989e12  # an H100's dense bf16 peak
+    gpu_memory_gb: float = GPU_MEMORY_GB  # one GPU's memory, as the cluster profile's gpu_memory_gb
     jobs: int = 1  # jobs at once (Snakemake's --jobs)
     temp_grafts: int = TEMP_GRAFTS  # grafts on disk at once (`--resources temp_grafts=N`)
 
@@ -59,6 +61,8 @@ class Cost:
     compute: float = 0.0
     written: float = 0.0
     kept: float = 0.0
+    need: Memory | None = None  # the GPU memory of its largest job (graftlab.planning.memory)
+    batch: int | None = None  # that job's batch, which its GPUs must divide
 
     def add(self, w: Work | None = None, jobs: int = 1) -> None:
         self.jobs += jobs
@@ -67,6 +71,8 @@ class Cost:
             self.compute += w.compute
             self.written += w.written
             self.kept += w.written if w.kept is None else w.kept
+            if w.memory is not None and (self.need is None or w.memory.per_gpu(1) > self.need.per_gpu(1)):
+                self.need, self.batch = w.memory, w.batch
 
     @property
     def flops(self) -> float:
@@ -382,13 +388,22 @@ def render(plan: Plan) -> str:
     a = plan.assumptions
     rules = sorted(plan.costs, key=lambda r: (ORDER.index(sized_as(r)) if sized_as(r) in ORDER else len(ORDER), r))
     # "kept" is what the rule's outputs use on disk after the run: `graftlab.planning.disk` measures the same per rule.
-    lines = ["| rule | jobs | GPU-hours | disk written (GB) | kept (GB) |", "|---|---:|---:|---:|---:|"]
+    head = "| rule | jobs | GPU-hours | disk written (GB) | kept (GB) | GPUs a job | GB a GPU |"
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    misfits = []
     for rule in rules:
         c = plan.costs[rule]
-        lines.append(f"| {rule} | {c.jobs} | {_hours(plan.gpu_hours(c))} | {c.written / GB:.3g} | {c.kept / GB:.3g} |")
+        gpus, memory = "", ""
+        if c.need is not None:
+            n = c.need.gpus(a.gpu_memory_gb * GB, c.batch)
+            gpus, memory = (str(n), f"{c.need.per_gpu(n) / GB:.3g}") if n else ("none", f"{c.need.per_gpu(1) / GB:.3g}")
+            if problem := misfit(sized_as(rule), c.need, a.gpu_memory_gb, c.batch):
+                misfits.append(problem)
+        cells = f"{c.jobs} | {_hours(plan.gpu_hours(c))} | {c.written / GB:.3g} | {c.kept / GB:.3g} | {gpus} | {memory}"
+        lines.append(f"| {rule} | {cells} |")
     t = plan.total
     total = (f"**{t.jobs}**", f"**{_hours(plan.gpu_hours(t))}**", f"**{t.written / GB:.3g}**", f"**{t.kept / GB:.3g}**")
-    lines.append("| **total** | " + " | ".join(total) + " |")
+    lines.append("| **total** | " + " | ".join(total) + " | | |")
     lines += [
         "",
         f"Peak disk: {plan.peak_disk / GB:.3g} GB = {t.kept / GB:.3g} GB kept to the end (checkpoints, Fishers, "
@@ -403,6 +418,9 @@ def render(plan: Plan) -> str:
         f"{a.checkpoint_bytes} bytes per parameter. CPU rules count at the same rate.",
     ]
     lines += [f"- {note}" for note in plan.notes]
+    if misfits:
+        lines += ["", f"Does not fit a {a.gpu_memory_gb:g} GB GPU (the largest job of each rule):"]
+        lines += [f"- {problem}" for problem in misfits]
     return "\n".join(lines)
 
 

@@ -4,18 +4,17 @@ size and the job's work, so a real model gets real limits and the tiny world kee
 Standard library only: the workflow imports it while it parses. The figures are upper bounds, sized so a
 first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime by `GROWTH`.
 
-- GPU memory per parameter, by kind: training with AdamW in mixed precision holds bf16 weights and
-  gradients, fp32 master weights and two fp32 moments (2 + 2 + 4 + 8 = 16 bytes), plus a frozen bf16
-  copy (2 bytes) where a second model sits beside it (OPSD's teacher, Pedagogical RL's student);
-  sampling holds bf16 weights (2 bytes) and leaves the rest to the KV cache; a Fisher holds bf16
-  weights, fp32 per-example gradients and fp32 accumulators (2 + 4 + 4 = 10 bytes). `HEADROOM` covers
-  activations and the KV cache. GPUs = that need over a GPU's memory (`GPU_MEMORY_GB` unless the
-  cluster profile states its own, `gpu_memory_gb`), rounded up.
+- GPUs: the job's memory, part by part (`graftlab.planning.memory`, from its `graftlab.planning.work.Work`):
+  the fewest GPUs of `gpu_memory_gb` (`GPU_MEMORY_GB` unless the cluster profile states its own) on which
+  each GPU's share fits and over which its batch divides. Only the parts its code shards are divided
+  (SFT's FSDP, a tensor-parallel engine). A job that fits no count asks for one GPU, and `misfit` says
+  why in one line (the workflow warns, `graftlab plan` lists it): on-policy trainers and the Fisher
+  cannot shard yet.
 - Host memory: a GPU job passes one fp32 copy of the model through host memory while it loads and
   saves (4 bytes per parameter); a graft holds the post model, a delta, the Fisher and the result in
   fp32 at once (16 bytes); a sensitivity update the Fisher and two streamed models (8 bytes).
 - Runtime: the job's FLOPs (`graftlab.planning.work`, the count the cost plan uses too), decoding at
-  `SAMPLE_FLOPS` and whole-sequence passes at `TRAIN_FLOPS` per GPU, plus `SETUP_MIN`; capped at
+  `SAMPLE_FLOPS` and whole-sequence passes at `TRAIN_FLOPS` per GPU it shards over, plus `SETUP_MIN`; capped at
   `MAX_RUNTIME_MIN`, beyond which a trainer resumes after SLURM requeues it. Both rates are 2.5x below
   `graftlab plan`'s default estimate (0.1 and 0.3 of an H100's bf16 peak), so a first attempt rarely
   runs out of time.
@@ -26,6 +25,8 @@ from __future__ import annotations
 import math
 
 from graftlab.methods import on_policy, trained_rules
+from graftlab.planning import memory
+from graftlab.planning.memory import Memory, Shape
 
 # Every rule of the workflow by what it needs; tests/test_resources.py fails on a rule missing here.
 # A continual experiment's chain rules (rules/continual.smk) are sized as the rule each one runs
@@ -77,10 +78,12 @@ CPU_KINDS = (
     "world_tokenizer",
 )
 
-GPU_BYTES_PER_PARAM = {"train": 16, "train_pair": 18, "sample": 2, "fisher": 10}
 # Trainers holding a second model beside the one they train: a frozen or moving teacher, Pedagogical RL's student.
 TWO_MODELS = ("pedagogical_teacher", *(m.rule for m in on_policy() if m.spec.models == 2))
-HEADROOM = 1.25
+# Trainers whose code shards the trained model over several GPUs (FSDP through accelerate).
+SHARDED = ("sft",)
+# Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
+NOMINAL_TOKENS = 2048
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
 SAMPLE_FLOPS = 40e12  # decoding is memory-bound: about a tenth of an H100's bf16 peak
 TRAIN_FLOPS = 120e12  # about 30% of the bf16 peak
@@ -110,12 +113,15 @@ def job_resources(
     *,
     generate: float = 0.0,
     compute: float = 0.0,
+    memory: Memory | None = None,
+    batch: int | None = None,
     attempt: int = 1,
     partitions: dict | None = None,
     gpu_memory_gb: float = GPU_MEMORY_GB,
 ) -> dict:
     """The resources of one job of `rule` by a model of `params` parameters that decodes `generate` FLOPs
-    and passes `compute` FLOPs over whole sequences (`graftlab.planning.work.Work`), at try `attempt`.
+    and passes `compute` FLOPs over whole sequences, holds `memory` on its GPUs and takes `batch` examples
+    a step (`graftlab.planning.work.Work`; without `memory`, `nominal_memory`), at try `attempt`.
     `partitions` maps `cpu` / `gpu` to partition names; without it no `slurm_partition` is set.
     `gpu_memory_gb`: the memory of one of the cluster's GPUs."""
     gpu_memory_gb = gpu_memory(gpu_memory_gb)
@@ -125,9 +131,12 @@ def job_resources(
     host = HOST_BYTES_PER_PARAM.get(rule, 0)
     streamed = params * host / 50e6 / 60  # minutes of tensors streamed through host memory at ~50 MB/s
     if kind == "gpu":
-        gpus = max(1, math.ceil(params * _gpu_bytes(rule) * HEADROOM / (gpu_memory_gb * 1e9)))
+        need = memory or nominal_memory(rule, params)
+        # A job no count holds asks for one GPU: more would sit idle (`misfit` says why it will not fit).
+        gpus = need.gpus(gpu_memory_gb * 1e9, batch) or 1
         mem_mb = BASE_MEM_MB + params * max(4, host) / 1e6
-        runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / gpus / 60
+        parallel = gpus if need.sharded else 1
+        runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / parallel / 60
     else:
         mem_mb = CPU_MEM_MB.get(rule, BASE_MEM_MB) + params * host / 1e6
         runtime = SETUP_MIN + streamed
@@ -156,9 +165,28 @@ def gpu_memory(value) -> float:
     return gb
 
 
-def _gpu_bytes(rule: str) -> int:
+def nominal_memory(rule: str, params: float) -> Memory:
+    """A job's memory from its kind and size alone: one `NOMINAL_TOKENS` sequence, the shape assumed from
+    `params` (`Shape.of_params`)."""
+    shape = Shape.of_params(params)
     if rule in SAMPLE:
-        return GPU_BYTES_PER_PARAM["sample"]
+        return memory.sampler(params, shape, tokens=NOMINAL_TOKENS)
     if rule in FISHER:
-        return GPU_BYTES_PER_PARAM["fisher"]
-    return GPU_BYTES_PER_PARAM["train_pair" if rule in TWO_MODELS else "train"]
+        return memory.fisher(params, shape, rollouts=1, sequence=NOMINAL_TOKENS)
+    scorers = 1 if rule in TWO_MODELS else 0
+    return memory.trainer(params, shape, tokens=NOMINAL_TOKENS, recompute=True, scorers=scorers, shards=rule in SHARDED)
+
+
+def misfit(rule: str, need: Memory, gpu_memory_gb: float, batch: int | None = None) -> str | None:
+    """Why no GPU count holds a job of `rule`, in one line; None when one does."""
+    if need.gpus(gpu_memory(gpu_memory_gb) * 1e9, batch) is not None:
+        return None
+    share = f"{memory.GPU_SHARE:.0%} of a {gpu_memory_gb:g} GB GPU"
+    if need.spans > 1:
+        return f"{rule}: {need.describe(need.spans)} does not fit {share}: raise vllm.tensor_parallel_size"
+    if not need.sharded:
+        return (
+            f"{rule}: needs {need.describe()}, more than {share}, and cannot shard over GPUs; "
+            "set gpu_memory_gb to larger GPUs, or use a smaller model or shorter sequences"
+        )
+    return f"{rule}: no GPU count dividing its batch of {batch} holds {need.describe()} within {share}"

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from graftlab.methods import METHODS, on_policy
+from graftlab.planning import memory
 from graftlab.planning.chains import KNOWLEDGE, Chain
 from graftlab.planning.layout import POST, Experiment, fisher_options, kept_steps, parse_run
+from graftlab.planning.memory import Memory, Shape
 from graftlab.tasks import get_task
 
 # The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
@@ -54,11 +56,23 @@ class Model:
     params: float
     bytes_per_param: int
     source: str
-    linears: list[tuple[int, int]] = field(default_factory=list)  # (in, out) of each linear layer, if known
+    # (in, out) of each linear layer, if known, grouped by the input they read (q/k/v one, gate/up another):
+    # KFAC stores one A factor a group.
+    groups: list[list[tuple[int, int]]] = field(default_factory=list)
+    known_shape: Shape | None = None  # from its config.json
 
     @property
     def bytes(self) -> float:
         return self.params * self.bytes_per_param
+
+    @property
+    def linears(self) -> list[tuple[int, int]]:
+        return [linear for group in self.groups for linear in group]
+
+    @property
+    def shape(self) -> Shape:
+        """Its layers, width, KV heads and vocabulary: from its config, else assumed from its size."""
+        return self.known_shape or Shape.of_params(self.params)
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,8 @@ class Work:
     compute: float = 0.0
     written: float = 0.0
     kept: float | None = None
+    memory: Memory | None = None  # on one GPU, part by part (graftlab.planning.memory); None: a CPU job
+    batch: int | None = None  # examples of one optimizer step: a data-parallel job's GPUs must divide it
 
 
 def decoder_model(c: dict, bytes_per_param: int, source: str) -> Model:
@@ -80,20 +96,18 @@ def decoder_model(c: dict, bytes_per_param: int, source: str) -> Model:
     hidden, layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
     head_dim = c.get("head_dim") or hidden // heads
     kv = c.get("num_key_value_heads") or heads
-    attention = [
-        (hidden, heads * head_dim),
-        (hidden, kv * head_dim),
-        (hidden, kv * head_dim),
-        (heads * head_dim, hidden),
-    ]
+    qkv = [(hidden, heads * head_dim), (hidden, kv * head_dim), (hidden, kv * head_dim)]
     experts = c.get("num_experts") or c.get("num_local_experts") or 0
     inter = c.get("moe_intermediate_size", c["intermediate_size"]) if experts else c["intermediate_size"]
-    mlp = [(hidden, inter), (hidden, inter), (inter, hidden)] * max(1, experts)
-    router = [(hidden, experts)] if experts else []
-    linears = (attention + mlp + router) * layers
+    # An MLP's gate and up read one input, its down another; each expert reads its own tokens.
+    mlps = [[(hidden, inter), (hidden, inter)], [(inter, hidden)]] * max(1, experts)
+    router = [[(hidden, experts)]] if experts else []
+    groups = [qkv, [(heads * head_dim, hidden)], *mlps, *router] * layers
+    linears = [linear for group in groups for linear in group]
     norms = layers * (2 * hidden + 2 * head_dim) + hidden
     embeddings = c["vocab_size"] * hidden * (1 if c.get("tie_word_embeddings") else 2)
-    return Model(sum(i * o for i, o in linears) + norms + embeddings, bytes_per_param, source, linears)
+    params = sum(i * o for i, o in linears) + norms + embeddings
+    return Model(params, bytes_per_param, source, groups, Shape.of_config(c))
 
 
 def world_model(world: dict) -> Model:
@@ -192,9 +206,24 @@ def fisher_bytes(model: Model, kind: str, max_dim: int = 8192) -> float:
     their eigenvectors (the rest diagonal). Without known layer shapes, the diagonal's size."""
     if kind == "diag" or not model.linears:
         return model.params * FP32
-    factored = [(i, o) for i, o in model.linears if max(i, o) <= max_dim]
+    factored = _factored(model, max_dim)
     rest = model.params - sum(i * o for i, o in factored)
-    return FP32 * (rest + sum(2 * (i * i + o * o) + i + o for i, o in factored))
+    return FP32 * rest + kfac_factor_bytes(model, max_dim)
+
+
+def kfac_factor_bytes(model: Model, max_dim: int = 8192) -> float:
+    """KFAC's Kronecker factors and their eigenvectors and eigenvalues, in fp32: a G for every linear layer no
+    wider than `max_dim`, an A for each input such layers read (graftlab.fisher.kfac stores a shared A once)."""
+    total = 0
+    for group in model.groups:
+        factored = [(i, o) for i, o in group if max(i, o) <= max_dim]
+        total += sum(2 * o * o + o for _, o in factored)
+        total += 2 * factored[0][0] ** 2 + factored[0][0] if factored else 0
+    return FP32 * total
+
+
+def _factored(model: Model, max_dim: int) -> list[tuple[int, int]]:
+    return [(i, o) for i, o in model.linears if max(i, o) <= max_dim]
 
 
 def world_work(rule: str, world: dict) -> Work:
@@ -212,11 +241,48 @@ def world_work(rule: str, world: dict) -> Work:
     return Work(model)
 
 
-def sft_work(model: Model, x: dict, examples: int, a: Assumptions) -> Work:
-    """SFT of `model` on `examples` traces for `x`'s epochs: 6 x params per token, a checkpoint per epoch."""
-    epochs = x["sft"]["epochs"]
-    flops = 6 * model.params * epochs * examples * (a.prompt_tokens + trace_tokens(x))
-    return Work(model, compute=flops, written=epochs * model.params * a.checkpoint_bytes)
+def sft_work(config: dict, model: Model, x: dict, examples: int, a: Assumptions) -> Work:
+    """SFT of `model` on `examples` traces for `x`'s epochs: 6 x params per token, a checkpoint per epoch;
+    its trained model sharded over its GPUs (FSDP), each process taking an equal share of the batch."""
+    epochs, sequence = x["sft"]["epochs"], a.prompt_tokens + trace_tokens(x)
+    flops = 6 * model.params * epochs * examples * sequence
+    mem = trainer_memory(config, model, x["sft"], sequence, engine=False, shards=True)
+    written = epochs * model.params * a.checkpoint_bytes
+    return Work(model, compute=flops, written=written, memory=mem, batch=x["sft"]["batch_size"])
+
+
+def _engine_tokens(config: dict, sequence: int) -> int:
+    """KV-cache tokens a vLLM engine holds: `vllm.max_model_len`, else the sequence rounded up to a power of
+    two, as the engine sizes itself (`graftlab.sampling`); none where transformers samples."""
+    if config.get("sampling_backend", "auto") == "transformers":
+        return 0
+    return (config.get("vllm") or {}).get("max_model_len") or 1 << max(0, sequence - 1).bit_length()
+
+
+def sampler_memory(config: dict, model: Model, sequence: int) -> Memory:
+    """A sampling job: the engine's bf16 weights and the KV cache of its longest sequence, spread over
+    `vllm.tensor_parallel_size` GPUs (transformers' generate: one sequence's KV cache beside the weights)."""
+    tp = (config.get("vllm") or {}).get("tensor_parallel_size", 1)
+    mem = memory.sampler(model.params, model.shape, tokens=_engine_tokens(config, sequence) or sequence)
+    return replace(mem, sharded=frozenset(mem.parts), spans=tp) if tp > 1 else mem
+
+
+def trainer_memory(
+    config: dict, model: Model, section: dict, sequence: int, *, scorers: int = 0, engine: bool = True, shards=False
+) -> Memory:
+    """A trainer on a GPU: bf16 autocast over fp32 weights, recomputation unless the config turns it off,
+    one micro-batch (`auto`: the smallest, one sequence, since the trainer fits the largest that fits),
+    `scorers` fp32 models beside it and, where it samples with vLLM, its colocated engine."""
+    micro = section.get("micro_batch_size", "auto")
+    return memory.trainer(
+        model.params,
+        model.shape,
+        tokens=(1 if micro == "auto" else micro) * sequence,
+        recompute=config.get("gradient_checkpointing", "auto") is not False,
+        scorers=scorers,
+        engine_tokens=_engine_tokens(config, sequence) if engine else 0,
+        shards=shards,
+    )
 
 
 def job_work(
@@ -230,32 +296,45 @@ def job_work(
     train = sft_examples(layout, a)
     if rule == "mine":
         m = x["mining"]
-        return Work(post, generate=2 * P * candidates(layout, a) * m["samples"] * (p + m["max_new_tokens"]))
+        sequence = p + m["max_new_tokens"]
+        generate = 2 * P * candidates(layout, a) * m["samples"] * sequence
+        return Work(post, generate=generate, memory=sampler_memory(config, post, sequence))
     if rule in ("teacher_traces", "star"):
         s = x["teacher" if rule == "teacher_traces" else "star"]
         sampler = model_of(config, layout, s["model"], root) if rule == "teacher_traces" else post
         attempts = s["attempts"] + (s["rationalize_attempts"] if s.get("rationalize") else 0)
-        return Work(sampler, generate=2 * sampler.params * train * attempts * (p + s["max_new_tokens"]))
+        sequence = p + s["max_new_tokens"]
+        generate = 2 * sampler.params * train * attempts * sequence
+        return Work(sampler, generate=generate, memory=sampler_memory(config, sampler, sequence))
     if rule in ("pedagogical_teacher", "pedagogical_traces"):
         g = x["pedagogical"]
         tokens = p + trace_tokens(x) + g["max_new_tokens"]  # the teacher's prompt holds the reference solution
         if rule == "pedagogical_traces":
-            return Work(post, generate=2 * P * train * g["attempts"] * tokens)
+            return Work(
+                post, generate=2 * P * train * g["attempts"] * tokens, memory=sampler_memory(config, post, tokens)
+            )
         # GRPO: each sample is generated (2P), trained on (6P) and, with a KL term, scored by the reference (2P).
         samples = g["steps"] * g["prompts_per_step"] * g["group_size"]
         per_token = (6 + (2 if g["kl"] else 0)) * P
-        return Work(post, 2 * P * samples * tokens, per_token * samples * tokens, written=P * a.checkpoint_bytes)
+        # Beside the teacher it trains: the frozen student whose surprise it is rewarded by, and the reference.
+        mem = trainer_memory(config, post, g, tokens, scorers=1 + (1 if g["kl"] else 0))
+        batch = g["prompts_per_step"] * g["group_size"]
+        return Work(
+            post, 2 * P * samples * tokens, per_token * samples * tokens, P * a.checkpoint_bytes, None, mem, batch
+        )
     if rule == "sft":
-        return sft_work(model_of(config, layout, wildcards.get("donor", POST), root), x, train, a)
+        return sft_work(config, model_of(config, layout, wildcards.get("donor", POST), root), x, train, a)
     if (method := TRAINED_BY.get(rule)) is not None:
         s = x[method.section]
         generate, compute = method.spec.flops(s, P, p, trace_tokens(x))
-        return Work(post, generate, compute, written=len(kept_steps(s)) * P * a.checkpoint_bytes)
+        mem = trainer_memory(config, post, s, p + s["max_new_tokens"], scorers=method.spec.scorers(s))
+        written = len(kept_steps(s)) * P * a.checkpoint_bytes
+        return Work(post, generate, compute, written, memory=mem, batch=method.spec.batch(s))
     if rule in ("rollouts", "fisher"):
         f = x["fisher"]
         tokens = f["rollouts"] * (p + f["max_new_tokens"])
         if rule == "rollouts":
-            return Work(post, generate=2 * P * tokens)
+            return Work(post, generate=2 * P * tokens, memory=sampler_memory(config, post, p + f["max_new_tokens"]))
         # A retention home's Fisher names its options (`fisher_name`); a chain's takes the experiment's.
         kind, options = (
             fisher_options(wildcards["fisher"])
@@ -263,21 +342,28 @@ def job_work(
             else (wildcards.get("kind", "diag"), {"ekfac": f["ekfac"]})
         )
         passes = 2 if kind == "kfac" and options["ekfac"] else 1
-        return Work(post, compute=passes * 6 * P * tokens, written=fisher_bytes(post, kind))
+        factors = kfac_factor_bytes(post) if kind == "kfac" else 0
+        # One rollout a pass at the least: on a GPU the Fisher takes as many of `batch_size` as fit
+        # (graftlab.fisher.diag.fitting_batch).
+        mem = memory.fisher(P, post.shape, rollouts=1, sequence=p + f["max_new_tokens"], factors=factors)
+        return Work(post, compute=passes * 6 * P * tokens, written=fisher_bytes(post, kind), memory=mem)
     if rule == "evaluate":
         run = parse_run(wildcards.get("run", POST))
         # A donor and its SFT are the donor's size; everything else (a graft too) is the post model's.
         base = run["donor"] if run["donor"] and not METHODS[run["method"]].grafts else POST
         model = model_of(config, layout, base, root)
-        return Work(model, generate=2 * model.params * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"]))
+        sequence = p + x["eval"]["max_new_tokens"]
+        generate = 2 * model.params * eval_sequences(layout, a) * sequence
+        return Work(model, generate=generate, memory=sampler_memory(config, model, sequence))
     if rule == "evaluate_run":  # each kept checkpoint of the training run, one after another
         key = wildcards["trainrun"]
         checkpoints = layout.checkpointed()[key]
         one = job_work("evaluate", config, layout, {"run": f"{key}/{checkpoints[0]}"}, a, root)
-        return Work(one.model, generate=len(checkpoints) * one.generate)
+        return replace(one, generate=len(checkpoints) * one.generate)
     if rule == "graft":  # grafted in the job's scratch, evaluated there and deleted: written, never kept
-        generate = 2 * P * eval_sequences(layout, a) * (p + x["eval"]["max_new_tokens"])
-        return Work(post, generate=generate, written=post.bytes, kept=0)
+        sequence = p + x["eval"]["max_new_tokens"]
+        generate = 2 * P * eval_sequences(layout, a) * sequence
+        return Work(post, generate=generate, written=post.bytes, kept=0, memory=sampler_memory(config, post, sequence))
     if rule == "fetch_model":
         model = model_of(config, layout, wildcards["name"], root)
         return Work(model, written=model.bytes)
@@ -302,15 +388,18 @@ def continual_work(
     # A chain's retention Fisher after stage k is read by its graft at stage k+1.
     view = layout.stage_view(min(k + 1 if rule in ("rollouts", "fisher") else k, len(layout.stages)))
     if rule == "sft":
-        return sft_work(model_of(config, view, wildcards["donor"], root), view.x, stage_examples(layout, k, a), a)
+        return sft_work(
+            config, model_of(config, view, wildcards["donor"], root), view.x, stage_examples(layout, k, a), a
+        )
     if rule == "chain_graft":
         post = model_of(config, view, POST, root)
         return Work(post, written=post.bytes)  # kept: the chain's next stage starts from it
     if rule == "star":  # a `data: star` stage: the post model samples its training problems
         s, post = view.x["star"], model_of(config, view, POST, root)
         attempts = s["attempts"] + (s["rationalize_attempts"] if s["rationalize"] else 0)
-        tokens = stage_examples(layout, k, a) * attempts * (a.prompt_tokens + s["max_new_tokens"])
-        return Work(post, generate=2 * post.params * tokens)
+        sequence = a.prompt_tokens + s["max_new_tokens"]
+        tokens = stage_examples(layout, k, a) * attempts * sequence
+        return Work(post, generate=2 * post.params * tokens, memory=sampler_memory(config, post, sequence))
     job = job_work(rule, config, view, wildcards, a, root)
     if (method := TRAINED_BY.get(rule)) is not None:
         kind = wildcards[method.chain_wildcard] if method.chain_wildcard else method.name
@@ -357,7 +446,8 @@ def continual_eval_work(config: dict, layout, a: Assumptions, root: Path = Path(
     post = model_of(config, layout.stage_view(1), POST, root)
     x, samples = layout.x, layout.x["eval"]["samples"]
     sequences = sum(n * (1 if get_task(task).greedy else samples) for n, task in continual_benchmarks(layout, a))
-    return Work(post, generate=2 * post.params * sequences * (a.prompt_tokens + x["eval"]["max_new_tokens"]))
+    sequence = a.prompt_tokens + x["eval"]["max_new_tokens"]
+    return Work(post, generate=2 * post.params * sequences * sequence, memory=sampler_memory(config, post, sequence))
 
 
 def response_kl_work(config: dict, layout, a: Assumptions, root: Path = Path(".")) -> Work:
@@ -373,4 +463,5 @@ def response_kl_work(config: dict, layout, a: Assumptions, root: Path = Path("."
     embedded = (models + 1) * sum(min(c["response_prompts"], n) for n, _ in benchmarks)
     new = benchmarks[len(benchmarks) - len(layout.stages) :]  # each stage's, whose models sample on it
     sampled = chains * c["kl_samples"] * sum(min(c["kl_prompts"], n) for n, _ in new)
-    return Work(post, generate=2 * P * sampled * tokens, compute=2 * P * (embedded + 2 * sampled) * tokens)
+    compute = 2 * P * (embedded + 2 * sampled) * tokens
+    return Work(post, generate=2 * P * sampled * tokens, compute=compute, memory=sampler_memory(config, post, tokens))

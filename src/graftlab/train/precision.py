@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from graftlab.errors import GraftlabError
+from graftlab.planning import memory
+from graftlab.planning.memory import Shape
 
 SETTINGS = ("auto", "fp32", "bf16")
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -117,11 +119,6 @@ def announce(setting: str = "auto") -> Precision:
 
 
 SAVE_DTYPES = ("auto", "float32", "bfloat16")
-# Bytes a micro-batch holds per token and per layer and hidden unit (Korthikanti et al. 2022's 34 s h for a
-# bf16 transformer layer, attention by a fused kernel), per token and vocabulary entry (bf16 logits, their
-# fp32 copy in the loss, its log-softmax and gradient: 2 + 4 + 4 + 4 + 2), and per parameter outside the
-# micro-batch (fp32 weights and gradients, AdamW's two moments).
-ACT_BYTES, LOGIT_BYTES, PARAM_BYTES = 34, 16, 16
 # The share of free GPU memory the estimate may fill: allocator fragmentation and CUDA's own workspace.
 MEMORY_SHARE = 0.7
 
@@ -192,13 +189,13 @@ def micro_batch(
         free = torch.cuda.mem_get_info()[0]
     seq_len = seq_len() if callable(seq_len) else seq_len
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    per_seq = seq_len * (cfg.num_hidden_layers * cfg.hidden_size * ACT_BYTES + cfg.vocab_size * LOGIT_BYTES)
+    # bf16 activations without recomputation: the most a micro-batch can hold (graftlab.planning.memory).
+    per_seq = memory.activations(Shape.of_config(cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg)), seq_len)
     params = sum(p.numel() for p in model.parameters())
     # Weights already on the GPU are no longer free; gradients and AdamW state are still to come.
-    resident = params * 4 if next(model.parameters()).is_cuda else 0
-    budget = MEMORY_SHARE * free - (params * PARAM_BYTES - resident) - frozen_params * 4
-    fits = max(1, int(budget // per_seq))
-    return max(d for d in range(1, batch + 1) if batch % d == 0 and d <= fits)
+    resident = params * memory.FP32 if next(model.parameters()).is_cuda else 0
+    budget = MEMORY_SHARE * free - (params * memory.TRAINED_BYTES - resident) - frozen_params * memory.FP32
+    return memory.largest_divisor(batch, budget / per_seq)
 
 
 def stored_dtype(model_dir) -> str | None:

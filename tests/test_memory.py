@@ -1,0 +1,124 @@
+"""The memory model (graftlab.planning.memory): each part against a count by hand, and every job of every preset
+sized by it under the cluster profile's 80 GB GPUs."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from graftlab.planning import memory
+from graftlab.planning.chains import Continual, is_continual
+from graftlab.planning.config import resolve
+from graftlab.planning.layout import Experiment
+from graftlab.planning.memory import Shape
+from graftlab.planning.plan import continual_jobs, experiment_jobs, sized_as
+from graftlab.planning.resources import classify, job_resources, misfit
+from graftlab.planning.work import continual_work, decoder_model, job_work, kfac_factor_bytes
+from tests.conftest import REPO
+
+QWEN3_4B = {  # Qwen3-4B's config.json, the fields the model reads
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+
+
+def test_the_shape_and_parts_of_qwen3_4b_by_hand():
+    model = decoder_model(QWEN3_4B, 2, "config.json")
+    assert model.shape == Shape(36, 2560, 9728, 8, 128, 151936)
+    assert round(model.params / 1e9, 2) == 4.02  # Qwen3-4B's card: 4.0B
+    # KV cache: K and V, 36 layers, 8 heads of 128, 2 bytes: 147,456 bytes a token; 8,192 tokens: 1.21 GB.
+    engine = memory.sampler(model.params, model.shape, tokens=8192)
+    assert engine.parts == {"weights": 2 * model.params, "KV cache": 8192 * 147_456}
+    # A layer keeps 16 x 2,560 + 6 x 1,024 + 8 x 9,728 = 124,928 bytes a token in bf16, 249,856 in fp32.
+    assert model.shape.layer_bytes() == 124_928 and model.shape.layer_bytes(4) == 249_856
+    # Not recomputed, fp32: 36 layers x 249,856 + logits 151,936 x 20 = 12,033,536 bytes a token.
+    assert memory.activations(model.shape, 1, act_bytes=4) == 36 * 249_856 + 151_936 * 20
+    # Recomputed, bf16: each layer's input 36 x 2,560 x 2, one layer whole, logits x 16.
+    assert memory.activations(model.shape, 1, recompute=True) == 36 * 5120 + 124_928 + 151_936 * 16
+    # The Fisher: fp32 weights and accumulator, one rollout's fp32 activations, the widest weight's
+    # per-rollout gradient (the 151,936 x 2,560 embedding, more than a chunk: a chunk of 2^25 floats).
+    fisher = memory.fisher(model.params, model.shape, rollouts=1, sequence=1000)
+    assert fisher.parts == {
+        "weights and accumulator": 8 * model.params,
+        "activations": 1000 * 12_033_536,
+        "per-rollout gradients": 2**25 * 4,
+    }
+    # KFAC: per layer a G for each of q, k, v and o, and an A for each input they read (q/k/v share one),
+    # each factor with its eigenvectors and eigenvalues. The MLP's layers, 9,728 wide, are wider than
+    # max_dim (8,192): they get the diagonal. With max_dim 10,000 they are factored too (gate/up share an A).
+    g, a = [4096, 1024, 1024, 2560], [2560, 4096]
+    per_layer = sum(2 * o * o + o for o in g) + sum(2 * i * i + i for i in a)
+    assert kfac_factor_bytes(model) == 4 * 36 * per_layer
+    g, a = g + [9728, 9728, 2560], a + [2560, 9728]
+    per_layer = sum(2 * o * o + o for o in g) + sum(2 * i * i + i for i in a)
+    assert kfac_factor_bytes(model, max_dim=10_000) == 4 * 36 * per_layer
+
+
+def test_a_model_known_by_its_size_alone_has_a_plausible_shape():
+    for params, layers in ((0.6e9, 17), (8e9, 41), (70e9, 84)):
+        shape = Shape.of_params(params)
+        assert (
+            shape.assumed
+            and shape.layers == layers
+            and 12 * shape.layers * shape.hidden**2 == pytest.approx(params, rel=0.1)
+        )
+
+
+def test_a_tensor_parallel_engine_asks_for_its_span_and_no_other_count():
+    config = {"vllm": {"tensor_parallel_size": 4}}
+    from graftlab.planning.work import sampler_memory
+
+    model = decoder_model(QWEN3_4B, 2, "config.json")
+    need = sampler_memory(config, model, 1000)
+    assert need.spans == 4 and need.gpus(80e9) == 4 and need.per_gpu(4) == pytest.approx(need.total / 4)
+    huge = sampler_memory(config, decoder_model(QWEN3_4B | {"num_hidden_layers": 3600}, 2, "x"), 1000)
+    assert huge.gpus(80e9) is None and "raise vllm.tensor_parallel_size" in misfit("mine", huge, 80)
+
+
+# The jobs of each preset that no count of 80 GB GPUs holds today: on-policy trainers and the Fisher cannot
+# shard yet, the Fisher keeps one whole rollout's fp32 activations (8,704 tokens of Qwen3-1.7B: 69 GB), and
+# OLMo's SFT is sized for its evaluation budget of 32,768 tokens a sequence (issue 31).
+DOES_NOT_FIT = {
+    "qwen3-1.7b-star": {"fisher"},
+    "qwen3-1.7b-teacher": {"fisher"},
+    "qwen3-4b-continual": {"chain_opsd", "chain_grpo", "chain_sdpo", "chain_fisher", "fisher"},
+    "qwen3-4b-sdpo": {"opsd", "grpo", "sdpo", "fisher"},
+    "qwen3-8b-star": {"opsd", "fisher"},
+    "olmo3-7b-knowledge": {"sft", "opsd", "fisher"},
+}
+
+
+@pytest.mark.parametrize("preset", sorted(DOES_NOT_FIT))
+def test_every_job_of_a_preset_fits_the_gpus_it_asks_for_and_divides_its_batch(preset):
+    """Under the cluster profile's GPU size every job asks for GPUs on which its share fits and over which
+    its batch divides; a job no count holds asks for one and is listed above."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    gb = float(profile["default-resources"]["gpu_memory_gb"])
+    config = resolve(yaml.safe_load(Path(REPO / "configs" / f"{preset}.yaml").read_text()))
+    misfits, sized = set(), 0
+    for name, x in config["experiments"].items():
+        if is_continual(x):
+            c = Continual.of(config, name)
+            jobs = [(rule, continual_work(sized_as(rule), config, c, w)) for rule, w in continual_jobs(c)]
+        else:
+            layout = Experiment.of(config, name)
+            jobs = [(rule, job_work(sized_as(rule), config, layout, w)) for rule, w in experiment_jobs(layout)]
+        for rule, work in jobs:
+            if classify(sized_as(rule)) != "gpu":
+                continue
+            assert work.memory is not None, rule
+            gpus = job_resources(sized_as(rule), work.model.params, memory=work.memory, batch=work.batch)["gpu"]
+            if misfit(sized_as(rule), work.memory, gb, work.batch):
+                misfits.add(rule)
+                assert gpus == 1, rule
+            else:
+                assert work.memory.per_gpu(gpus) <= memory.GPU_SHARE * gb * 1e9, rule
+                assert gpus == 1 or (work.batch is not None and work.batch % gpus == 0), rule
+            sized += 1
+    assert sized and misfits == DOES_NOT_FIT[preset]
