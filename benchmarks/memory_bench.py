@@ -1,4 +1,4 @@
-"""Peak memory of each job kind against graftlab's memory model (`graftlab.planning.memory`).
+"""Peak memory of each job kind against graftlab's memory model (`graftlab.memory`).
 
     python benchmarks/memory_bench.py                 # every kind, ~25M parameters, on this machine's device
     python benchmarks/memory_bench.py --kinds sft fisher_diag --hidden 768 --layers 12
@@ -89,7 +89,7 @@ def predicted(kind: str, model: Path, cuda: bool):
 
 
 def _predicted(kind: str, model: Path, cuda: bool):
-    from graftlab.planning import memory as mm
+    from graftlab import memory as mm
     from graftlab.planning.work import from_config_json, kfac_factor_bytes
 
     m = from_config_json(model / "config.json")

@@ -1,3 +1,4 @@
+import dataclasses
 import functools
 import json
 import re
@@ -25,10 +26,8 @@ from graftlab.planning.layout import (
     worlds,
 )
 from graftlab.planning.resources import (
-    GPU_MEMORY_GB,
+    Cluster,
     TEMP_GRAFTS,
-    classify,
-    gpu_memory,
     job_resources,
     misfit,
 )
@@ -240,24 +239,18 @@ def profile_default(name):
     return given.get(name)
 
 
-# The cluster's shape, as the profile's default-resources state it (a profile cannot template per rule, so
-# the GPU rules look these up here): `slurm_partition` (every job's default, a CPU partition) and
-# `gpu_partition` (read by the GPU rules alone), none without a profile; `gpu_memory_gb`, one GPU's memory.
-PARTITIONS = {
-    "cpu": profile_default("slurm_partition"),
-    "gpu": profile_default("gpu_partition"),
-}
-
-
-def profile_gpu_memory():
-    raw = profile_default("gpu_memory_gb")
+# The cluster's shape, as the profile's default-resources state it (graftlab.planning.resources.Cluster): the
+# partitions, one GPU's memory, GPUs a node, each partition's time limit, and the GPU rules' model,
+# constraint and QoS; graftlab's defaults without a profile.
+def profile_cluster():
+    given = {f.name: profile_default(f.name) for f in dataclasses.fields(Cluster)}
     try:
-        return gpu_memory(GPU_MEMORY_GB if raw is None else raw)
+        return Cluster.of(given)
     except ValueError as err:
         raise WorkflowError(f"the profile's default-resources: {err}") from None
 
 
-GPU_MEMORY = profile_gpu_memory()
+CLUSTER = profile_cluster()
 
 
 @functools.cache
@@ -301,23 +294,16 @@ def sized(rule_name):
                 }
             )
             if key == "gpu" and work is not None and work.memory is not None:
-                if problem := misfit(rule_name, work.memory, GPU_MEMORY, work.batch):
+                if problem := misfit(rule_name, work.memory, CLUSTER, work.batch):
                     warn_misfit(rule_name, problem)
-            return job_resources(
-                rule_name,
-                **sizes,
-                attempt=attempt,
-                partitions=PARTITIONS,
-                gpu_memory_gb=GPU_MEMORY,
-            )[key]
+            return job_resources(rule_name, **sizes, attempt=attempt, cluster=CLUSTER)[
+                key
+            ]
 
         return resource
 
-    # Every resource it sizes; the partition only where the profile names one.
-    keys = list(job_resources(rule_name))
-    if PARTITIONS[classify(rule_name)]:
-        keys.append("slurm_partition")
-    return {key: get(key) for key in keys}
+    # Every resource it sizes on this cluster: a partition, a GPU model, constraint or QoS only where named.
+    return {key: get(key) for key in job_resources(rule_name, cluster=CLUSTER)}
 
 
 # The continual experiments' chains (rules/continual.smk; graftlab.planning.chains).

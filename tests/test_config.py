@@ -349,3 +349,23 @@ def test_library_config_classes_take_their_defaults_from_the_schema():
                 assert f.default == top[f.name]["default"], (cls.__name__, f.name)
                 checked += 1
     assert checked >= 25
+
+
+@pytest.mark.parametrize(
+    "second, refused",
+    [
+        ({"source": "org/M-1B", "revision": "main", "params": 2e9}, True),  # the params hint is no difference
+        ({"source": "org/M-1B", "revision": "main"}, True),
+        ({"source": "org/M-1B", "revision": "stage1-step1000"}, False),
+        ({"source": "org/M-1B", "revision": "main", "rope_from": "a"}, False),  # other weights' rope
+        ({"source": "org/M-2B", "revision": "main"}, False),
+    ],
+)
+def test_one_checkpoint_under_two_names_is_refused_by_the_second_name(second, refused):
+    """Each job of the second would repeat the first's (the OLMo preset's stage-1 and base donors were one)."""
+    config = {"models": {"a": {"source": "org/M-1B", "revision": "main", "params": 1e9}, "b": second}}
+    if not refused:
+        resolve(config)
+        return
+    with pytest.raises(ConfigError, match=r"^config key models\.b: is models\.a again \(source 'org/M-1B'"):
+        resolve(config)

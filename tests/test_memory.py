@@ -1,4 +1,4 @@
-"""The memory model (graftlab.planning.memory): each part against a count by hand, and every job of every preset
+"""The memory model (graftlab.memory): each part against a count by hand, and every job of every preset
 sized by it under the cluster profile's 80 GB GPUs."""
 
 from pathlib import Path
@@ -6,13 +6,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from graftlab.planning import memory
+from graftlab import memory
+from graftlab.memory import Shape
 from graftlab.planning.chains import Continual, is_continual
 from graftlab.planning.config import resolve
 from graftlab.planning.layout import Experiment
-from graftlab.planning.memory import Shape
 from graftlab.planning.plan import continual_jobs, experiment_jobs, sized_as
-from graftlab.planning.resources import classify, job_resources, misfit
+from graftlab.planning.resources import Cluster, classify, job_resources, misfit
 from graftlab.planning.work import continual_work, decoder_model, job_work, kfac_factor_bytes
 from tests.conftest import REPO
 
@@ -78,7 +78,7 @@ def test_a_tensor_parallel_engine_asks_for_its_span_and_no_other_count():
     need = sampler_memory(config, model, 1000)
     assert need.spans == 4 and need.gpus(80e9) == 4 and need.per_gpu(4) == pytest.approx(need.total / 4)
     huge = sampler_memory(config, decoder_model(QWEN3_4B | {"num_hidden_layers": 3600}, 2, "x"), 1000)
-    assert huge.gpus(80e9) is None and "raise vllm.tensor_parallel_size" in misfit("mine", huge, 80)
+    assert huge.gpus(80e9) is None and "raise vllm.tensor_parallel_size" in misfit("mine", huge)
 
 
 # The jobs of each preset that no count of 80 GB GPUs holds today: on-policy trainers and the Fisher cannot
@@ -99,7 +99,7 @@ def test_every_job_of_a_preset_fits_the_gpus_it_asks_for_and_divides_its_batch(p
     """Under the cluster profile's GPU size every job asks for GPUs on which its share fits and over which
     its batch divides; a job no count holds asks for one and is listed above."""
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
-    gb = float(profile["default-resources"]["gpu_memory_gb"])
+    cluster = Cluster.of(profile["default-resources"])
     config = resolve(yaml.safe_load(Path(REPO / "configs" / f"{preset}.yaml").read_text()))
     misfits, sized = set(), 0
     for name, x in config["experiments"].items():
@@ -113,12 +113,34 @@ def test_every_job_of_a_preset_fits_the_gpus_it_asks_for_and_divides_its_batch(p
             if classify(sized_as(rule)) != "gpu":
                 continue
             assert work.memory is not None, rule
-            gpus = job_resources(sized_as(rule), work.model.params, memory=work.memory, batch=work.batch)["gpu"]
-            if misfit(sized_as(rule), work.memory, gb, work.batch):
+            gpus = job_resources(sized_as(rule), memory=work.memory, batch=work.batch, cluster=cluster)["gpu"]
+            if misfit(sized_as(rule), work.memory, cluster, work.batch):
                 misfits.add(rule)
                 assert gpus == 1, rule
             else:
-                assert work.memory.per_gpu(gpus) <= memory.GPU_SHARE * gb * 1e9, rule
+                assert work.memory.per_gpu(gpus) <= memory.GPU_SHARE * cluster.gpu_memory_gb * 1e9, rule
                 assert gpus == 1 or (work.batch is not None and work.batch % gpus == 0), rule
             sized += 1
     assert sized and misfits == DOES_NOT_FIT[preset]
+
+
+def test_a_fisher_on_a_gpu_takes_as_many_rollouts_a_pass_as_fit(monkeypatch):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from graftlab.fisher.diag import fitting_batch
+
+    config = Qwen3Config(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2
+    )
+    model = Qwen3ForCausalLM(config)
+    rollouts = [([1] * 10, [2] * 30)] * 16  # 40 tokens each
+    assert fitting_batch(16, rollouts, model) == 16  # a CPU: the configured batch
+    params = sum(p.numel() for p in model.parameters())
+    per = memory.activations(Shape.of_config(config.to_dict()), 40, act_bytes=4)
+    coming = params * 4 + memory.CHUNK_BYTES  # the accumulator and a chunk, still to be allocated
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for fits, free in ((5, 5.5), (1, 0.2), (16, 100)):
+        room = (coming + free * per) / memory.GPU_SHARE
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda room=room: (int(room), int(room)))
+        assert fitting_batch(16, rollouts, model) == fits

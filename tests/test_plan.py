@@ -85,6 +85,21 @@ def test_plan_prints_every_config(path, capsys, monkeypatch):
     assert "| **total** |" in out and "Peak disk:" in out
 
 
+def test_the_plan_gives_each_gpu_rules_gpus_and_lists_the_jobs_no_gpu_count_holds(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    preset = "configs/qwen3-8b-star.yaml"
+    assert main(["plan", "--configfile", preset, "--disk-free", "1e6"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.splitlines() if line.startswith("| ")}
+    # Qwen3-8B's SFT shards over 4 of the 80 GB GPUs (64 divides by 4); its OPSD, which cannot shard, fits none.
+    assert rows["sft"][5] == "4" and float(rows["sft"][6].rstrip(" |")) <= 0.85 * 80
+    assert rows["opsd"][5] == "none" and "- opsd: needs " in out.split("Does not fit a 80 GB GPU")[1]
+    # On 300 GB GPUs every job fits.
+    assert main(["plan", "--configfile", preset, "--disk-free", "1e6", "--gpu-memory-gb", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "Does not fit" not in out
+
+
 def test_a_run_that_would_not_fit_the_disk_is_refused_after_its_plan(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     preset = "configs/qwen3-8b-star.yaml"

@@ -14,7 +14,7 @@ PRESETS = {
     "qwen3-1.7b-star.yaml": 75,
     "qwen3-1.7b-teacher.yaml": 132,
     "qwen3-8b-star.yaml": 75,
-    "olmo3-7b-knowledge.yaml": 209,
+    "olmo3-7b-knowledge.yaml": 174,
     "qwen3-4b-sdpo.yaml": 110,
     "qwen3-4b-continual.yaml": 153,
 }
@@ -59,7 +59,7 @@ def test_new_presets_pin_a_revision_and_size_every_model(preset):
 
 def test_olmo_pretraining_donors_take_the_post_models_rope():
     models = yaml.safe_load((REPO / "configs" / "olmo3-7b-knowledge.yaml").read_text())["models"]
-    assert {n for n, m in models.items() if m.get("rope_from")} == {"olmo3-7b-stage1", "olmo3-7b-base"}
+    assert {n for n, m in models.items() if m.get("rope_from")} == {"olmo3-7b-base"}
     assert all(m["rope_from"] == "olmo3-7b" for m in models.values() if m.get("rope_from"))
 
 

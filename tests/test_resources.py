@@ -9,13 +9,13 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from graftlab.planning import memory
-from graftlab.planning.memory import Shape
+from graftlab import memory
+from graftlab.memory import Shape
 from graftlab.planning.plan import sized_as
-from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, classify, job_resources, misfit, nominal_memory
+from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, Cluster, classify, job_resources, misfit, nominal_memory
 from tests.conftest import REPO, job_requests, snakemake
 
-PARTITIONS = {"cpu": "cpu-part", "gpu": "gpu-part"}
+CLUSTER = Cluster(slurm_partition="cpu-part", gpu_partition="gpu-part")
 
 
 # Qwen3-8B's shape (its config.json): 36 layers of 4,096, MLP 12,288, 8 KV heads of 128, 151,936 tokens.
@@ -29,7 +29,7 @@ def test_sft_of_an_8b_model_by_hand():
     need = memory.trainer(8e9, QWEN3_8B, tokens=8704, recompute=True, shards=True)
     assert need.parts["activations"] == 8704 * 2_895_872
     # Runtime: 6 x 8e9 x 1000 sequences x 1000 tokens = 4.8e16 FLOPs at 4 x 120e12/s = 100 s, + 10 min.
-    r = job_resources("sft", 8e9, compute=4.8e16, memory=need, batch=64, partitions=PARTITIONS)
+    r = job_resources("sft", 8e9, compute=4.8e16, memory=need, batch=64, cluster=CLUSTER)
     assert r == {
         "gpu": 4,
         "mem_mb": 36000,
@@ -39,7 +39,7 @@ def test_sft_of_an_8b_model_by_hand():
         "slurm_partition": "gpu-part",
     }
     # A retry: x1.5 memory and runtime (11.67 min x 1.5 = 17.5).
-    retry = job_resources("sft", 8e9, compute=4.8e16, memory=need, batch=64, attempt=2, partitions=PARTITIONS)
+    retry = job_resources("sft", 8e9, compute=4.8e16, memory=need, batch=64, attempt=2, cluster=CLUSTER)
     assert (retry["mem_mb"], retry["runtime"], retry["gpu"]) == (54000, 18, 4)
     # A batch of 63 splits over 7 processes, not 4, 5 or 6 (the 8B STaR preset's 64 over 3 failed every try).
     assert job_resources("sft", 8e9, memory=need, batch=63)["gpu"] == 7
@@ -47,24 +47,24 @@ def test_sft_of_an_8b_model_by_hand():
     # (more would sit idle) and `misfit` says why.
     opsd = memory.trainer(8e9, QWEN3_8B, tokens=8704, recompute=True, scorers=1)
     assert job_resources("opsd", 8e9, compute=4.8e16, memory=opsd, batch=64)["gpu"] == 1
-    assert "opsd: needs 217.2 GB a GPU on 1" in misfit("opsd", opsd, 80, 64)
-    assert misfit("opsd", opsd, 300, 64) is None and misfit("sft", need, 80, 64) is None
+    assert "opsd: needs 217.2 GB a GPU on 1" in misfit("opsd", opsd, Cluster(), 64)
+    assert misfit("opsd", opsd, Cluster(gpu_memory_gb=300), 64) is None and misfit("sft", need, Cluster(), 64) is None
 
 
 def test_sampling_and_cpu_jobs_by_hand():
     # 2 bytes/param x 8e9 x 1.25 = 20 GB: one GPU. 2 x 8e9 x 1e4 x 1e4 = 1.6e18 FLOPs at 40e12/s =
     # 40,000 s = 666.7 min, + 10.
-    r = job_resources("mine", 8e9, generate=1.6e18, partitions=PARTITIONS)
+    r = job_resources("mine", 8e9, generate=1.6e18, cluster=CLUSTER)
     assert (r["gpu"], r["runtime"], r["slurm_partition"]) == (1, 677, "gpu-part")
     # OPSD decodes and passes whole sequences: 1.2e17 FLOPs at 40e12/s + 7.2e17 at 120e12/s = 3,000 + 6,000 s.
     o = job_resources("opsd", 1e9, generate=1.2e17, compute=7.2e17)
     assert (o["gpu"], o["runtime"]) == (1, 160)
     # A graft job grafts (16 bytes/param in host memory: 4 GB + 128 GB, streamed at 50 MB/s: 42.7 min) and
     # evaluates its model on a GPU (1.2e17 FLOPs at 40e12/s: 50 min), + 10 min.
-    g = job_resources("graft", 8e9, generate=1.2e17, partitions=PARTITIONS)
+    g = job_resources("graft", 8e9, generate=1.2e17, cluster=CLUSTER)
     assert (g["gpu"], g["mem_mb"], g["runtime"], g["slurm_partition"]) == (1, 132000, 103, "gpu-part")
     # A continual chain's graft is kept for the next stage and evaluated apart: a CPU job.
-    c = job_resources("chain_graft", 8e9, partitions=PARTITIONS)
+    c = job_resources("chain_graft", 8e9, cluster=CLUSTER)
     assert (c["gpu"], c["mem_mb"], c["runtime"], c["cpus_per_task"], c["slurm_partition"]) == (
         0,
         132000,
@@ -76,16 +76,19 @@ def test_sampling_and_cpu_jobs_by_hand():
     assert job_resources("mine", 1e12, generate=2e23)["runtime"] == 48 * 60  # capped
 
 
-@given(gb=st.floats(0.01, 1000), batch=st.integers(1, 256), sharded=st.booleans())
-def test_the_gpus_of_a_job_are_the_fewest_that_hold_it_and_divide_its_batch(gb, batch, sharded):
+@given(gb=st.floats(0.01, 1000), batch=st.integers(1, 256), sharded=st.booleans(), node=st.integers(1, 16))
+def test_the_gpus_of_a_job_are_the_fewest_on_a_node_that_hold_it_and_divide_its_batch(gb, batch, sharded, node):
     need = nominal_memory("sft", 8e9)
     need = need if sharded else replace(need, sharded=frozenset())
-    gpus = job_resources("sft", 8e9, memory=need, batch=batch, gpu_memory_gb=gb)["gpu"]
+    cluster = Cluster(gpu_memory_gb=gb, gpus_per_node=node)
+    gpus = job_resources("sft", 8e9, memory=need, batch=batch, cluster=cluster)["gpu"]
     holds = lambda n: batch % n == 0 and need.per_gpu(n) <= memory.GPU_SHARE * gb * 1e9  # noqa: E731
-    if need.gpus(gb * 1e9, batch) is None:  # none up to 64 does: one GPU, and `misfit` names the job
-        assert gpus == 1 and not any(holds(n) for n in range(1, 65)) and misfit("sft", need, gb, batch)
+    if not any(holds(n) for n in range(1, node + 1) if sharded or n == 1):
+        # No count a node holds: one GPU, and `misfit` names the job.
+        assert gpus == 1 and misfit("sft", need, cluster, batch).startswith("sft: ")
     else:
-        assert holds(gpus) and not any(holds(n) for n in range(1, gpus)) and (sharded or gpus == 1)
+        assert gpus <= node and holds(gpus) and not any(holds(n) for n in range(1, gpus)) and (sharded or gpus == 1)
+        assert misfit("sft", need, cluster, batch) is None
 
 
 @given(bad=st.one_of(st.floats().filter(lambda x: not (math.isfinite(x) and x > 0)), st.text(), st.booleans()))
@@ -93,7 +96,7 @@ def test_a_gpu_memory_that_is_not_a_positive_number_is_refused_by_name(bad):
     if isinstance(bad, str):
         assume(not _positive(bad))
     with pytest.raises(ValueError, match="gpu_memory_gb must be a positive number of GB"):
-        job_resources("sft", 8e9, gpu_memory_gb=bad)
+        Cluster.of({"gpu_memory_gb": bad})
 
 
 def _positive(text: str) -> bool:
@@ -204,3 +207,47 @@ def test_the_grafts_cap_is_the_cluster_profiles_else_two(tmp_path, profile, args
     provided = re.search(r"^Provided resources: .*$", done.stdout + done.stderr, re.M)
     # Snakemake prints a resource as `name=value` or, parsed, `name=Resource("name", value)`.
     assert provided and re.findall(r'temp_grafts=(?:Resource\("temp_grafts", )?(\d+)', provided[0]) == [cap]
+
+
+def test_the_cluster_shape_reaches_the_gpu_rules_alone():
+    cluster = Cluster.of(
+        {
+            "gpu_type": "h100",
+            "gpu_constraint": "hopper",
+            "gpu_qos": "high",
+            "gpu_max_runtime": "1440",
+            "cpu_max_runtime": 60,
+        }
+    )
+    gpu = job_resources("mine", 8e9, generate=1e24, cluster=cluster)
+    cpu = job_resources("chain_graft", 8e11, cluster=cluster)
+    assert (gpu["gpu_model"], gpu["constraint"], gpu["qos"], gpu["runtime"]) == ("h100", "hopper", "high", 1440)
+    assert not {"gpu_model", "constraint", "qos"} & set(cpu) and cpu["runtime"] == 60  # capped at its partition's
+    # A job needing more GPUs than a node has fits no count: one GPU, and the reason names the node's count.
+    need = nominal_memory("sft", 8e9)
+    small = Cluster(gpu_memory_gb=24, gpus_per_node=4)
+    assert job_resources("sft", memory=need, batch=64, cluster=small)["gpu"] == 1
+    assert "no count of up to 4 GPUs dividing its batch of 64" in misfit("sft", need, small, 64)
+
+
+@pytest.mark.parametrize("key", ["gpus_per_node", "cpu_max_runtime", "gpu_max_runtime"])
+@pytest.mark.parametrize("bad", ["0", "-3", "8.5", "eight", True])
+def test_a_cluster_count_that_is_not_a_whole_number_is_refused_by_name(key, bad):
+    with pytest.raises(ValueError, match=f"{key} must be a whole number >= 1"):
+        Cluster.of({key: bad})
+
+
+def test_no_cluster_key_but_the_default_partition_is_one_the_slurm_plugin_reads():
+    """The profile's default-resources reach every job, CPU jobs too: a key the plugin reads there (its
+    `gpu_model`, `constraint`, `qos`) would give each CPU job a GPU model, constraint or QoS. graftlab's own
+    names stay apart; the GPU rules translate them (`job_resources`)."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    import snakemake_executor_plugin_slurm as plugin
+
+    source = "\n".join(p.read_text() for p in Path(plugin.__file__).parent.glob("*.py"))
+    read = set(re.findall(r"resources\.get\(\s*[\"'](\w+)[\"']", source))
+    read |= set(re.findall(r"resources\.(\w+)\b", source)) - {"get"}
+    assert {"gpu_model", "constraint", "qos", "slurm_partition"} <= read  # what the plugin reads, as expected
+    assert {f.name for f in fields(Cluster)} & read == {"slurm_partition"}

@@ -23,7 +23,10 @@ import pytest
 import yaml
 from conftest import REPO, in_background, job_requests, snakemake_cmd
 
-from graftlab.planning.work import world_model
+from graftlab.memory import GPU_SHARE
+from graftlab.planning.config import resolve
+from graftlab.planning.layout import Experiment
+from graftlab.planning.work import job_work
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow]
 CONFIG = REPO / "tests/slurm/cluster.yaml"
@@ -43,18 +46,24 @@ def start_cluster() -> None:
 
 
 def gpu_memory_gb() -> float:
-    """The fake GPUs' memory: 15 bytes a parameter of cluster.yaml's model, so that a trainer (16 bytes a
-    parameter and a quarter's headroom, graftlab.planning.resources) needs two GPUs and a sampler or the
-    Fisher (2 and 10 bytes) one."""
-    return 15 * world_model(yaml.safe_load(CONFIG.read_text())["world"]).params / 1e9
+    """The fake GPUs' memory: just enough for an SFT job's share on two GPUs (graftlab.memory), so
+    SFT, which shards, runs as two processes, and every other job, which cannot or need not, on one."""
+    config = resolve(yaml.safe_load(CONFIG.read_text()))
+    sft = job_work("sft", config, Experiment.of(config, "expert"), {"donor": "post"}).memory
+    return sft.per_gpu(2) / GPU_SHARE / 1e9 * 1.001
+
+
+# The GPU rules' model (the fake gres type), constraint (a feature of the local node) and QoS.
+GPU_SHAPE = {"gpu_type": "test", "gpu_constraint": "fakegpu", "gpu_qos": "gpuq"}
 
 
 def write_profile(path: Path) -> Path:
-    """profiles/slurm with its placeholder names replaced by the local cluster's and its GPUs' memory by
-    `gpu_memory_gb()`, nothing else changed but how soon the plugin first asks for a job's state (its
-    default, 40 s, is for a busy cluster)."""
+    """profiles/slurm with its placeholder names replaced by the local cluster's, its GPUs' memory by
+    `gpu_memory_gb()` and the GPU rules' `GPU_SHAPE` given, nothing else changed but how soon the plugin
+    first asks for a job's state (its default, 40 s, is for a busy cluster)."""
     text = (REPO / "profiles/slurm/config.yaml").read_text()
-    for placeholder, name in {**NAMES, "gpu_memory_gb: 80": f"gpu_memory_gb: {gpu_memory_gb()!r}"}.items():
+    shape = "".join(f"\n  {key}: {value}" for key, value in GPU_SHAPE.items())
+    for placeholder, name in {**NAMES, "gpu_memory_gb: 80": f"gpu_memory_gb: {gpu_memory_gb()!r}{shape}"}.items():
         assert placeholder in text
         text = text.replace(placeholder, name)
     path.mkdir(parents=True, exist_ok=True)
@@ -141,18 +150,19 @@ def slurm_run(background) -> tuple[Path, str]:
 def accounted(workdir: Path) -> list[dict]:
     """Every job of the run as SLURM's accounting holds it: its rule (from the plugin's comment), partition,
     requested TRES, time limit, nodes, state, start and end."""
-    fields = "WorkDir,Comment,Partition,ReqTRES,Timelimit,NNodes,State,Start,End"
+    fields = "WorkDir,Comment,Partition,ReqTRES,Timelimit,NNodes,State,Start,End,QOS,Constraints"
     query = ["sacct", "-X", "-P", "-n", "--starttime", "now-1days", "-o", fields]
     out = subprocess.run(query, capture_output=True, text=True, check=True).stdout
     rows = []
     for line in out.splitlines():
-        where, comment, partition, tres, limit, nodes, state, start, end = line.split("|")
+        where, comment, partition, tres, limit, nodes, state, start, end, qos, constraints = line.split("|")
         if Path(where) != workdir:
             continue  # another run's job
         tres = dict(kv.split("=", 1) for kv in tres.split(","))
         rule = re.match(r"rule_(\w+?)(_wildcards_|$)", comment)[1]
         span = (datetime.fromisoformat(start), datetime.fromisoformat(end))
-        rows.append(dict(rule=rule, partition=partition, tres=tres, limit=limit, nodes=nodes, state=state, span=span))
+        row = dict(rule=rule, partition=partition, tres=tres, limit=limit, nodes=nodes, state=state, span=span)
+        rows.append(row | {"qos": qos, "constraints": constraints})
     return rows
 
 
@@ -186,9 +196,17 @@ def test_every_job_asked_slurm_for_what_graftlab_sized(slurm_run):
     # The GPU rules went to the GPU partition, the summary to the CPU one; every job on one node.
     assert {p for p, *_ in asked["sft"] + asked["evaluate"]} == {"gpu"} and asked["summary"][0][0] == "cpu"
     assert all(request[-1] == "1" for requests in asked.values() for request in requests)
-    # The small GPUs: every trainer was given two, every sampler one.
-    assert {gpus for rule in ("sft", "chain_sft", "opsd", "grpo") for _, gpus, *_ in asked[rule]} == {2}
-    assert {gpus for rule in ("mine", "evaluate", "fisher") for _, gpus, *_ in asked[rule]} == {1}
+    # The small GPUs: SFT, which shards, was given two; the on-policy trainers and the Fisher, which cannot
+    # (their need is over one GPU: the dry run warned), and every sampler one.
+    assert {gpus for rule in ("sft", "chain_sft") for _, gpus, *_ in asked[rule]} == {2}
+    one = ("opsd", "grpo", "sdpo", "mine", "evaluate", "fisher")
+    assert {gpus for rule in one for _, gpus, *_ in asked[rule]} == {1}
+    assert re.search(r"graftlab: warning: opsd: needs .* and cannot shard over GPUs", planned)
+    # The GPU rules asked SLURM for the profile's GPU model, constraint and QoS; the CPU rules for none.
+    for row in accounted(workdir):
+        gpu = row["partition"] == "gpu"
+        assert ("gres/gpu:test" in row["tres"]) == gpu and (row["constraints"] == "fakegpu") == gpu, row
+        assert row["qos"] == ("gpuq" if gpu else "normal"), row  # normal: the association's default
 
 
 def planned_logs(planned: str, rules: tuple[str, ...]) -> list[str]:

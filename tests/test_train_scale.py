@@ -147,7 +147,7 @@ class Model(torch.nn.Module):
 def test_auto_micro_batch_is_the_whole_batch_on_a_cpu_and_fits_memory_on_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert prec.micro_batch("auto", 12, 512, Model()) == 12
-    # Per token, bf16, kept for the backward (graftlab.planning.memory): 2 layers x (16 x 100 hidden + 6 x 50
+    # Per token, bf16, kept for the backward (graftlab.memory): 2 layers x (16 x 100 hidden + 6 x 50
     # KV-wide + 8 x 300 intermediate) = 8,600 bytes, logits 1,000 x 16; a sequence of 10 tokens: 246,000 bytes.
     # Fixed: 1,000 parameters x 16.
     per_seq, fixed = 246_000, 16_000

@@ -60,7 +60,7 @@ JobRequeue=1
 GresTypes=gpu
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=$HOST
-AccountingStorageTRES=gres/gpu
+AccountingStorageTRES=gres/gpu,gres/gpu:test
 # The plugin names each job's rule in its comment, which sacct shows only when stored.
 AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/linux
@@ -69,7 +69,8 @@ MinJobAge=600
 # More CPUs than the machine has, as the config states them (config_overrides): a GPU job asks for 8, as on
 # a real GPU node, and the GPU jobs the test's run has ready at once (two-GPU trainers among them) must fit.
 SlurmdParameters=config_overrides
-NodeName=$HOST CPUs=64 RealMemory=$mem Gres=gpu:test:8 State=UNKNOWN
+# A feature the profile's gpu_constraint names (tests/test_slurm.py).
+NodeName=$HOST CPUs=64 RealMemory=$mem Gres=gpu:test:8 Features=fakegpu State=UNKNOWN
 PartitionName=cpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$HOST MaxTime=INFINITE State=UP
 EOF
@@ -126,6 +127,9 @@ up() {
     $sudo sacctmgr -i add cluster "$CLUSTER" >/dev/null 2>&1 || true
     $sudo sacctmgr -i add account graftlab Cluster="$CLUSTER" >/dev/null 2>&1 || true
     $sudo sacctmgr -i add user "$(id -un)" Account=graftlab Cluster="$CLUSTER" >/dev/null 2>&1 || true
+    # A QoS besides the default, for the profile's gpu_qos (tests/test_slurm.py).
+    $sudo sacctmgr -i add qos gpuq >/dev/null 2>&1 || true
+    $sudo sacctmgr -i modify user "$(id -un)" set qos+=gpuq >/dev/null 2>&1 || true
     pgrep -x slurmctld >/dev/null || $sudo slurmctld
     pgrep -x slurmd >/dev/null || $sudo slurmd
     wait_for 60 "the node" sh -c "sinfo -h -N -o %T | grep -qE '^(idle|mixed|allocated)'"
@@ -136,6 +140,18 @@ down() {
     for daemon in slurmd slurmctld slurmdbd mariadbd munged; do
         $sudo pkill -x "$daemon" 2>/dev/null || true
     done
+    # Until each has exited: an `up` right after must not find one still shutting down and skip its start.
+    local alive
+    for _ in $(seq 100); do
+        alive=""
+        for daemon in slurmd slurmctld slurmdbd mariadbd munged; do
+            pgrep -x "$daemon" >/dev/null && alive="$alive $daemon"
+        done
+        [ -z "$alive" ] && return 0
+        sleep 0.2
+    done
+    echo "local-slurm: still running after 20 s:$alive" >&2
+    return 1
 }
 
 case "${1:-}" in

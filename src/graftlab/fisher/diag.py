@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from graftlab.errors import GraftlabError
 from graftlab.io.tables import read_table
-from graftlab.planning.memory import CHUNK_FLOATS  # per-rollout gradients are materialised this many at a time
+from graftlab.memory import CHUNK_FLOATS  # per-rollout gradients are materialised this many at a time
 
 ROLLOUT_COLUMNS = ("prompt_ids", "completion_ids")
 
@@ -83,10 +83,10 @@ def fisher_device() -> torch.device:
 def fitting_batch(batch_size: int, rollouts, model, factors: float = 0.0) -> int:
     """Rollouts per pass: `batch_size`, or on a GPU as many as fit (at least one) beside the model, the fp32
     accumulator, a chunk of per-rollout gradients and `factors` bytes still to come: the batch changes memory,
-    not results (graftlab.planning.memory counts the same parts)."""
+    not results (graftlab.memory counts the same parts)."""
     if not torch.cuda.is_available():
         return batch_size
-    from graftlab.planning import memory
+    from graftlab import memory
 
     shape = memory.Shape.of_config(model.config.to_dict())
     longest = max(len(p) + len(c) for p, c in rollouts)

@@ -101,11 +101,28 @@ def _check_semantics(config: dict) -> None:
         checks += _world_checks(world, f"worlds.{name}")
     for name, exp in config["experiments"].items():
         checks += _experiment_checks(config, exp, f"experiments.{name}")
+    checks += _duplicate_models(config["models"])
     unknown = [e for e in config["study"]["experiments"] or [] if e not in config["experiments"]]
     checks.append((not unknown, "study.experiments", f"{unknown} are not in `experiments`"))
     for ok, where, problem in checks:
         if not ok:
             raise ConfigError(f"config key {where}: {problem}")
+
+
+def _duplicate_models(models: dict) -> list[tuple[bool, str, str]]:
+    """Two names for one checkpoint (the same source, revision and every other field but the `params` hint):
+    each job of one would repeat the other's, a donor's SFT and grafts and their evaluations among them."""
+    import json
+
+    first: dict[str, str] = {}
+    checks = []
+    for name, model in models.items():
+        same = json.dumps({k: v for k, v in model.items() if k != "params"}, sort_keys=True, default=str)
+        if same in first:
+            problem = f"is models.{first[same]} again (source {model['source']!r}, revision {model.get('revision')!r})"
+            checks.append((False, f"models.{name}", problem + ": give each its own revision, or drop one"))
+        first.setdefault(same, name)
+    return checks
 
 
 def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:

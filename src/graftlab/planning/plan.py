@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from graftlab.memory import Memory
 from graftlab.methods import METHODS
 from graftlab.planning import work
 from graftlab.planning.chains import (
@@ -34,8 +35,7 @@ from graftlab.planning.layout import (
     study_experiments,
     world_key,
 )
-from graftlab.planning.memory import Memory
-from graftlab.planning.resources import GPU_MEMORY_GB, TEMP_GRAFTS, misfit
+from graftlab.planning.resources import GPU_MEMORY_GB, TEMP_GRAFTS, Cluster, misfit
 from graftlab.planning.work import MINED, Work
 
 
@@ -61,7 +61,7 @@ class Cost:
     compute: float = 0.0
     written: float = 0.0
     kept: float = 0.0
-    need: Memory | None = None  # the GPU memory of its largest job (graftlab.planning.memory)
+    need: Memory | None = None  # the GPU memory of its largest job (graftlab.memory)
     batch: int | None = None  # that job's batch, which its GPUs must divide
 
     def add(self, w: Work | None = None, jobs: int = 1) -> None:
@@ -395,9 +395,9 @@ def render(plan: Plan) -> str:
         c = plan.costs[rule]
         gpus, memory = "", ""
         if c.need is not None:
-            n = c.need.gpus(a.gpu_memory_gb * GB, c.batch)
+            n = c.need.gpus(a.gpu_memory_gb * GB, c.batch, most=Cluster().gpus_per_node)
             gpus, memory = (str(n), f"{c.need.per_gpu(n) / GB:.3g}") if n else ("none", f"{c.need.per_gpu(1) / GB:.3g}")
-            if problem := misfit(sized_as(rule), c.need, a.gpu_memory_gb, c.batch):
+            if problem := misfit(sized_as(rule), c.need, Cluster(gpu_memory_gb=a.gpu_memory_gb), c.batch):
                 misfits.append(problem)
         cells = f"{c.jobs} | {_hours(plan.gpu_hours(c))} | {c.written / GB:.3g} | {c.kept / GB:.3g} | {gpus} | {memory}"
         lines.append(f"| {rule} | {cells} |")

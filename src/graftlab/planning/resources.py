@@ -4,7 +4,7 @@ size and the job's work, so a real model gets real limits and the tiny world kee
 Standard library only: the workflow imports it while it parses. The figures are upper bounds, sized so a
 first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime by `GROWTH`.
 
-- GPUs: the job's memory, part by part (`graftlab.planning.memory`, from its `graftlab.planning.work.Work`):
+- GPUs: the job's memory, part by part (`graftlab.memory`, from its `graftlab.planning.work.Work`):
   the fewest GPUs of `gpu_memory_gb` (`GPU_MEMORY_GB` unless the cluster profile states its own) on which
   each GPU's share fits and over which its batch divides. Only the parts its code shards are divided
   (SFT's FSDP, a tensor-parallel engine). A job that fits no count asks for one GPU, and `misfit` says
@@ -23,10 +23,11 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 
+from graftlab import memory
+from graftlab.memory import Memory, Shape
 from graftlab.methods import on_policy, trained_rules
-from graftlab.planning import memory
-from graftlab.planning.memory import Memory, Shape
 
 # Every rule of the workflow by what it needs; tests/test_resources.py fails on a rule missing here.
 # A continual experiment's chain rules (rules/continual.smk) are sized as the rule each one runs
@@ -85,6 +86,7 @@ SHARDED = ("sft",)
 # Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
 NOMINAL_TOKENS = 2048
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
+GPUS_PER_NODE = 8  # the most one job may ask for: every job is one node's
 SAMPLE_FLOPS = 40e12  # decoding is memory-bound: about a tenth of an H100's bf16 peak
 TRAIN_FLOPS = 120e12  # about 30% of the bf16 peak
 SETUP_MIN = 10  # loading the model, compiling the engine, writing the results
@@ -107,6 +109,54 @@ def classify(rule: str) -> str:
     raise KeyError(f"rule {rule!r} is not sized in graftlab.planning.resources: add it to GPU_KINDS or CPU_KINDS")
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster's shape, as the SLURM profile's `default-resources` state it (profiles/slurm/config.yaml;
+    a profile cannot template per rule, so the GPU rules read the `gpu_*` keys here and ask for them)."""
+
+    slurm_partition: str | None = None  # every job's default: a CPU partition
+    gpu_partition: str | None = None  # the GPU rules'
+    gpu_memory_gb: float = GPU_MEMORY_GB  # one GPU's memory
+    gpus_per_node: int = GPUS_PER_NODE  # the most GPUs one job may take
+    cpu_max_runtime: int = MAX_RUNTIME_MIN  # minutes: each partition's time limit
+    gpu_max_runtime: int = MAX_RUNTIME_MIN
+    # The GPU rules' GPU model (the SLURM plugin's `gpu_model`: `--gpus=MODEL:N`). Named apart from the
+    # plugin's key: a profile's default-resources reach every job, and a CPU job given a model asks for a GPU.
+    gpu_type: str | None = None
+    gpu_constraint: str | None = None  # the GPU rules' `--constraint`
+    gpu_qos: str | None = None  # the GPU rules' `--qos`
+
+    @classmethod
+    def of(cls, given: dict) -> Cluster:
+        """From a profile's default-resources (values as text or numbers; keys it does not state keep their
+        defaults); a ValueError names a key whose value is not of its kind."""
+        values = {}
+        for f in fields(cls):
+            if given.get(f.name) is None:
+                continue
+            raw = given[f.name]
+            if f.name == "gpu_memory_gb":
+                values[f.name] = gpu_memory(raw)
+            elif f.type == "int":
+                values[f.name] = _whole(f.name, raw)
+            else:
+                values[f.name] = str(raw)
+        return cls(**values)
+
+    def partition(self, kind: str) -> str | None:
+        return self.gpu_partition if kind == "gpu" else self.slurm_partition
+
+
+def _whole(key: str, raw) -> int:
+    try:
+        value = int(str(raw)) if not isinstance(raw, bool) else 0
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{key} must be a whole number >= 1, got {raw!r}")
+    return value
+
+
 def job_resources(
     rule: str,
     params: float = TINY_PARAMS,
@@ -116,15 +166,14 @@ def job_resources(
     memory: Memory | None = None,
     batch: int | None = None,
     attempt: int = 1,
-    partitions: dict | None = None,
-    gpu_memory_gb: float = GPU_MEMORY_GB,
+    cluster: Cluster = Cluster(),
 ) -> dict:
     """The resources of one job of `rule` by a model of `params` parameters that decodes `generate` FLOPs
     and passes `compute` FLOPs over whole sequences, holds `memory` on its GPUs and takes `batch` examples
-    a step (`graftlab.planning.work.Work`; without `memory`, `nominal_memory`), at try `attempt`.
-    `partitions` maps `cpu` / `gpu` to partition names; without it no `slurm_partition` is set.
-    `gpu_memory_gb`: the memory of one of the cluster's GPUs."""
-    gpu_memory_gb = gpu_memory(gpu_memory_gb)
+    a step (`graftlab.planning.work.Work`; without `memory`, `nominal_memory`), at try `attempt`, on
+    `cluster` (its partitions, GPU size and count a node, time limits, and the GPU rules' model, constraint
+    and QoS, each set only where the cluster names one)."""
+    gpu_memory_gb = cluster.gpu_memory_gb
     kind = classify(rule)
     grow = GROWTH ** (attempt - 1)
     gpus = 0
@@ -133,7 +182,7 @@ def job_resources(
     if kind == "gpu":
         need = memory or nominal_memory(rule, params)
         # A job no count holds asks for one GPU: more would sit idle (`misfit` says why it will not fit).
-        gpus = need.gpus(gpu_memory_gb * 1e9, batch) or 1
+        gpus = need.gpus(gpu_memory_gb * 1e9, batch, most=cluster.gpus_per_node) or 1
         mem_mb = BASE_MEM_MB + params * max(4, host) / 1e6
         parallel = gpus if need.sharded else 1
         runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / parallel / 60
@@ -143,14 +192,17 @@ def job_resources(
     out = {
         "gpu": gpus,
         "mem_mb": math.ceil(mem_mb * grow),
-        "runtime": min(MAX_RUNTIME_MIN, math.ceil(runtime * grow)),
+        "runtime": min(cluster.gpu_max_runtime if gpus else cluster.cpu_max_runtime, math.ceil(runtime * grow)),
         "cpus_per_task": GPU_JOB_CPUS if gpus else 1,
         # Every job is one node's: a multi-GPU job starts its processes itself (accelerate, on a free port),
         # so SLURM must not spread its GPUs over nodes.
         "nodes": 1,
     }
-    if partitions and partitions.get(kind):
-        out["slurm_partition"] = partitions[kind]
+    if cluster.partition(kind):
+        out["slurm_partition"] = cluster.partition(kind)
+    if kind == "gpu":
+        plugin_keys = {"gpu_model": cluster.gpu_type, "constraint": cluster.gpu_constraint, "qos": cluster.gpu_qos}
+        out |= {key: value for key, value in plugin_keys.items() if value is not None}
     return out
 
 
@@ -177,9 +229,10 @@ def nominal_memory(rule: str, params: float) -> Memory:
     return memory.trainer(params, shape, tokens=NOMINAL_TOKENS, recompute=True, scorers=scorers, shards=rule in SHARDED)
 
 
-def misfit(rule: str, need: Memory, gpu_memory_gb: float, batch: int | None = None) -> str | None:
-    """Why no GPU count holds a job of `rule`, in one line; None when one does."""
-    if need.gpus(gpu_memory(gpu_memory_gb) * 1e9, batch) is not None:
+def misfit(rule: str, need: Memory, cluster: Cluster = Cluster(), batch: int | None = None) -> str | None:
+    """Why no count of the cluster's GPUs (up to a node's) holds a job of `rule`, in one line; None when one does."""
+    gpu_memory_gb = cluster.gpu_memory_gb
+    if need.gpus(gpu_memory_gb * 1e9, batch, most=cluster.gpus_per_node) is not None:
         return None
     share = f"{memory.GPU_SHARE:.0%} of a {gpu_memory_gb:g} GB GPU"
     if need.spans > 1:
@@ -189,4 +242,5 @@ def misfit(rule: str, need: Memory, gpu_memory_gb: float, batch: int | None = No
             f"{rule}: needs {need.describe()}, more than {share}, and cannot shard over GPUs; "
             "set gpu_memory_gb to larger GPUs, or use a smaller model or shorter sequences"
         )
-    return f"{rule}: no GPU count dividing its batch of {batch} holds {need.describe()} within {share}"
+    most, parts = cluster.gpus_per_node, need.describe()
+    return f"{rule}: no count of up to {most} GPUs dividing its batch of {batch} holds it within {share}: {parts}"

@@ -22,11 +22,11 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from graftlab import memory
+from graftlab.memory import Memory, Shape
 from graftlab.methods import METHODS, on_policy
-from graftlab.planning import memory
 from graftlab.planning.chains import KNOWLEDGE, Chain
 from graftlab.planning.layout import POST, Experiment, fisher_options, kept_steps, parse_run
-from graftlab.planning.memory import Memory, Shape
 from graftlab.tasks import get_task
 
 # The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
@@ -85,7 +85,7 @@ class Work:
     compute: float = 0.0
     written: float = 0.0
     kept: float | None = None
-    memory: Memory | None = None  # on one GPU, part by part (graftlab.planning.memory); None: a CPU job
+    memory: Memory | None = None  # on one GPU, part by part (graftlab.memory); None: a CPU job
     batch: int | None = None  # examples of one optimizer step: a data-parallel job's GPUs must divide it
 
 

@@ -23,9 +23,9 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from graftlab import memory
 from graftlab.errors import GraftlabError
-from graftlab.planning import memory
-from graftlab.planning.memory import Shape
+from graftlab.memory import Shape
 
 SETTINGS = ("auto", "fp32", "bf16")
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -189,7 +189,7 @@ def micro_batch(
         free = torch.cuda.mem_get_info()[0]
     seq_len = seq_len() if callable(seq_len) else seq_len
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    # bf16 activations without recomputation: the most a micro-batch can hold (graftlab.planning.memory).
+    # bf16 activations without recomputation: the most a micro-batch can hold (graftlab.memory).
     per_seq = memory.activations(Shape.of_config(cfg.to_dict() if hasattr(cfg, "to_dict") else vars(cfg)), seq_len)
     params = sum(p.numel() for p in model.parameters())
     # Weights already on the GPU are no longer free; gradients and AdamW state are still to come.

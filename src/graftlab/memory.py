@@ -109,7 +109,10 @@ class Memory:
         """The fewest GPUs on which every GPU's share fits `GPU_SHARE` of `gpu_bytes`, and over which
         `batch` (examples of one optimizer step, each process taking an equal part) divides; None when no
         count up to `most` does (a job whose code cannot shard fits one GPU or none)."""
-        counts = (self.spans,) if self.spans > 1 else range(1, most + 1) if self.sharded else (1,)
+        if self.spans > 1:
+            counts = (self.spans,) if self.spans <= most else ()
+        else:
+            counts = range(1, most + 1) if self.sharded else (1,)
         for n in counts:
             if (batch is None or batch % n == 0) and self.per_gpu(n) <= GPU_SHARE * gpu_bytes:
                 return n
