@@ -291,6 +291,7 @@ def sized(rule_name):
                     "compute": work.compute,
                     "memory": work.memory,
                     "batch": work.batch,
+                    "host": work.host,
                 }
             )
             if key == "gpu" and work is not None and work.memory is not None:

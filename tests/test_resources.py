@@ -29,10 +29,11 @@ def test_sft_of_an_8b_model_by_hand():
     need = memory.trainer(8e9, QWEN3_8B, tokens=8704, recompute=True, shards=True)
     assert need.parts["activations"] == 8704 * 2_895_872
     # Runtime: 6 x 8e9 x 1000 sequences x 1000 tokens = 4.8e16 FLOPs at 4 x 120e12/s = 100 s, + 10 min.
+    # Host memory: 4 GB + each of the 4 processes' fp32 copy while it loads, 4 x 32 GB.
     r = job_resources("sft", 8e9, compute=4.8e16, memory=need, batch=64, cluster=CLUSTER)
     assert r == {
         "gpu": 4,
-        "mem_mb": 36000,
+        "mem_mb": 132000,
         "runtime": 12,
         "cpus_per_task": 8,
         "nodes": 1,
@@ -40,7 +41,7 @@ def test_sft_of_an_8b_model_by_hand():
     }
     # A retry: x1.5 memory and runtime (11.67 min x 1.5 = 17.5).
     retry = job_resources("sft", 8e9, compute=4.8e16, memory=need, batch=64, attempt=2, cluster=CLUSTER)
-    assert (retry["mem_mb"], retry["runtime"], retry["gpu"]) == (54000, 18, 4)
+    assert (retry["mem_mb"], retry["runtime"], retry["gpu"]) == (198000, 18, 4)
     # A batch of 63 splits over 7 processes, not 4, 5 or 6 (the 8B STaR preset's 64 over 3 failed every try).
     assert job_resources("sft", 8e9, memory=need, batch=63)["gpu"] == 7
     # An 8B OPSD cannot shard: 128 + 32 + a 32 GB teacher is more than one GPU holds. It asks for one GPU
@@ -251,3 +252,23 @@ def test_no_cluster_key_but_the_default_partition_is_one_the_slurm_plugin_reads(
     read |= set(re.findall(r"resources\.(\w+)\b", source)) - {"get"}
     assert {"gpu_model", "constraint", "qos", "slurm_partition"} <= read  # what the plugin reads, as expected
     assert {f.name for f in fields(Cluster)} & read == {"slurm_partition"}
+
+
+def test_param_drift_is_sized_by_its_decompositions():
+    """Finding 6 of issue 31: the 4B chain's parameter drift asked for 4 GB and 10 minutes."""
+    import yaml
+
+    from graftlab.planning.chains import Continual
+    from graftlab.planning.config import resolve
+    from graftlab.planning.work import continual_work
+
+    config = resolve(yaml.safe_load((REPO / "configs" / "qwen3-4b-continual.yaml").read_text()))
+    layout = Continual.of(config, next(n for n, x in config["experiments"].items() if x["stages"]))
+    work = continual_work("param_drift", config, layout, {})
+    shape = work.model.shape  # assumed from 4.02e9 parameters until the model is fetched: 32 layers of 3,200
+    widest = shape.vocab * shape.hidden  # the embedding
+    assert work.host == 6 * 8 * widest and len(layout.drift_pairs()) == 104
+    # Two thin SVDs (6 m n^2 FLOPs each) of every matrix, 104 pairs: more than the 2-day cap at 5e9 FLOP/s.
+    assert work.compute >= 2 * 104 * 6 * shape.vocab * shape.hidden**2
+    r = job_resources("param_drift", work.model.params, compute=work.compute, host=work.host)
+    assert r["mem_mb"] == math.ceil(4000 + work.host / 1e6) and r["runtime"] == 48 * 60

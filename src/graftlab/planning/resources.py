@@ -11,7 +11,8 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
   why in one line (the workflow warns, `graftlab plan` lists it): on-policy trainers and the Fisher
   cannot shard yet.
 - Host memory: a GPU job passes one fp32 copy of the model through host memory while it loads and
-  saves (4 bytes per parameter); a graft holds the post model, a delta, the Fisher and the result in
+  saves (4 bytes per parameter), a sharded job one a process (each loads the whole model before FSDP
+  shards it); a graft holds the post model, a delta, the Fisher and the result in
   fp32 at once (16 bytes); a sensitivity update the Fisher and two streamed models (8 bytes).
 - Runtime: the job's FLOPs (`graftlab.planning.work`, the count the cost plan uses too), decoding at
   `SAMPLE_FLOPS` and whole-sequence passes at `TRAIN_FLOPS` per GPU it shards over, plus `SETUP_MIN`; capped at
@@ -89,6 +90,7 @@ GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than th
 GPUS_PER_NODE = 8  # the most one job may ask for: every job is one node's
 SAMPLE_FLOPS = 40e12  # decoding is memory-bound: about a tenth of an H100's bf16 peak
 TRAIN_FLOPS = 120e12  # about 30% of the bf16 peak
+CPU_FLOPS = 5e9  # float64 decompositions on a CPU job's few cores (torch's SVD, 2 threads: 4-6e9 measured)
 SETUP_MIN = 10  # loading the model, compiling the engine, writing the results
 MAX_RUNTIME_MIN = 48 * 60
 GROWTH = 1.5
@@ -165,30 +167,35 @@ def job_resources(
     compute: float = 0.0,
     memory: Memory | None = None,
     batch: int | None = None,
+    host: float = 0.0,
     attempt: int = 1,
     cluster: Cluster = Cluster(),
 ) -> dict:
     """The resources of one job of `rule` by a model of `params` parameters that decodes `generate` FLOPs
     and passes `compute` FLOPs over whole sequences, holds `memory` on its GPUs and takes `batch` examples
-    a step (`graftlab.planning.work.Work`; without `memory`, `nominal_memory`), at try `attempt`, on
+    a step (`graftlab.planning.work.Work`; without `memory`, `nominal_memory`), and a CPU job `host` bytes
+    of host memory beyond its base and `compute` FLOPs at `CPU_FLOPS`, at try `attempt`, on
     `cluster` (its partitions, GPU size and count a node, time limits, and the GPU rules' model, constraint
     and QoS, each set only where the cluster names one)."""
     gpu_memory_gb = cluster.gpu_memory_gb
     kind = classify(rule)
     grow = GROWTH ** (attempt - 1)
     gpus = 0
-    host = HOST_BYTES_PER_PARAM.get(rule, 0)
-    streamed = params * host / 50e6 / 60  # minutes of tensors streamed through host memory at ~50 MB/s
+    host_bytes = HOST_BYTES_PER_PARAM.get(rule, 0)
+    streamed = params * host_bytes / 50e6 / 60  # minutes of tensors streamed through host memory at ~50 MB/s
     if kind == "gpu":
         need = memory or nominal_memory(rule, params)
         # A job no count holds asks for one GPU: more would sit idle (`misfit` says why it will not fit).
         gpus = need.gpus(gpu_memory_gb * 1e9, batch, most=cluster.gpus_per_node) or 1
-        mem_mb = BASE_MEM_MB + params * max(4, host) / 1e6
+        # Each process of a sharded job loads the whole model in fp32 before FSDP shards it
+        # (commands/fsdp.yaml: fsdp_cpu_ram_efficient_loading off), so host memory holds one copy a GPU.
+        copies = gpus if need.sharded else 1
+        mem_mb = BASE_MEM_MB + params * max(4 * copies, host_bytes) / 1e6
         parallel = gpus if need.sharded else 1
         runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / parallel / 60
     else:
-        mem_mb = CPU_MEM_MB.get(rule, BASE_MEM_MB) + params * host / 1e6
-        runtime = SETUP_MIN + streamed
+        mem_mb = CPU_MEM_MB.get(rule, BASE_MEM_MB) + params * host_bytes / 1e6 + host / 1e6
+        runtime = SETUP_MIN + streamed + compute / CPU_FLOPS / 60
     out = {
         "gpu": gpus,
         "mem_mb": math.ceil(mem_mb * grow),

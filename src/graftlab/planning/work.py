@@ -87,6 +87,7 @@ class Work:
     kept: float | None = None
     memory: Memory | None = None  # on one GPU, part by part (graftlab.memory); None: a CPU job
     batch: int | None = None  # examples of one optimizer step: a data-parallel job's GPUs must divide it
+    host: float = 0.0  # a CPU job's peak host memory beyond its base, in bytes, where its work sets it
 
 
 def decoder_model(c: dict, bytes_per_param: int, source: str) -> Model:
@@ -382,6 +383,8 @@ def continual_work(
         return continual_eval_work(config, layout, a, root)
     if rule == "response_kl":
         return response_kl_work(config, layout, a, root)
+    if rule == "param_drift":
+        return param_drift_work(config, layout, root)
     if "k" not in wildcards:  # the stage-1 retention Fisher of the post model, data sets, tables
         return job_work(rule, config, layout.stage_view(1), wildcards, a, root)
     k = int(wildcards["k"])
@@ -448,6 +451,19 @@ def continual_eval_work(config: dict, layout, a: Assumptions, root: Path = Path(
     sequences = sum(n * (1 if get_task(task).greedy else samples) for n, task in continual_benchmarks(layout, a))
     sequence = a.prompt_tokens + x["eval"]["max_new_tokens"]
     return Work(post, generate=2 * post.params * sequences * sequence, memory=sampler_memory(config, post, sequence))
+
+
+def param_drift_work(config: dict, layout, root: Path = Path(".")) -> Work:
+    """Parameter drift (`graftlab.analysis.param_drift`) of every drift pair: each weight matrix of both
+    models decomposed in float64, a thin SVD of an m x n matrix (m >= n) about 6 m n^2 FLOPs, one matrix at
+    a time: its peak is the widest matrix's two copies, two U factors and their work space, about 6 float64
+    copies of it."""
+    post = model_of(config, layout.stage_view(1), POST, root)
+    shape = post.shape
+    matrices = post.linears or [(shape.hidden, shape.intermediate)] * 3 * shape.layers
+    matrices = [*matrices, (shape.vocab, shape.hidden)]  # the embedding (and an untied head, as large)
+    svd = sum(6 * max(m, n) * min(m, n) ** 2 for m, n in matrices)
+    return Work(post, compute=2 * svd * len(layout.drift_pairs()), host=6 * 8 * max(m * n for m, n in matrices))
 
 
 def response_kl_work(config: dict, layout, a: Assumptions, root: Path = Path(".")) -> Work:
