@@ -30,6 +30,7 @@ from graftlab.planning.resources import (
     TEMP_GRAFTS,
     job_resources,
     misfit,
+    overtime,
 )
 from graftlab.planning.source import import_from
 from graftlab.planning.work import continual_work, job_work, world_work
@@ -267,10 +268,16 @@ def work_of(rule_name, exp, wildcards):
     return job_work(rule_name, config, LAYOUTS[exp], w)
 
 
-@functools.cache
-def warn_misfit(rule_name, problem):
-    """Say once per rule that its jobs do not fit the profile's GPUs (graftlab.planning.resources.misfit)."""
-    print(f"graftlab: warning: {problem}", file=sys.stderr)
+WARNED = set()
+
+
+def warn_once(rule_name, kind, problem):
+    """Say once per rule and kind, for its first job, that its jobs do not fit the cluster
+    (graftlab.planning.resources: `misfit`, the GPUs; `overtime`, the partition's time limit).
+    """
+    if (rule_name, kind) not in WARNED:
+        WARNED.add((rule_name, kind))
+        print(f"graftlab: warning: {problem}", file=sys.stderr)
 
 
 def sized(rule_name):
@@ -296,7 +303,9 @@ def sized(rule_name):
             )
             if key == "gpu" and work is not None and work.memory is not None:
                 if problem := misfit(rule_name, work.memory, CLUSTER, work.batch):
-                    warn_misfit(rule_name, problem)
+                    warn_once(rule_name, "gpus", problem)
+            if key == "runtime" and (problem := overtime(rule_name, CLUSTER, **sizes)):
+                warn_once(rule_name, "runtime", problem)
             return job_resources(rule_name, **sizes, attempt=attempt, cluster=CLUSTER)[
                 key
             ]

@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 from graftlab import memory
 from graftlab.memory import Shape
 from graftlab.planning.plan import sized_as
-from graftlab.planning.resources import CPU_KINDS, GPU_KINDS, Cluster, classify, job_resources, misfit, nominal_memory
+from graftlab.planning.resources import (
+    CPU_KINDS,
+    GPU_KINDS,
+    Cluster,
+    classify,
+    job_resources,
+    misfit,
+    nominal_memory,
+    overtime,
+)
 from tests.conftest import REPO, job_requests, snakemake
 
 CLUSTER = Cluster(slurm_partition="cpu-part", gpu_partition="gpu-part")
@@ -272,3 +281,16 @@ def test_param_drift_is_sized_by_its_decompositions():
     assert work.compute >= 2 * 104 * 6 * shape.vocab * shape.hidden**2
     r = job_resources("param_drift", work.model.params, compute=work.compute, host=work.host)
     assert r["mem_mb"] == math.ceil(4000 + work.host / 1e6) and r["runtime"] == 48 * 60
+
+
+def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():
+    # Mining 1.6e19 FLOPs at 40e12/s: 111 hours; the 48-hour cap holds it to 2,880 minutes.
+    assert job_resources("mine", 8e9, generate=1.6e19)["runtime"] == 48 * 60
+    assert overtime("mine", generate=1.6e19, params=8e9) == (
+        "mine: needs about 111 hours, more than its partition's 48, and does not resume"
+    )
+    assert overtime("mine", Cluster(gpu_max_runtime=7000), generate=1.6e19, params=8e9) is None
+    assert overtime("opsd", generate=1.6e19, params=8e9) is None  # a trainer saves its state and resumes
+    assert overtime("param_drift", Cluster(cpu_max_runtime=60), compute=1e15) == (
+        "param_drift: needs about 56 hours, more than its partition's 1, and does not resume"
+    )

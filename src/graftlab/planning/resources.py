@@ -24,7 +24,7 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from graftlab import memory
 from graftlab.memory import Memory, Shape
@@ -84,6 +84,8 @@ CPU_KINDS = (
 TWO_MODELS = ("pedagogical_teacher", *(m.rule for m in on_policy() if m.spec.models == 2))
 # Trainers whose code shards the trained model over several GPUs (FSDP through accelerate).
 SHARDED = ("sft",)
+# Jobs that save their state and continue after SLURM requeues them at their time limit (graftlab.train.resume).
+RESUMES = ("pedagogical_teacher", *trained_rules())
 # Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
 NOMINAL_TOKENS = 2048
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
@@ -222,6 +224,19 @@ def gpu_memory(value) -> float:
     if not (math.isfinite(gb) and gb > 0):
         raise ValueError(f"gpu_memory_gb must be a positive number of GB, got {value!r}")
     return gb
+
+
+def overtime(rule: str, cluster: Cluster = Cluster(), **sizes) -> str | None:
+    """Why a job of `rule` (sized by `sizes`, as `job_resources` takes them) will time out, in one line: it
+    needs more than its partition's time limit and does not resume; None when it fits or resumes."""
+    if rule in RESUMES:
+        return None
+    cap = cluster.gpu_max_runtime if classify(rule) == "gpu" else cluster.cpu_max_runtime
+    uncapped = replace(cluster, gpu_max_runtime=10**9, cpu_max_runtime=10**9)
+    needed = job_resources(rule, **sizes, cluster=uncapped)["runtime"]
+    if needed <= cap:
+        return None
+    return f"{rule}: needs about {needed / 60:,.0f} hours, more than its partition's {cap / 60:g}, and does not resume"
 
 
 def nominal_memory(rule: str, params: float) -> Memory:
