@@ -186,11 +186,6 @@ def fisher(
     return Memory(parts)
 
 
-def fits_share(free: float) -> float:
-    """Bytes of `free` memory a job's parts may take."""
-    return GPU_SHARE * free
-
-
 def largest_divisor(batch: int, most: float) -> int:
     """The largest divisor of `batch` that is at most `most` (at least 1)."""
     most = max(1, math.floor(most))
