@@ -80,9 +80,7 @@ def predicted(kind: str, model: Path, cuda: bool):
     padding mask), scores and probabilities in fp32, per layer and head."""
     mem = _predicted(kind, model, cuda)
     if not cuda and kind != "sample":
-        import json as _json
-
-        c = _json.loads((model / "config.json").read_text())
+        c = json.loads((model / "config.json").read_text())
         seq = SFT_LEN if kind == "sft" else prompt_tokens(model) + NEW
         mem.parts["attention matrices (CPU)"] = MICRO * c["num_hidden_layers"] * c["num_attention_heads"] * seq**2 * 8
     return mem

@@ -390,14 +390,14 @@ def render(plan: Plan) -> str:
     # "kept" is what the rule's outputs use on disk after the run: `graftlab.planning.disk` measures the same per rule.
     head = "| rule | jobs | GPU-hours | disk written (GB) | kept (GB) | GPUs a job | GB a GPU |"
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
-    misfits = []
+    misfits, cluster = [], Cluster(gpu_memory_gb=a.gpu_memory_gb)
     for rule in rules:
         c = plan.costs[rule]
         gpus, memory = "", ""
         if c.need is not None:
-            n = c.need.gpus(a.gpu_memory_gb * GB, c.batch, most=Cluster().gpus_per_node)
+            n = c.need.gpus(a.gpu_memory_gb * GB, c.batch, most=cluster.gpus_per_node)
             gpus, memory = (str(n), f"{c.need.per_gpu(n) / GB:.3g}") if n else ("none", f"{c.need.per_gpu(1) / GB:.3g}")
-            if problem := misfit(sized_as(rule), c.need, Cluster(gpu_memory_gb=a.gpu_memory_gb), c.batch):
+            if problem := misfit(sized_as(rule), c.need, cluster, c.batch):
                 misfits.append(problem)
         cells = f"{c.jobs} | {_hours(plan.gpu_hours(c))} | {c.written / GB:.3g} | {c.kept / GB:.3g} | {gpus} | {memory}"
         lines.append(f"| {rule} | {cells} |")

@@ -189,12 +189,11 @@ def job_resources(
         need = memory or nominal_memory(rule, params)
         # A job no count holds asks for one GPU: more would sit idle (`misfit` says why it will not fit).
         gpus = need.gpus(gpu_memory_gb * 1e9, batch, most=cluster.gpus_per_node) or 1
-        # Each process of a sharded job loads the whole model in fp32 before FSDP shards it
-        # (commands/fsdp.yaml: fsdp_cpu_ram_efficient_loading off), so host memory holds one copy a GPU.
-        copies = gpus if need.sharded else 1
-        mem_mb = BASE_MEM_MB + params * max(4 * copies, host_bytes) / 1e6
-        parallel = gpus if need.sharded else 1
-        runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / parallel / 60
+        # A sharded job's GPUs each run a process: each loads the whole model in fp32 before FSDP shards it
+        # (commands/fsdp.yaml: fsdp_cpu_ram_efficient_loading off), and each does its share of the work.
+        processes = gpus if need.sharded else 1
+        mem_mb = BASE_MEM_MB + params * max(4 * processes, host_bytes) / 1e6
+        runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / processes / 60
     else:
         mem_mb = CPU_MEM_MB.get(rule, BASE_MEM_MB) + params * host_bytes / 1e6 + host / 1e6
         runtime = SETUP_MIN + streamed + compute / CPU_FLOPS / 60
