@@ -91,9 +91,11 @@ def test_the_plan_gives_each_gpu_rules_gpus_and_lists_the_jobs_no_gpu_count_hold
     assert main(["plan", "--configfile", preset, "--disk-free", "1e6"]) == 0
     out = capsys.readouterr().out
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.splitlines() if line.startswith("| ")}
-    # Qwen3-8B's SFT shards over 4 of the 80 GB GPUs (64 divides by 4); its OPSD, which cannot shard, fits none.
-    assert rows["sft"][5] == "4" and float(rows["sft"][6].rstrip(" |")) <= 0.85 * 80
-    assert rows["opsd"][5] == "none" and "- opsd: needs " in out.split("Does not fit a 80 GB GPU")[1]
+    # Qwen3-8B's SFT and OPSD shard over 4 of the 80 GB GPUs (their batches divide by 4); its
+    # Fisher, which cannot shard, fits none.
+    for rule in ("sft", "opsd"):
+        assert rows[rule][5] == "4" and float(rows[rule][6].rstrip(" |")) <= 0.85 * 80
+    assert rows["fisher"][5] == "none" and "- fisher: needs " in out.split("Does not fit a 80 GB GPU")[1]
     # On 300 GB GPUs every job fits.
     assert main(["plan", "--configfile", preset, "--disk-free", "1e6", "--gpu-memory-gb", "300"]) == 0
     out = capsys.readouterr().out

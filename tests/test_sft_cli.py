@@ -16,10 +16,11 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from graftlab.commands.sft import FSDP_CONFIG, add_parser, cli_args, job_processes, launch_command, main
+from graftlab.commands.sft import FSDP_CONFIG, add_parser, cli_args, launch_command, main
 from graftlab.tasks import arith, chat_completion
 from graftlab.train.live import Live
 from graftlab.train.sft import TrainConfig
+from graftlab.train.shard import job_processes
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,6 +11,7 @@ from graftlab.synth.demonstrations import opsd_examples
 from graftlab.train.opsd import OpsdConfig, train_opsd
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.settings import job_settings
+from graftlab.train.shard import job_gpus_processes
 
 p, inp = snakemake.params, snakemake.input
 # A continual stage starts from a checkpoint inside its previous stage's output (params.model).
@@ -27,4 +28,6 @@ with job_log(snakemake.log[0], snakemake.threads):
     facts = pl.read_parquet(inp.facts) if inp.facts else None
     examples = opsd_examples(pl.read_parquet(inp.data), facts)
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
-    train_opsd(model, examples, cfg, snakemake.output[0], {"post": model, "data": inp.data}, resume)
+    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # sharded over several
+    inputs = {"post": model, "data": inp.data}
+    train_opsd(model, examples, cfg, snakemake.output[0], inputs, resume, processes=processes)

@@ -12,6 +12,7 @@ from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.sdpo import SdpoConfig, train_sdpo
 from graftlab.train.settings import job_settings
+from graftlab.train.shard import job_gpus_processes
 
 p, inp = snakemake.params, snakemake.input
 # A continual stage starts from a checkpoint inside its previous stage's output (params.model).
@@ -28,4 +29,6 @@ with job_log(snakemake.log[0], snakemake.threads):
     problems = rl_problems(pl.read_parquet(inp.data))
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
     teacher = {"teacher_dir": p.get("teacher_dir"), "keep_teacher": bool(p.get("keep_teacher"))}
-    train_sdpo(model, problems, cfg, snakemake.output[0], {"post": model, "data": inp.data}, resume, **teacher)
+    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # sharded over several
+    inputs = {"post": model, "data": inp.data}
+    train_sdpo(model, problems, cfg, snakemake.output[0], inputs, resume, **teacher, processes=processes)

@@ -7,11 +7,12 @@ hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
 
 from pathlib import Path
 
-from graftlab.commands.sft import job_processes, launch_epochs
+from graftlab.commands.sft import launch_epochs
 from graftlab.io.joblog import job_log
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.settings import job_settings
 from graftlab.train.sft import TrainConfig, sft_epochs
+from graftlab.train.shard import job_gpus_processes
 
 p = snakemake.params
 cfg = TrainConfig(
@@ -27,10 +28,8 @@ with job_log(snakemake.log[0], snakemake.threads):
     # As `graftlab sft` does: a NaN or Inf in the start model trains a model of NaN without a word.
     refuse_nonfinite(p.model, "SFT start model")
 
-    # More than one GPU is asked for only when the model does not fit one (graftlab.planning.resources): FSDP.
-    processes, why = job_processes(int(getattr(snakemake.resources, "gpu", 0) or 0))
+    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # FSDP over several
     if processes > 1:
-        print(f"processes: {processes} ({why})", flush=True)
         launch_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), processes)
     else:
         resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)

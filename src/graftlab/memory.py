@@ -8,7 +8,7 @@ Parts, in bytes (P parameters; a token is one position of one sequence of a micr
   step's temporaries, one more fp32 copy (torch's AdamW works on whole lists of tensors there: measured on
   an H200, benchmarks/README.md);
 - a model that only scores (OPSD's and SDPO's teacher, GRPO's reference with beta > 0, the Fisher's model):
-  its weights in the dtype it is loaded in (fp32 today);
+  its weights in the dtype it is loaded in (a frozen teacher of our own loops in bf16, else fp32);
 - activations, per token and layer, what autograd keeps of a Qwen3-style layer with a fused attention
   kernel, at 16 bits: 2 bytes per unit of 8 hidden-wide tensors (the two norms' inputs, the q/k/v and
   output projections' inputs, q, the attention output), 3 KV-wide ones (k, v, k's norm input) and 4
@@ -151,7 +151,7 @@ def trainer(
 ) -> Memory:
     """A trainer of `params` parameters: the trained model, `scorers` models that only score beside it,
     one micro-batch of `tokens` positions and, with `engine_tokens`, a colocated sampling engine holding
-    that many tokens of KV cache. `shards`: its code divides the trained model over its GPUs (FSDP);
+    that many tokens of KV cache. `shards`: its code divides the trained and scoring models over its GPUs (FSDP);
     `step_copy`: the optimizer step's fp32 temporaries (a GPU's; a CPU's AdamW steps tensor by tensor)."""
     parts = {"trained model": params * TRAINED_BYTES}
     if step_copy:
@@ -161,7 +161,7 @@ def trainer(
     parts["activations"] = activations(shape, tokens, act_bytes=act_bytes, recompute=recompute)
     if engine_tokens:
         parts["sampling engine"] = params * engine_bytes + engine_tokens * shape.kv_bytes(engine_bytes)
-    return Memory(parts, frozenset({"trained model", "optimizer step"}) if shards else frozenset())
+    return Memory(parts, frozenset({"trained model", "optimizer step", "scoring models"}) if shards else frozenset())
 
 
 def sampler(params: float, shape: Shape, *, tokens: float, weight_bytes: int = BF16) -> Memory:

@@ -330,9 +330,14 @@ class HfSampler:
         # Greedy decoding gives one answer per prompt: decode it once and repeat it n times, as vLLM does.
         n = 1 if greedy else cfg.n
         batch = tok(prompts, return_tensors="pt", padding=True).to(self.device)
-        with torch.inference_mode():
+        # A model sharded over processes (`graftlab.train.shard`) gathers its weights in every forward: each
+        # process decodes until all are done (`synced_gpus`), and outside inference mode, whose tensors
+        # FSDP's reused gather buffers could not be written into afterwards.
+        synced = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        with torch.no_grad() if synced else torch.inference_mode():
             ids = self.model.generate(
                 **batch,
+                synced_gpus=synced,
                 do_sample=not greedy,
                 temperature=None if greedy else cfg.temperature,
                 top_p=None if greedy else cfg.top_p,

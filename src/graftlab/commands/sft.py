@@ -215,22 +215,6 @@ def live_args(live) -> list[str]:
     return board + (["--wandb", live.wandb] if live.wandb else [])
 
 
-def job_processes(gpus: int) -> tuple[int, str]:
-    """How many training processes a job given `gpus` GPUs starts, and why: one per GPU torch can use, at
-    most `gpus`. On a node without CUDA whose scheduler still gave the job GPUs (`SLURM_GPUS_ON_NODE`; the
-    test cluster's fake GPUs, tests/slurm/local-slurm.sh), one CPU process per GPU given: accelerate then
-    runs the same launch as data parallel over gloo, so the multi-process path runs where no GPU is."""
-    import os
-
-    import torch
-
-    if torch.cuda.is_available():
-        seen = torch.cuda.device_count()
-        return min(gpus, seen), f"{gpus} GPUs asked for, {seen} visible"
-    given = int(os.environ.get("SLURM_GPUS_ON_NODE") or 0)
-    return min(gpus, given), f"no CUDA; {given} GPUs given by SLURM, each a CPU process (gloo)"
-
-
 def launch_epochs(model, data, cfg, out, gpus: int) -> None:
     """The workflow's SFT (`sft_epochs`'s output) over `gpus` GPUs with FSDP: a job is given more than one
     GPU only when the model does not fit one (graftlab.planning.resources). Time-based resume is not offered here:

@@ -12,7 +12,11 @@ class OpsdSpec(OnPolicySpec):
     section = "opsd"
     sweeps = ("alpha", "lr")
     models = 2  # the frozen teacher beside the student
+    shards = True
     keys = ("alpha", "lr")
+
+    def scorer_bytes(self, section: dict) -> int:
+        return 2  # the frozen teacher in bf16 on a GPU (graftlab.train.onpolicy.load_pair)
 
     def runs(self, section: dict) -> list[dict[str, str]]:
         return [{"alpha": a, "lr": lr} for a in section["alpha"] for lr in section["lr"]]

@@ -57,6 +57,7 @@ class SdpoSpec(OnPolicySpec):
     section = "sdpo"
     models = 2  # the scheduled teacher beside the student
     keys = ("teacher", "lr")
+    shards = True
 
     def __init__(self, teachers: str, cot: bool) -> None:
         self.teachers = teachers  # the section's field listing this method's schedules
@@ -71,6 +72,17 @@ class SdpoSpec(OnPolicySpec):
     def batch(self, section: dict) -> int:
         # A sampled batch's rollouts, shared equally by its updates.
         return section["batch_size"] * section["generations"] // section["updates_per_batch"]
+
+    def split(self, section: dict) -> int:
+        # Each process samples an equal part of the problems and trains on one of every update's rollouts.
+        return math.gcd(section["batch_size"], self.batch(section))
+
+    def scorer_bytes(self, section: dict) -> int:
+        # A frozen teacher in bf16 on a GPU; a moving one in fp32, as it blends in the student's updates
+        # (graftlab.train.onpolicy.load_pair). A section's schedules are sized by its most demanding.
+        fields = [f for f in (self.teachers, "teacher") if f in section]
+        schedules = [s for f in fields for s in ([section[f]] if isinstance(section[f], str) else section[f])]
+        return 2 if all(parse_schedule(s).kind == "frozen" for s in schedules) else 4
 
     def own(self, section: dict) -> list[str]:
         problems = at_least(section, steps=1, batch_size=1, generations=2, updates_per_batch=1, top_k=1)

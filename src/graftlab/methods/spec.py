@@ -79,9 +79,21 @@ class OnPolicySpec(TrainerSpec):
         """The keys of every run the section sweeps, in the order tables list them."""
         return [{"lr": lr} for lr in section["lr"]]
 
+    # Whether its trainer shards the student and its scorers over several GPUs (our own loops:
+    # graftlab.train.shard); TRL's GRPO trains on one.
+    shards: bool = False
+
     def scorers(self, section: dict) -> int:
-        """Models beside the student that only score (a teacher, a reference): fp32 on its GPU today."""
+        """Models beside the student that only score (a teacher, a reference)."""
         return self.models - 1
+
+    def scorer_bytes(self, section: dict) -> int:
+        """Bytes a parameter of a scoring model takes on a GPU: fp32 unless the trainer keeps it in bf16."""
+        return 4
+
+    def split(self, section: dict) -> int:
+        """What a sharded run's processes each take an equal part of: the batch of an optimizer step."""
+        return self.batch(section)
 
     def keeps_teacher(self, keys: dict[str, str]) -> bool:
         """Whether a continual stage of this run writes a teacher the next stage carries on with."""

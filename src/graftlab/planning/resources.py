@@ -82,8 +82,9 @@ CPU_KINDS = (
 
 # Trainers holding a second model beside the one they train: a frozen or moving teacher, Pedagogical RL's student.
 TWO_MODELS = ("pedagogical_teacher", *(m.rule for m in on_policy() if m.spec.models == 2))
-# Trainers whose code shards the trained model over several GPUs (FSDP through accelerate).
-SHARDED = ("sft",)
+# Trainers whose code shards the trained model over several GPUs: SFT (FSDP through accelerate) and our own
+# on-policy loops (graftlab.train.shard).
+SHARDED = ("sft", *dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
 # Jobs that save their state and continue after SLURM requeues them at their time limit (graftlab.train.resume).
 RESUMES = ("pedagogical_teacher", *trained_rules())
 # Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
@@ -227,15 +228,15 @@ def gpu_memory(value) -> float:
 
 def overtime(rule: str, cluster: Cluster = Cluster(), **sizes) -> str | None:
     """Why a job of `rule` (sized by `sizes`, as `job_resources` takes them) will time out, in one line: it
-    needs more than its partition's time limit and does not resume; None when it fits or resumes."""
-    if rule in RESUMES:
-        return None
+    needs more than its partition's time limit and does not resume; None when it fits or resumes. A trainer
+    resumes on one GPU only: over several, its processes save no resume state (graftlab.train.onpolicy)."""
     cap = cluster.gpu_max_runtime if classify(rule) == "gpu" else cluster.cpu_max_runtime
     uncapped = replace(cluster, gpu_max_runtime=10**9, cpu_max_runtime=10**9)
-    needed = job_resources(rule, **sizes, cluster=uncapped)["runtime"]
-    if needed <= cap:
+    job = job_resources(rule, **sizes, cluster=uncapped)
+    if (rule in RESUMES and job["gpu"] <= 1) or job["runtime"] <= cap:
         return None
-    return f"{rule}: needs about {needed / 60:,.0f} hours, more than its partition's {cap / 60:g}, and does not resume"
+    why = "runs over several GPUs, where it saves no resume state" if rule in RESUMES else "does not resume"
+    return f"{rule}: needs about {job['runtime'] / 60:,.0f} hours, more than its partition's {cap / 60:g}, and {why}"
 
 
 def nominal_memory(rule: str, params: float) -> Memory:

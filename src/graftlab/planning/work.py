@@ -269,11 +269,20 @@ def sampler_memory(config: dict, model: Model, sequence: int) -> Memory:
 
 
 def trainer_memory(
-    config: dict, model: Model, section: dict, sequence: int, *, scorers: int = 0, engine: bool = True, shards=False
+    config: dict,
+    model: Model,
+    section: dict,
+    sequence: int,
+    *,
+    scorers: int = 0,
+    scorer_bytes: int = FP32,
+    engine: bool = True,
+    shards=False,
 ) -> Memory:
     """A trainer on a GPU: bf16 autocast over fp32 weights, recomputation unless the config turns it off,
     one micro-batch (`auto`: the smallest, one sequence, since the trainer fits the largest that fits),
-    `scorers` fp32 models beside it and, where it samples with vLLM, its colocated engine."""
+    `scorers` models beside it of `scorer_bytes` a parameter and, where it samples with vLLM, its colocated
+    engine; `shards`: the trained and scoring models divided over its GPUs."""
     micro = section.get("micro_batch_size", "auto")
     return memory.trainer(
         model.params,
@@ -281,6 +290,7 @@ def trainer_memory(
         tokens=(1 if micro == "auto" else micro) * sequence,
         recompute=config.get("gradient_checkpointing", "auto") is not False,
         scorers=scorers,
+        scorer_bytes=scorer_bytes,
         engine_tokens=_engine_tokens(config, sequence) if engine else 0,
         shards=shards,
     )
@@ -328,9 +338,18 @@ def job_work(
     if (method := TRAINED_BY.get(rule)) is not None:
         s = x[method.section]
         generate, compute = method.spec.flops(s, P, p, trace_tokens(x))
-        mem = trainer_memory(config, post, s, p + s["max_new_tokens"], scorers=method.spec.scorers(s))
+        spec = method.spec
+        mem = trainer_memory(
+            config,
+            post,
+            s,
+            p + s["max_new_tokens"],
+            scorers=spec.scorers(s),
+            scorer_bytes=spec.scorer_bytes(s),
+            shards=spec.shards,
+        )
         written = len(kept_steps(s)) * P * a.checkpoint_bytes
-        return Work(post, generate, compute, written, memory=mem, batch=method.spec.batch(s))
+        return Work(post, generate, compute, written, memory=mem, batch=spec.split(s))
     if rule in ("rollouts", "fisher"):
         f = x["fisher"]
         tokens = f["rollouts"] * (p + f["max_new_tokens"])

@@ -9,6 +9,11 @@ A run writes `out_dir/step~N/` for each kept step, `out_dir/steps.jsonl` (a JSON
 and `out_dir/training.png`, all at once when training ends: a failed run leaves nothing that looks done.
 Kept checkpoints wait in the resume directory, which survives a kill, or without one in a scratch
 directory; they are hard-linked into the output, so publishing costs no disk.
+
+Over several processes (`processes`, one per GPU: `graftlab.train.shard`) the student and teacher are
+sharded, each process samples and trains on its share of every batch, and the first process alone writes;
+the job's own process launches them and publishes as it would its own loop's. Such a run saves no resume
+state: every process would have to agree on when to save (SFT's launch keeps the same rule).
 """
 
 from __future__ import annotations
@@ -58,12 +63,17 @@ def publish_run(
 
 
 def save_checkpoint(model, tokenizer, path: Path, dtype: str, inputs: dict, cfg, extra: dict) -> None:
-    """A kept checkpoint: the model in the saved dtype, its tokenizer and its provenance."""
+    """A kept checkpoint: the model in the saved dtype, its tokenizer and its provenance. A sharded model is
+    gathered (every process calls this) and written by the first process."""
     from graftlab.io.provenance import write_provenance
+    from graftlab.train import shard
     from graftlab.train.precision import cast_saved
     from graftlab.train.settings import recorded
 
-    model.save_pretrained(path)
+    state = shard.full_state(model) if shard.sharded() else None
+    if shard.world()[0]:
+        return
+    model.save_pretrained(path, state_dict=state)
     tokenizer.save_pretrained(path)
     cast_saved(path, dtype)
     write_provenance(path, inputs, recorded(cfg), extra=extra | {"save_dtype": dtype})
@@ -95,28 +105,36 @@ def load_loop_state(resume, name: str, optimizer, **modules) -> tuple[list[dict]
     return state["log"], state["step"]
 
 
-def load_pair(post_dir, cfg, teacher_dir=None):
+def load_pair(post_dir, cfg, teacher_dir=None, frozen_teacher: bool = True):
     """The tokenizer, the student and its teacher (a second copy of the post model, or the model at
-    `teacher_dir`: a continual stage's carried-over teacher), both in fp32 master weights on the device, and
-    the precision the loop runs in: the start of our own loops (OPSD, SDPO), with torch's threads and seed
-    set from `cfg`."""
+    `teacher_dir`: a continual stage's carried-over teacher) on the device, and the precision the loop runs
+    in: the start of our own loops (OPSD, SDPO), with torch's threads and seed set from `cfg`. The student
+    in fp32 master weights; a `frozen_teacher` in bf16 when the loop computes in bf16 (it is only ever read,
+    and autocast reads it in bf16 anyway), else fp32 (a moving teacher blends in the student's updates).
+    Over several processes both are sharded and the job's threads shared among them."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from graftlab.train import shard
     from graftlab.train.precision import WEIGHTS_DTYPE, announce, checkpointing, enable_recompute
 
-    torch.set_num_threads(cfg.threads)
+    device = shard.join()
+    processes = shard.world()[1]
+    torch.set_num_threads(max(1, cfg.threads // processes))
     torch.manual_seed(cfg.seed)
     precision = announce(cfg.precision)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     tok = AutoTokenizer.from_pretrained(post_dir)
-    student, teacher = (
-        AutoModelForCausalLM.from_pretrained(d, dtype=WEIGHTS_DTYPE).to(device)
-        for d in (post_dir, teacher_dir or post_dir)
-    )
+    student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
+    teacher_dtype = torch.bfloat16 if frozen_teacher and precision.bf16 else WEIGHTS_DTYPE
+    teacher = AutoModelForCausalLM.from_pretrained(teacher_dir or post_dir, dtype=teacher_dtype)
     if checkpointing(cfg.gradient_checkpointing):
         enable_recompute(student)
-    return tok, student, teacher, precision
+    if processes > 1:
+        # Sharded where they were loaded, in host memory: FSDP moves each process's shards to its device, so
+        # no GPU ever holds a whole model.
+        print(f"processes: {processes}, student and teacher sharded (FSDP)", flush=True)
+        return tok, shard.shard(student), shard.shard(teacher), precision
+    return tok, student.to(device), teacher.to(device), precision
 
 
 class PairStep:
@@ -127,6 +145,7 @@ class PairStep:
     def __init__(self, student, teacher, tokenizer, cfg, batch: int, precision=None, micro: int | None = None):
         import torch
 
+        from graftlab.train import shard
         from graftlab.train.precision import Precision
 
         self.student, self.teacher, self.tok, self.cfg = student, teacher.eval().requires_grad_(False), tokenizer, cfg
@@ -135,6 +154,8 @@ class PairStep:
         self.micro = micro or (cfg.micro_batch_size if cfg.micro_batch_size != "auto" else batch)
         self.optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.lr)
         self.k = min(cfg.top_k, student.config.vocab_size)
+        # Over several processes FSDP averages their gradients: a loss scaled by their count sums them.
+        self.scale = shard.world()[1]
 
     @functools.cached_property
     def sampler(self):
@@ -172,40 +193,64 @@ class OnPolicyRun:
     function once the pair is loaded. `name` names it in logs; `unit` what its data are (`examples`,
     `problems`), counted in each checkpoint's provenance."""
 
-    def __init__(self, name: str, unit: str, post_dir, cfg, start: Callable[..., StepFunction]) -> None:
+    def __init__(
+        self, name: str, unit: str, post_dir, cfg, start: Callable[..., StepFunction], frozen_teacher: bool = True
+    ) -> None:
         self.name, self.unit, self.post_dir, self.cfg, self.start = name, unit, post_dir, cfg, start
+        self.frozen_teacher = frozen_teacher  # (`load_pair`) a picklable `start`: a launch sends the run
 
     def train(
-        self, data: list[dict], out_dir, inputs: dict | None, resume, fingerprint: dict, teacher_dir=None, extras=()
+        self,
+        data: list[dict],
+        out_dir,
+        inputs: dict | None,
+        resume,
+        fingerprint: dict,
+        teacher_dir=None,
+        extras=(),
+        processes: int = 1,
     ) -> list[dict]:
-        """Train on `data` and publish the run to `out_dir` (`publish_run`), `extras` (e.g. `teacher`) beside
-        the checkpoints. Returns the step log."""
-        loop = lambda work: self._loop(data, inputs, resume, work, teacher_dir)  # noqa: E731
+        """Train on `data` over `processes` (one per GPU) and publish the run to `out_dir` (`publish_run`),
+        `extras` (e.g. `teacher`) beside the checkpoints. Returns the step log."""
+        from graftlab.train import resume as rs
+        from graftlab.train import shard
+
+        def launched(work: Path) -> list[dict]:
+            print(f"resume: none over {processes} processes; a rerun starts afresh", flush=True)
+            shard.launch(processes, _launched_loop, self, data, inputs, work, teacher_dir)
+            log = json.loads((work / LAUNCHED_LOG).read_text())
+            if resume is not None:
+                rs.mark_trained(resume, {"log": log})
+            return log
+
+        loop = launched if processes > 1 else lambda work: self._loop(data, inputs, resume, work, teacher_dir)
         return publish_run(out_dir, self.cfg.checkpoints(), resume, fingerprint, loop, extras=extras)
 
     def _loop(self, data: list[dict], inputs: dict | None, resume, work: Path, teacher_dir) -> list[dict]:
         """The loop: kept checkpoints into `work`; with `resume`, the state saved after a batch when due and
         the end of training marked. Returns the step log."""
-        from graftlab.train import live
+        from graftlab.train import live, shard
         from graftlab.train import resume as rs
         from graftlab.train.precision import save_dtype
 
         cfg = self.cfg
-        tok, student, teacher, precision = load_pair(self.post_dir, cfg, teacher_dir)
+        tok, student, teacher, precision = load_pair(self.post_dir, cfg, teacher_dir, self.frozen_teacher)
+        first = shard.world()[0] == 0  # the process that logs and reports
         dtype = save_dtype(cfg.save_dtype, self.post_dir)
         method = self.start(tok, student, teacher, precision)
         inputs = inputs or {"post": str(self.post_dir)}
         keep = set(cfg.checkpoints())
         log, done = load_loop_state(resume, self.name, method.optimizer, **method.state())
         last = done
-        with live.writer(cfg.live) as watched:
+        with live.writer(cfg.live if first else None) as watched:
             for batch, steps in method.rounds(data):
                 if steps[-1] <= done:
                     continue  # the data position: the seeded order replayed up to the saved step
                 for record in method.steps(batch, steps):
                     log.append(record)
-                    print(json.dumps(record), flush=True)
-                    watched(record)
+                    if first:
+                        print(json.dumps(record), flush=True)
+                        watched(record)
                     if record["step"] in keep:
                         extra = {"step": record["step"], self.unit: len(data)}
                         path = work / f"step~{record['step']}"
@@ -218,3 +263,17 @@ class OnPolicyRun:
         if resume is not None:
             rs.mark_trained(resume, {"log": log})
         return log
+
+
+LAUNCHED_LOG = "launched-log.json"
+
+
+def _launched_loop(run: OnPolicyRun, data: list[dict], inputs: dict | None, work: Path, teacher_dir) -> None:
+    """One process of a launched run (`graftlab.train.shard.launch`): the loop, its step log left in `work`
+    by the first process for the job's process to publish."""
+    from graftlab.train import shard
+
+    log = run._loop(data, inputs, None, work, teacher_dir)
+    if shard.world()[0] == 0:
+        work.mkdir(parents=True, exist_ok=True)
+        (work / LAUNCHED_LOG).write_text(json.dumps(log))

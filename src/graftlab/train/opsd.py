@@ -18,6 +18,7 @@ pools all response tokens. Nor does it time sampling and update apart, which the
 needs. Overriding its loss would leave little of it; the loop below is about 100 lines.
 """
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from graftlab.sampling import response_logits
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import chat_prompt
+from graftlab.train import shard
 from graftlab.train.onpolicy import PairStep
 from graftlab.train.precision import (
     Precision,
@@ -83,7 +85,7 @@ class Opsd(PairStep):
         if self.sampler.backend == "vllm":
             # On-policy: the engine must sample the student as it is after the last update. Our own loop
             # does what TRL's colocate mode does inside its trainers: an in-process engine, weights written.
-            self.sampler.load_weights(self.student.named_parameters())
+            self.sampler.load_weights(shard.full_parameters(self.student))
         with self.autocast():
             samples = self.sampler.sample_ids(prompts, scfg)
         return [s[0] for s in samples]
@@ -94,7 +96,7 @@ class Opsd(PairStep):
         enc = lambda t: self.tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
         t_prompts = [enc(chat_prompt(self.tok, t)) for t in teacher_prompts]
         s_prompts, responses = [list(p) for p, _ in samples], [list(r) for _, r in samples]
-        total = sum(map(len, responses))
+        total = shard.total(sum(map(len, responses)))  # the whole batch's, over every process's share
         self.student.train()
         self.optimizer.zero_grad(set_to_none=True)
         batch_loss = 0.0
@@ -109,19 +111,21 @@ class Opsd(PairStep):
             # share of them, so the accumulated gradient is the whole batch's. Backward outside autocast, as
             # torch advises: it runs each op in its forward's dtype anyway.
             share = mask.sum().item() / total if total else 1.0
-            (loss * share).backward()
+            (loss * share * self.scale).backward()
             batch_loss += loss.item() * share
         self.optimizer.step()
-        return batch_loss
+        return shard.total(batch_loss)
 
     @classmethod
     def start(cls, tok, student, teacher, precision: Precision, cfg: OpsdConfig, examples: list[dict]) -> "Opsd":
         """The step function of a run whose pair is loaded: its update's micro-batch sized."""
         run = cls(student, teacher, tok, cfg, precision, _micro(cfg, examples, tok, student))
         recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
-        accumulated = accumulation(cfg.batch_size, run.micro)
+        processes = shard.world()[1]
+        accumulated = accumulation(cfg.batch_size // processes, run.micro)
         print(
-            f"batch: {cfg.batch_size} = {run.micro} x {accumulated} accumulated; gradient checkpointing {recompute}",
+            f"batch: {cfg.batch_size} = {run.micro} x {accumulated} accumulated x {processes} processes; "
+            f"gradient checkpointing {recompute}",
             flush=True,
         )
         return run
@@ -141,13 +145,15 @@ class Opsd(PairStep):
         return {}
 
     def step(self, batch: list[dict], step: int) -> dict:
+        """One optimizer step on `batch`: over several processes each samples and scores its share."""
+        batch = shard.part(batch, "OPSD: the problems of a batch")
         start = time.perf_counter()
         samples = self.sample([b["prompt"] for b in batch], step)
         sampled = time.perf_counter()
         texts = [teacher_text(self.cfg.template, b["prompt"], b["demonstration"]) for b in batch]
         loss = self.update(samples, texts)
         done = time.perf_counter()
-        tokens = sum(len(r) for _, r in samples)
+        tokens = int(shard.total(sum(len(r) for _, r in samples)))
         return {
             "step": step,
             "loss": loss,
@@ -165,21 +171,23 @@ def batches(examples: list[dict], size: int, steps: int, seed: int):
 
 
 def train_opsd(
-    post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs: dict | None = None, resume=None
+    post_dir, examples: list[dict], cfg: OpsdConfig, out_dir, inputs: dict | None = None, resume=None, processes=1
 ) -> list[dict]:
     """OPSD of the model at `post_dir` on `examples` (`prompt`, `demonstration`); writes `out_dir/step~N`
     for every checkpoint, `out_dir/steps.jsonl` (loss, sampling and update seconds per step) and
     `training.png`, all at once when the run ends (`graftlab.train.onpolicy.OnPolicyRun`). With `resume` (a
     `graftlab.train.resume.Resume`), the full state is saved every `resume.minutes` and a rerun continues
-    from it."""
+    from it. Over `processes` (one per GPU), sharded (`graftlab.train.shard`)."""
     from graftlab.train import resume as rs
     from graftlab.train.onpolicy import OnPolicyRun
 
     if not examples:
         raise GraftlabError("OPSD: no training examples")
     mark = rs.fingerprint(cfg, post=str(post_dir), examples=len(examples))
-    start = lambda tok, student, teacher, precision: Opsd.start(tok, student, teacher, precision, cfg, examples)  # noqa: E731
-    return OnPolicyRun("OPSD", "examples", post_dir, cfg, start).train(examples, out_dir, inputs, resume, mark)
+    start = functools.partial(Opsd.start, cfg=cfg, examples=examples)  # picklable: a launch sends it
+    return OnPolicyRun("OPSD", "examples", post_dir, cfg, start).train(
+        examples, out_dir, inputs, resume, mark, processes=processes
+    )
 
 
 def _micro(cfg: OpsdConfig, examples: list[dict], tok, student) -> int:
@@ -191,4 +199,4 @@ def _micro(cfg: OpsdConfig, examples: list[dict], tok, student) -> int:
         texts = [teacher_text(cfg.template, e["prompt"], e["demonstration"]) for e in examples]
         return max(map(enc, texts)) + cfg.max_new_tokens
 
-    return micro_batch(cfg.micro_batch_size, cfg.batch_size, longest, student)
+    return micro_batch(cfg.micro_batch_size, cfg.batch_size // shard.world()[1], longest, student)

@@ -49,6 +49,7 @@ from graftlab.methods.spec import refuse
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, extract_answer, get_task
+from graftlab.train import shard
 from graftlab.train.curves import mean_entropy
 from graftlab.train.onpolicy import PairStep
 from graftlab.train.precision import Precision, accumulation, checkpointing
@@ -158,10 +159,12 @@ class Sdpo(PairStep):
                 "tokens cannot be told apart; distil every token (sdpo_cot) instead"
             )
         recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
+        processes = shard.world()[1]
         print(
             f"SDPO {'cot' if cfg.cot else 'answer tokens'}, teacher {cfg.teacher}: {cfg.batch_size} problems x "
             f"{cfg.generations} rollouts, {cfg.updates_per_batch} update(s) of {cfg.share} = {run.micro} x "
-            f"{accumulation(cfg.share, run.micro)} accumulated; gradient checkpointing {recompute}",
+            f"{accumulation(cfg.share // processes, run.micro)} accumulated x {processes} processes; "
+            f"gradient checkpointing {recompute}",
             flush=True,
         )
         return run
@@ -175,20 +178,20 @@ class Sdpo(PairStep):
 
     def steps(self, batch: list[dict], steps: range):
         """Sample the batch once, then one update per step on its equal share of the rollouts, the teacher
-        following its schedule after each."""
+        following its schedule after each. Over several processes each samples its share of the problems;
+        each update takes the same rollouts as one process would, each process its share of them."""
         cfg = self.cfg
         start = time.perf_counter()
-        rollouts = self.sample(batch, steps[0])
-        old = self.sampled_logprobs(rollouts) if cfg.updates_per_batch > 1 else None
+        rollouts = shard.everyone(self.sample(shard.part(batch, "SDPO: the problems of a batch"), steps[0]))
+        shares = [rollouts[i * cfg.share : (i + 1) * cfg.share] for i in range(len(steps))]
+        mine = [shard.part(share, "SDPO: the rollouts of an update") for share in shares]
+        old = self.sampled_logprobs([r for m in mine for r in m]) if cfg.updates_per_batch > 1 else None
         sample_s = time.perf_counter() - start
-        for share, step in enumerate(steps):
-            part = slice(share * cfg.share, (share + 1) * cfg.share)
-            began = time.perf_counter()
-            update = self.update(rollouts[part], None if old is None else old[part])
+        for i, step in enumerate(steps):
+            began, n = time.perf_counter(), len(mine[i])
+            update = self.update(mine[i], None if old is None else old[i * n : (i + 1) * n])
             update_teacher(self.teacher, self.student, cfg.schedule, step, cfg.steps)
-            yield step_record(
-                step, rollouts[part], update, sample_s if share == 0 else 0.0, time.perf_counter() - began
-            )
+            yield step_record(step, shares[i], update, sample_s if i == 0 else 0.0, time.perf_counter() - began)
 
     def state(self) -> dict:
         return {"model": self.student, "teacher": self.teacher}  # an EMA or refreshed teacher is state too
@@ -206,7 +209,7 @@ class Sdpo(PairStep):
         tasks = [get_task(p["task"]) for p in problems]
         prompts = [t.chat_prompt(self.tok, p["prompt"]) for t, p in zip(tasks, problems)]
         if self.sampler.backend == "vllm":
-            self.sampler.load_weights(self.student.named_parameters())  # on-policy: the student as it is now
+            self.sampler.load_weights(shard.full_parameters(self.student))  # on-policy: the student as it is now
         with self.autocast():
             groups = self.sampler.sample_ids(prompts, scfg)
         return [r for p, t, g in zip(problems, tasks, groups) for r in self._group(p, t, g)]
@@ -253,7 +256,7 @@ class Sdpo(PairStep):
     def update(self, rollouts: list[Rollout], old: list[torch.Tensor] | None) -> dict:
         """One optimizer step on `rollouts`: the pooled mean of the weighted D_alpha over their distilled
         tokens. Returns the loss and the student's entropy and teacher-student JS of the step."""
-        total = sum(sum(r.mask) for r in rollouts)
+        total = int(shard.total(sum(sum(r.mask) for r in rollouts)))  # every process's share's
         self.student.train()
         self.optimizer.zero_grad(set_to_none=True)
         stats = {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0, "js_sum": 0.0}
@@ -262,6 +265,7 @@ class Sdpo(PairStep):
             self._micro_step(part, None if old is None else old[lo : lo + self.micro], total, stats)
         if total:
             self.optimizer.step()
+        stats = {key: shard.total(value) for key, value in stats.items()}
         return {
             "loss": stats["loss"],
             "entropy": stats["entropy_sum"] / max(stats["tokens"], 1),
@@ -296,7 +300,7 @@ class Sdpo(PairStep):
             sampled = _pad([old[i] for i in rows], now.shape[1]).to(now.device)
             weight = mask * torch.exp(now.detach() - sampled).clamp(max=self.cfg.is_clip)
         loss = torch.where(mask.bool(), d * weight, torch.zeros_like(d)).sum() / total
-        loss.backward()
+        (loss * self.scale).backward()
         stats["loss"] += loss.item()
         js = (
             d.detach()
@@ -382,6 +386,7 @@ def train_sdpo(
     resume=None,
     teacher_dir=None,
     keep_teacher: bool = False,
+    processes: int = 1,
 ):
     """SDPO of the model at `post_dir` on `problems` ([{prompt, answer, task}],
     `graftlab.train.problems.rl_problems`); writes `out_dir/step~N` for every kept checkpoint,
@@ -391,7 +396,8 @@ def train_sdpo(
 
     A continual stage (`graftlab.planning.chains`) starts the teacher from `teacher_dir` (the post model for a
     frozen teacher, the previous stage's for an EMA one) instead of a copy of the student, and with
-    `keep_teacher` writes the final teacher to `out_dir/teacher` for the next stage."""
+    `keep_teacher` writes the final teacher to `out_dir/teacher` for the next stage. Over `processes` (one
+    per GPU), sharded (`graftlab.train.shard`)."""
     from graftlab.train import resume as rs
     from graftlab.train.onpolicy import OnPolicyRun
 
@@ -399,12 +405,14 @@ def train_sdpo(
         raise GraftlabError("SDPO: no training problems")
     mark = rs.fingerprint(cfg, post=str(post_dir), problems=len(problems), teacher=str(teacher_dir))
 
-    def start(tok, student, teacher, precision) -> Sdpo:
-        return Sdpo.start(tok, student, teacher, precision, cfg, problems, post_dir, keep_teacher)
-
-    run = OnPolicyRun("SDPO", "problems", post_dir, cfg, start)
+    # Picklable: a launch over several processes sends it.
+    start = functools.partial(Sdpo.start, cfg=cfg, problems=problems, post_dir=post_dir, keep_teacher=keep_teacher)
+    frozen = cfg.schedule.kind == "frozen"
+    run = OnPolicyRun("SDPO", "problems", post_dir, cfg, start, frozen_teacher=frozen)
     extras = ("teacher",) if keep_teacher else ()
-    return run.train(problems, out_dir, inputs, resume, mark, teacher_dir=teacher_dir, extras=extras)
+    return run.train(
+        problems, out_dir, inputs, resume, mark, teacher_dir=teacher_dir, extras=extras, processes=processes
+    )
 
 
 def _micro(cfg: SdpoConfig, student, tok, problems: list[dict]) -> int:
@@ -418,4 +426,4 @@ def _micro(cfg: SdpoConfig, student, tok, problems: list[dict]) -> int:
         template = len(tok(cfg.template + cfg.solution_template + cfg.feedback_template)["input_ids"])
         return prompt + template + 2 * cfg.max_new_tokens
 
-    return micro_batch(cfg.micro_batch_size, cfg.share, longest, student)
+    return micro_batch(cfg.micro_batch_size, cfg.share // shard.world()[1], longest, student)

@@ -70,8 +70,10 @@ def _floating(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     # state_dict(keep_vars) shares storage with the module: writing into it updates the module. Tied
     # weights appear under each name and are blended once per name, which for the same tensor twice
     # would blend twice: keep the first name of each storage.
+    # A sharded module's (graftlab.train.shard) are its own shards: teacher and student are sharded alike.
     seen, out = set(), {}
     for name, t in module.state_dict(keep_vars=True).items():
+        t = t.to_local() if hasattr(t, "to_local") else t
         if t.is_floating_point() and t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             out[name] = t.data

@@ -1,0 +1,184 @@
+"""Our own on-policy loops (OPSD, SDPO: `graftlab.train.onpolicy`) over several processes, one per GPU, with
+their models sharded (FSDP), for a model whose training state does not fit one GPU.
+
+torch's FSDP2 (`fully_shard`) directly, not through accelerate as SFT is: accelerate turns an FSDP config into
+plain data parallelism where there is no CUDA, so the sharded path could never run on a CPU, where
+`fully_shard` over gloo shards exactly as over NCCL (tests/test_shard.py trains two CPU processes against
+one). Each decoder layer is one unit, gathered for its forward and backward and freed after; the whole model
+the root unit (embeddings, final norm, head). Each process holds 1/N of the weights, gradients and AdamW's
+state, takes 1/N of every batch, and FSDP averages the gradients, so a loss scaled by N (`PairStep.scale`)
+gives the one-process gradient.
+
+`launch` starts the processes (torch's own launcher, on a free port) and runs a pickled call in each;
+the first process alone writes files.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def world() -> tuple[int, int]:
+    """(this process's rank, the number of processes): (0, 1) outside a launch."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def join():
+    """This process's device, its process group joined when it is one of several (NCCL over GPUs, gloo over
+    CPU processes)."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world()[1] > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return device
+
+
+def job_processes(gpus: int) -> tuple[int, str]:
+    """How many training processes a job given `gpus` GPUs starts, and why: one per GPU torch can use, at
+    most `gpus`. On a node without CUDA whose scheduler still gave the job GPUs (`SLURM_GPUS_ON_NODE`; the
+    test cluster's fake GPUs, tests/slurm/local-slurm.sh), one CPU process per GPU given, over gloo, so the
+    multi-process path runs where no GPU is (SFT's accelerate launch as data parallel, our loops sharded)."""
+    import torch
+
+    if torch.cuda.is_available():
+        seen = torch.cuda.device_count()
+        return min(gpus, seen), f"{gpus} GPUs asked for, {seen} visible"
+    given = int(os.environ.get("SLURM_GPUS_ON_NODE") or 0)
+    return min(gpus, given), f"no CUDA; {given} GPUs given by SLURM, each a CPU process (gloo)"
+
+
+def job_gpus_processes(gpus) -> int:
+    """The processes a workflow job given `gpus` GPUs (its `resources.gpu`) trains in, at least one; said in
+    its log when more. More than one GPU is asked for only when the model does not fit one
+    (graftlab.planning.resources)."""
+    processes, why = job_processes(int(gpus or 0))
+    if processes > 1:
+        print(f"processes: {processes} ({why})", flush=True)
+    return max(1, processes)
+
+
+def sharded() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def shard(model):
+    """`model` sharded over the processes in place: one FSDP unit per decoder layer (the classes the model
+    names in `_no_split_modules`, as accelerate's transformer wrap takes them), the model the root unit."""
+    from torch.distributed.fsdp import fully_shard
+
+    from graftlab.errors import GraftlabError
+
+    units = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in units]
+    if not layers:
+        raise GraftlabError(f"{type(model).__name__} names no decoder layer class (_no_split_modules) to shard by")
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def full_state(model) -> dict | None:
+    """The whole model's state on the CPU of the first process (None on the others): every process must call
+    it, as it gathers each shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if world()[0]:
+        return None
+    # A tied weight (an output head that is the input embedding) once, under the name `named_parameters`
+    # keeps, as `save_pretrained` writes an unsharded model: the gathered state has each name as a copy.
+    own = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    return {name: t for name, t in state.items() if name in own}
+
+
+def full_parameters(model):
+    """`(name, tensor)` of every parameter, whole on every process (each gathered in turn, in the same order
+    on all): what a sampling engine of the whole model loads."""
+    for name, p in model.named_parameters():
+        yield name, p.full_tensor() if hasattr(p, "full_tensor") else p
+
+
+def total(value: float) -> float:
+    """`value` summed over the processes (itself outside a launch)."""
+    if not sharded():
+        return value
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def everyone(items: list) -> list:
+    """Every process's `items`, in rank order, on every process (`items` outside a launch): small records
+    such as a step's rollouts, for a log that counts them all."""
+    if not sharded():
+        return items
+    import torch.distributed as dist
+
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, items)
+    return [item for share in gathered for item in share]
+
+
+def part(items: list, what: str) -> list:
+    """This process's equal, contiguous share of `items` (the whole list outside a launch); refused when they do
+    not split evenly: every process must make the same number of forward passes, FSDP's gathers meet."""
+    from graftlab.errors import GraftlabError
+
+    rank, size = world()
+    if len(items) % size:
+        raise GraftlabError(f"{what}: {len(items)} do not split over {size} processes")
+    n = len(items) // size
+    return items[rank * n : (rank + 1) * n]
+
+
+def launch(processes: int, call: Callable[..., Any], *args: Any) -> None:
+    """Run `call(*args)` in `processes` processes of this node (torch's launcher, on a port free now: two jobs
+    on one node must not meet on its default one); refused in one line when any of them fails."""
+    from graftlab.errors import GraftlabError
+    from graftlab.sampling import free_port
+
+    with tempfile.TemporaryDirectory(prefix="graftlab-launch-") as tmp:
+        spec = Path(tmp) / "call.pkl"
+        spec.write_bytes(pickle.dumps((call, args)))
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+        command += ["--master_addr", "localhost", "--master_port", str(free_port()), "-m", __name__, str(spec)]
+        print("launch: " + " ".join(command), flush=True)
+        done = subprocess.run(command, check=False)
+    if done.returncode:
+        raise GraftlabError(f"{processes} processes failed (exit status {done.returncode}); see the log above")
+
+
+def main(spec: str) -> None:
+    import torch.distributed as dist
+
+    call, args = pickle.loads(Path(spec).read_bytes())
+    join()
+    try:
+        call(*args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,135 @@
+"""Our own on-policy loops sharded over processes (graftlab.train.shard): two CPU processes over gloo, each
+holding half of every weight, train as one process does on whole batches, and write the run once."""
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from graftlab.errors import GraftlabError
+from graftlab.tasks import arith, chat_completion
+from graftlab.train.onpolicy import OnPolicyRun
+from graftlab.train.opsd import OpsdConfig, train_opsd
+from graftlab.train.sdpo import Sdpo, SdpoConfig
+from graftlab.world import build
+from graftlab.world.tokenizer import build_tokenizer
+
+# Two decoder layers: two FSDP units besides the root.
+ARCH = dict(hidden_size=16, intermediate_size=32, layers=2, heads=2, kv_heads=1, max_positions=256)
+
+pytestmark = pytest.mark.workflow  # several real processes at once: the slow tier
+
+
+@pytest.fixture(scope="module")
+def post(tmp_path_factory):
+    path = tmp_path_factory.mktemp("post")
+    tok = build_tokenizer()
+    build.init_model(tok, ARCH, seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def importable_here(monkeypatch):
+    """The launched processes unpickle this module's `ScriptedSdpo`: they find it as pytest did."""
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def problems(count: int) -> list[dict]:
+    return [dict(p, task="arith") for p in arith.sample_problems("mul", count, "test", 0)]
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path / "model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
+    x, y = weights(a), weights(b)
+    assert x.keys() == y.keys()
+    for name in x:
+        assert torch.allclose(x[name], y[name], atol=atol), (name, (x[name] - y[name]).abs().max())
+
+
+def test_opsd_over_two_processes_samples_through_the_sharded_student_and_trains_as_one(post, tmp_path):
+    """Near-greedy sampling (OPSD's temperature must be positive) through `generate` on the sharded student,
+    each process its half of the batch, then the pooled loss of both halves: the same checkpoints as one
+    process on whole batches, and the same step log."""
+    examples = [{"prompt": p["prompt"], "demonstration": p["answer"]} for p in problems(8)]
+    cfg = OpsdConfig(
+        alpha=0.5, lr=1e-2, steps=2, save_steps=(1, 2), batch_size=4, max_new_tokens=6, temperature=1e-4, threads=1
+    )
+    one = train_opsd(post, examples, cfg, tmp_path / "one")
+    two = train_opsd(post, examples, cfg, tmp_path / "two", processes=2)
+    for step in (1, 2):
+        assert_same_weights(tmp_path / f"one/step~{step}", tmp_path / f"two/step~{step}")
+    assert [r["response_tokens"] for r in one] == [r["response_tokens"] for r in two]
+    assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in two], rel=1e-5)
+    assert [json.loads(line) for line in (tmp_path / "two/steps.jsonl").open()] == two
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # no scratch left behind
+
+
+ANSWER = "42"
+
+
+class ScriptedSdpo(Sdpo):
+    """SDPO whose rollouts are fixed per problem (the same whichever process samples it): the first two
+    of each group answer right, the others wrong, so every rollout has a successful sibling to learn from.
+    What is tested is the sharded update, the moving teacher and the record, not sampling."""
+
+    @functools.cached_property
+    def sampler(self):
+        tok, generations = self.tok, self.cfg.generations
+
+        class Fixed:
+            backend = "transformers"
+
+            def sample_ids(self, prompts, scfg):
+                out = []
+                for prompt in prompts:
+                    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+                    texts = [chat_completion("x", ANSWER if i < 2 else f"{i}{ANSWER}") for i in range(generations)]
+                    out.append([(ids, tok(t, add_special_tokens=False)["input_ids"]) for t in texts])
+                return out
+
+        return Fixed()
+
+
+def test_sdpo_over_two_processes_with_a_moving_teacher_trains_as_one(post, tmp_path):
+    """Two updates on each sampled batch (the importance weight on the second), an EMA teacher kept for a
+    next stage: the same student, teacher and step records from two sharded processes as from one."""
+    data = [dict(p, answer=ANSWER) for p in problems(4)]
+    cfg = SdpoConfig(
+        lr=1e-2, steps=4, save_steps=(2, 4), batch_size=2, generations=4, updates_per_batch=2, teacher="ema:0.5"
+    )
+    cfg = SdpoConfig(**(vars(cfg) | {"cot": True, "threads": 1}))
+
+    def run(out: Path, processes: int) -> list[dict]:
+        start = functools.partial(ScriptedSdpo.start, cfg=cfg, problems=data, post_dir=post, keep_teacher=True)
+        trainer = OnPolicyRun("SDPO", "problems", post, cfg, start, frozen_teacher=False)
+        return trainer.train(data, out, None, None, {}, extras=("teacher",), processes=processes)
+
+    one, two = run(tmp_path / "one", 1), run(tmp_path / "two", 2)
+    for name in ("step~2", "step~4", "teacher"):
+        assert_same_weights(tmp_path / "one" / name, tmp_path / "two" / name)
+    moved = weights(tmp_path / "one/teacher")["model.norm.weight"]
+    assert not torch.allclose(moved, weights(post)["model.norm.weight"])
+    timing = ("sample_s", "update_s")
+    for a, b in zip(one, two, strict=True):
+        assert {k: v for k, v in a.items() if k not in timing} == pytest.approx(
+            {k: v for k, v in b.items() if k not in timing}, rel=1e-5, abs=1e-7
+        )
+    assert one[0]["accuracy"] == 0.5 and one[0]["distilled_tokens"] > 0
+
+
+def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(post, tmp_path):
+    examples = [{"prompt": p["prompt"], "demonstration": p["answer"]} for p in problems(6)]
+    cfg = OpsdConfig(alpha=0.5, lr=1e-2, steps=1, batch_size=3, max_new_tokens=4, threads=1)
+    with pytest.raises(GraftlabError, match=r"2 processes failed"):
+        train_opsd(post, examples, cfg, tmp_path / "odd", processes=2)
+    assert not (tmp_path / "odd").exists()
