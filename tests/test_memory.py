@@ -145,3 +145,24 @@ def test_a_fisher_on_a_gpu_takes_as_many_rollouts_a_pass_as_fit(monkeypatch):
         room = (coming + free * per) / memory.GPU_SHARE
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda room=room: (int(room), int(room)))
         assert fitting_batch(16, rollouts, model) == fits
+
+
+def test_our_loops_shard_student_and_teacher_and_keep_a_frozen_teacher_in_bf16():
+    """OPSD and SDPO divide the student's training state and the teacher over their GPUs
+    (graftlab.train.shard); a frozen teacher takes 2 bytes a parameter, a moving one 4; GRPO does not shard."""
+    from graftlab.methods import METHODS
+
+    opsd, sdpo, grpo = (METHODS[m].spec for m in ("opsd", "sdpo", "grpo"))
+    assert opsd.shards and sdpo.shards and not grpo.shards
+    assert opsd.scorer_bytes({}) == 2
+    assert sdpo.scorer_bytes({"teachers": ["frozen"], "cot_teachers": ["ema:0.05"]}) == 2  # sdpo's own list
+    assert sdpo.scorer_bytes({"teachers": ["frozen", "ema:0.05"]}) == 4
+    # Each process samples an equal share of the problems and trains on one of every update's rollouts.
+    section = {"batch_size": 6, "generations": 4, "updates_per_batch": 4}
+    assert sdpo.batch(section) == 6 and sdpo.split(section) == 6
+    assert sdpo.split(section | {"updates_per_batch": 3}) == 2  # 8 rollouts an update, 6 problems
+    shape = Shape.of_params(4e9)
+    need = memory.trainer(4e9, shape, tokens=1000, scorers=1, scorer_bytes=2, shards=True)
+    assert need.parts["scoring models"] == 8e9
+    whole = need.parts["trained model"] + need.parts["optimizer step"] + need.parts["scoring models"]
+    assert need.per_gpu(4) == pytest.approx(whole / 4 + need.parts["activations"])

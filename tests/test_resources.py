@@ -286,10 +286,12 @@ def test_param_drift_is_sized_by_its_decompositions():
 def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():
     # Mining 1.6e19 FLOPs at 40e12/s: 111 hours; the 48-hour cap holds it to 2,880 minutes.
     assert job_resources("mine", 8e9, generate=1.6e19)["runtime"] == 48 * 60
-    assert overtime("mine", generate=1.6e19, params=8e9) == (
-        "mine: needs about 111 hours, more than its partition's 48, and does not resume"
+    assert overtime("graft", generate=1.6e19, params=8e9) == (
+        "graft: needs about 112 hours, more than its partition's 48, and does not resume"  # + its weights streamed
     )
-    assert overtime("mine", Cluster(gpu_max_runtime=7000), generate=1.6e19, params=8e9) is None
+    assert overtime("graft", Cluster(gpu_max_runtime=7000), generate=1.6e19, params=8e9) is None
+    # Sampling keeps its finished chunks (graftlab.sample_chunks): each requeue samples only the rest.
+    assert all(overtime(rule, generate=1.6e19, params=8e9) is None for rule in ("mine", "evaluate_run", "star"))
     # A trainer on one GPU saves its state and resumes; over several its processes save none.
     assert job_resources("opsd", 1.7e9)["gpu"] == 1 and overtime("opsd", generate=1.6e19, params=1.7e9) is None
     assert job_resources("opsd", 8e9)["gpu"] > 1

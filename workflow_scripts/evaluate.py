@@ -9,18 +9,22 @@ from pathlib import Path
 
 from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.io.joblog import job_log
+from graftlab.sample_chunks import chunks_kept
 from graftlab.sampling import Engine, SamplingConfig
+from graftlab.train.resume import resume_dir
 
 p = snakemake.params
 benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
 with job_log(snakemake.log[0], snakemake.threads):
     for run, model, metrics in zip(p.runs, p.models, snakemake.output, strict=True):
-        evaluate(
-            model,
-            benchmarks,
-            SamplingConfig.from_config(p.sampling, p.seed),
-            Path(metrics).parent,
-            run,
-            Engine.of(p.backend, seed=p.seed),
-            validation=p.validation,
-        )
+        # Each model's finished chunks kept until it is scored: a killed job's rerun samples only the rest.
+        with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(metrics)) as engine:
+            evaluate(
+                model,
+                benchmarks,
+                SamplingConfig.from_config(p.sampling, p.seed),
+                Path(metrics).parent,
+                run,
+                engine,
+                validation=p.validation,
+            )

@@ -7,17 +7,21 @@ hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
 
 from graftlab.fisher.rollouts import RolloutConfig, write_rollouts
 from graftlab.io.joblog import job_log
+from graftlab.sample_chunks import chunks_kept
 from graftlab.sampling import Engine
+from graftlab.train.resume import resume_dir
 
 p, inp = snakemake.params, snakemake.input
-with job_log(snakemake.log[0], snakemake.threads):
+# Finished chunks of samples kept until the job is done: a killed job's rerun samples only the rest.
+engine = chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(snakemake.output.rollouts))
+with job_log(snakemake.log[0], snakemake.threads), engine as engine:
     write_rollouts(
         inp.model,
         list(inp.benchmarks),
         p.tasks,
         RolloutConfig(**p.rollouts, seed=p.seed),
         snakemake.output.rollouts,
-        Engine.of(p.backend, seed=p.seed),
+        engine,
         prompts_file=inp.prompts or None,
         stats_out=snakemake.output.stats,
     )

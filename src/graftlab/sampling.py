@@ -63,13 +63,17 @@ class Engine:
     dtype: str = "auto"
     enforce_eager: bool = False
     seed: int = 0
+    # A directory keeping each finished chunk of samples, so that a killed job's rerun resamples only the
+    # rest (`graftlab.sample_chunks`); None: sampled whole, nothing kept.
+    resume: str | None = None
 
     @classmethod
-    def of(cls, spec, seed: int | None = None) -> Engine:
+    def of(cls, spec, seed: int | None = None, resume=None) -> Engine:
         """From a backend name, an `Engine`, or the rules' `backend` param (the backend with the `vllm`
-        config section's options, flattened)."""
+        config section's options, flattened); `seed` and `resume` replace its own when given."""
         engine = spec if isinstance(spec, Engine) else cls(spec) if isinstance(spec, str) else cls(**spec)
-        return engine if seed is None else replace(engine, seed=seed)
+        engine = engine if seed is None else replace(engine, seed=seed)
+        return engine if resume is None else replace(engine, resume=str(resume))
 
     def resolve(self) -> tuple[str, str]:
         """(backend, why). `auto` never falls back silently: on a GPU, `generate` at thousands of samples
@@ -91,7 +95,7 @@ class Engine:
 
     def record(self, backend: str, why: str) -> dict:
         """What provenance and stats keep of the sampling: the backend, why, and the engine's options."""
-        options = {k: v for k, v in vars(self).items() if k != "backend"}
+        options = {k: v for k, v in vars(self).items() if k not in ("backend", "resume")}
         return {"backend": backend, "why": why} | ({"vllm": options} if backend == "vllm" else {})
 
 
@@ -114,12 +118,17 @@ def generate_ids(model_dir, prompts: list[str], cfg: SamplingConfig, backend="au
 def load_sampler(model_dir, backend="auto"):
     """A callable `(prompts, cfg) -> completions` holding the model, for stages that sample repeatedly;
     its `sample_ids(prompts, cfg)` gives the same samples as token ids. `backend`: anything `Engine.of`
-    reads. The choice goes to the job's log and to the sampler's `record` for the stage's stats."""
+    reads; with its `resume`, the sampler keeps each finished chunk there (`graftlab.sample_chunks`). The
+    choice goes to the job's log and to the sampler's `record` for the stage's stats."""
     engine = Engine.of(backend)
     name, why = _announce(engine)
     sampler = VllmSampler(model_dir, engine) if name == "vllm" else HfSampler(model_dir)
     sampler.record = engine.record(name, why)
-    return sampler
+    if engine.resume is None:
+        return sampler
+    from graftlab.sample_chunks import ChunkedSampler, open_store
+
+    return ChunkedSampler(sampler, open_store(engine.resume, model_dir))
 
 
 def policy_sampler(model, tokenizer, backend="auto"):

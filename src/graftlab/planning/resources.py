@@ -85,8 +85,11 @@ TWO_MODELS = ("pedagogical_teacher", *(m.rule for m in on_policy() if m.spec.mod
 # Trainers whose code shards the trained model over several GPUs: SFT (FSDP through accelerate) and our own
 # on-policy loops (graftlab.train.shard).
 SHARDED = ("sft", *dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
-# Jobs that save their state and continue after SLURM requeues them at their time limit (graftlab.train.resume).
+# Jobs that save their state and continue after SLURM requeues them at their time limit: trainers on one GPU
+# (graftlab.train.resume), and sampling jobs, which keep their finished chunks (graftlab.sample_chunks).
 RESUMES = ("pedagogical_teacher", *trained_rules())
+CHUNKED = ("mine", "star", "stage_star", "teacher_traces", "pedagogical_traces", "rollouts", "chain_rollouts")
+CHUNKED += ("evaluate", "evaluate_run")
 # Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
 NOMINAL_TOKENS = 2048
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
@@ -233,7 +236,7 @@ def overtime(rule: str, cluster: Cluster = Cluster(), **sizes) -> str | None:
     cap = cluster.gpu_max_runtime if classify(rule) == "gpu" else cluster.cpu_max_runtime
     uncapped = replace(cluster, gpu_max_runtime=10**9, cpu_max_runtime=10**9)
     job = job_resources(rule, **sizes, cluster=uncapped)
-    if (rule in RESUMES and job["gpu"] <= 1) or job["runtime"] <= cap:
+    if rule in CHUNKED or (rule in RESUMES and job["gpu"] <= 1) or job["runtime"] <= cap:
         return None
     why = "runs over several GPUs, where it saves no resume state" if rule in RESUMES else "does not resume"
     return f"{rule}: needs about {job['runtime'] / 60:,.0f} hours, more than its partition's {cap / 60:g}, and {why}"

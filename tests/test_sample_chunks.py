@@ -1,0 +1,105 @@
+"""Sampling that resumes (graftlab.sample_chunks): a job killed between chunks reruns to exactly the samples of
+an uninterrupted run and samples only the chunks it had not finished."""
+
+import json
+import os
+
+import pytest
+
+from graftlab.sample_chunks import ChunkedSampler, chunks_kept, close_store, open_store
+from graftlab.sampling import Engine, SamplingConfig, load_sampler
+from graftlab.tasks import arith, chat_prompt
+
+
+class Killed(Exception):
+    """The job's end, between two chunks (a chunk is written whole or not at all: `atomic_file`)."""
+
+
+class Counting:
+    """A sampler's calls counted, and the job killed after `kill_after` of them."""
+
+    def __init__(self, sampler, kill_after: int | None = None) -> None:
+        self.inner, self.kill_after, self.prompts = sampler, kill_after, []
+        self.backend = sampler.backend
+
+    def _count(self, prompts):
+        if self.kill_after is not None and len(self.prompts) == self.kill_after:
+            raise Killed
+        self.prompts.append(list(prompts))
+
+    def __call__(self, prompts, cfg):
+        self._count(prompts)
+        return self.inner(prompts, cfg)
+
+    def sample_ids(self, prompts, cfg):
+        self._count(prompts)
+        return self.inner.sample_ids(prompts, cfg)
+
+
+@pytest.fixture(scope="module")
+def sampler(world_pico):
+    return load_sampler(world_pico, "transformers")
+
+
+@pytest.fixture(scope="module")
+def prompts(sampler):
+    return [chat_prompt(sampler.tok, p["prompt"]) for p in arith.sample_problems("add", 7, "test", 0)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("kind", ["texts", "ids"])
+def test_a_killed_run_reruns_to_the_uninterrupted_samples_and_redoes_no_finished_chunk(
+    sampler, prompts, world_pico, tmp_path, temperature, kind
+):
+    cfg = SamplingConfig(n=2, temperature=temperature, top_p=1.0, max_new_tokens=6, seed=3)
+    call = (lambda s: s(prompts, cfg)) if kind == "texts" else (lambda s: s.sample_ids(prompts, cfg))
+    whole = call(ChunkedSampler(sampler, open_store(tmp_path / "whole", world_pico), chunk=3))
+
+    store = open_store(tmp_path / "killed", world_pico)
+    with pytest.raises(Killed):
+        call(ChunkedSampler(Counting(sampler, kill_after=2), store, chunk=3))
+    rerun = Counting(sampler)
+    assert call(ChunkedSampler(rerun, open_store(store, world_pico), chunk=3)) == whole
+    assert rerun.prompts == [prompts[6:]]  # chunks 1 and 2 read back, only the third sampled
+    if temperature > 0:  # each chunk at a seed of its own: chunks of equal prompts differ
+        again = ChunkedSampler(sampler, open_store(tmp_path / "twice", world_pico), chunk=3)
+        twice = again([prompts[0]] * 6, cfg) if kind == "texts" else again.sample_ids([prompts[0]] * 6, cfg)
+        assert twice[:3] != twice[3:]
+
+
+def test_a_call_of_one_chunk_samples_what_an_unchunked_call_does(sampler, prompts, world_pico, tmp_path):
+    cfg = SamplingConfig(n=3, temperature=1.0, top_p=0.9, max_new_tokens=5, seed=11)
+    chunked = ChunkedSampler(sampler, open_store(tmp_path / "s", world_pico), chunk=len(prompts))
+    assert chunked.sample_ids(prompts, cfg) == sampler.sample_ids(prompts, cfg)
+    assert chunked(prompts, cfg) == sampler(prompts, cfg)
+    assert chunked.backend == "transformers" and chunked.record == sampler.record  # the sampler's own
+
+
+def test_another_calls_chunks_and_another_models_are_never_read(sampler, prompts, world_pico, pico_model, tmp_path):
+    cfg = SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=4, seed=0)
+    store = open_store(tmp_path / "s", world_pico)
+    ChunkedSampler(sampler, store, chunk=4)(prompts, cfg)
+    counted = Counting(sampler)
+    ChunkedSampler(counted, store, chunk=4)(prompts, SamplingConfig(1, 0.0, 1.0, 5, 0))
+    assert len(counted.prompts) == 2  # a longer max_new_tokens: every chunk sampled anew
+    assert len(list(store.glob("*.json"))) == 1 + 4
+    other = pico_model("other")
+    open_store(store, other)  # another model's samples are discarded
+    assert [p.name for p in store.iterdir()] == ["fingerprint.json"]
+
+
+def test_the_workflow_keeps_chunks_until_its_job_is_done(world_pico, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = tmp_path / "resume" / "results" / "x" / "mined.parquet"
+    with chunks_kept(Engine.of("transformers", seed=2), store) as engine:
+        assert engine == Engine("transformers", seed=2, resume=str(store))
+        chunked = load_sampler(world_pico, engine)
+        chunked(["a"], SamplingConfig(1, 0.0, 1.0, 2, 2))
+        assert isinstance(chunked, ChunkedSampler) and len(list(store.glob("*.json"))) == 2
+        assert "resume" not in json.dumps(chunked.record)
+    assert not (tmp_path / "resume").exists()  # the store and its empty parents removed
+    with pytest.raises(Killed), chunks_kept(Engine.of("transformers"), store):
+        os.makedirs(store)
+        raise Killed
+    assert store.is_dir()  # a failed job leaves its chunks for the rerun
+    close_store(store)
