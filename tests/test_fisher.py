@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from graftlab.errors import GraftlabError
+from graftlab.fisher import write_fisher
 from graftlab.fisher.diag import diag_fisher, write_diag_fisher
 
 
@@ -74,6 +75,28 @@ def test_written_fisher_is_named_like_the_weights(pico_model, tmp_path):
     assert fisher.keys() == weights.keys()
     assert all(fisher[n].shape == weights[n].shape and fisher[n].dtype == torch.float32 for n in fisher)
     assert all(torch.isfinite(f).all() and (f >= 0).all() for f in fisher.values())
+
+
+@pytest.mark.workflow  # two real processes: the slow tier
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_diag_fisher_sharded_over_two_processes_is_the_one_process_fisher(pico_model, tmp_path, tied, monkeypatch):
+    """Both processes run every rollout through the sharded model (gloo here, graftlab.train.shard); each
+    forms the gradients of the rows it holds, an odd vocabulary split unevenly, and the first writes the
+    whole Fisher: the one process's, within fp32 rounding."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = pico_model("m", tie_word_embeddings=tied, vocab_size=33, intermediate_size=24)
+    rollouts = _rollouts(2, 9)
+    frame = pl.DataFrame({"prompt_ids": [p for p, _ in rollouts], "completion_ids": [c for _, c in rollouts]})
+    frame.write_parquet(tmp_path / "r.parquet")
+    write_fisher("diag", path, tmp_path / "r.parquet", tmp_path / "one", batch_size=4)
+    write_fisher("diag", path, tmp_path / "r.parquet", tmp_path / "two", batch_size=4, processes=2)
+    one, two = (load_file(tmp_path / d / "diag.safetensors") for d in ("one", "two"))
+    assert one.keys() == two.keys() and "model.embed_tokens.weight" in one
+    for name in one:
+        assert torch.allclose(one[name], two[name], rtol=1e-5, atol=1e-12), name
+    with pytest.raises(GraftlabError, match="the kfac Fisher runs in one process, not 2"):
+        write_fisher("kfac", path, tmp_path / "r.parquet", tmp_path / "k", processes=2)
+    assert not (tmp_path / "k").exists()
 
 
 def test_rollouts_without_required_columns_are_refused(pico_model, tmp_path):

@@ -292,12 +292,14 @@ def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():
     assert overtime("graft", Cluster(gpu_max_runtime=7000), generate=1.6e19, params=8e9) is None
     # Sampling keeps its finished chunks (graftlab.sample_chunks): each requeue samples only the rest.
     assert all(overtime(rule, generate=1.6e19, params=8e9) is None for rule in ("mine", "evaluate_run", "star"))
-    # A trainer on one GPU saves its state and resumes; over several its processes save none.
-    assert job_resources("opsd", 1.7e9)["gpu"] == 1 and overtime("opsd", generate=1.6e19, params=1.7e9) is None
-    assert job_resources("opsd", 8e9)["gpu"] > 1
-    late = overtime("opsd", generate=1e20, params=8e9)
-    assert late.startswith("opsd: needs about ")
+    # A trainer on one GPU saves its state and resumes; over several SFT's processes save none, our own
+    # loops' (OPSD, SDPO) a whole state.
+    assert job_resources("sft", 1.7e9)["gpu"] == 1 and overtime("sft", compute=1e22, params=1.7e9) is None
+    assert job_resources("sft", 8e9)["gpu"] > 1 and job_resources("opsd", 8e9)["gpu"] > 1
+    late = overtime("sft", compute=1e22, params=8e9)
+    assert late.startswith("sft: needs about ")
     assert late.endswith("and runs over several GPUs, where it saves no resume state")
+    assert overtime("opsd", generate=1e22, params=8e9) is None
     assert overtime("param_drift", Cluster(cpu_max_runtime=60), compute=1e15) == (
         "param_drift: needs about 56 hours, more than its partition's 1, and does not resume"
     )

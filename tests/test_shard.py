@@ -4,6 +4,12 @@ holding half of every weight, train as one process does on whole batches, and wr
 import functools
 import json
 import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +20,7 @@ from graftlab.errors import GraftlabError
 from graftlab.tasks import arith, chat_completion
 from graftlab.train.onpolicy import OnPolicyRun
 from graftlab.train.opsd import OpsdConfig, train_opsd
+from graftlab.train.resume import STATE, Resume
 from graftlab.train.sdpo import Sdpo, SdpoConfig
 from graftlab.world import build
 from graftlab.world.tokenizer import build_tokenizer
@@ -72,6 +79,35 @@ def test_opsd_over_two_processes_samples_through_the_sharded_student_and_trains_
     assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in two], rel=1e-5)
     assert [json.loads(line) for line in (tmp_path / "two/steps.jsonl").open()] == two
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]  # no scratch left behind
+
+
+def test_a_sharded_run_killed_mid_way_resumes_with_its_processes_to_the_same_weights(post, tmp_path, capfd):
+    """The whole state is gathered and saved by the first process after every step (resume_minutes 0); the
+    job, killed with all its processes once a state is saved, reruns from it over two processes again and
+    ends on the uninterrupted run's checkpoints."""
+    examples = [{"prompt": p["prompt"], "demonstration": p["answer"]} for p in problems(8)]
+    cfg = OpsdConfig(
+        alpha=0.5, lr=1e-2, steps=12, save_steps=(6, 12), batch_size=4, max_new_tokens=8, temperature=1e-4, threads=1
+    )
+    train_opsd(post, examples, cfg, tmp_path / "whole", processes=2)
+    state = tmp_path / "resume" / "run"
+    spec = tmp_path / "job.pkl"
+    spec.write_bytes(pickle.dumps((post, examples, cfg, tmp_path / "run", None, Resume(state, 0), 2)))
+    code = "import pickle, sys\nfrom graftlab.train.opsd import train_opsd\n"
+    code += "train_opsd(*pickle.load(open(sys.argv[1], 'rb')))"
+    job = subprocess.Popen([sys.executable, "-c", code, str(spec)], start_new_session=True)
+    while not (state / STATE).exists() and job.poll() is None:
+        time.sleep(0.02)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    assert job.returncode == -signal.SIGKILL and not (tmp_path / "run").exists()
+    capfd.readouterr()
+    log = train_opsd(post, examples, cfg, tmp_path / "run", resume=Resume(state, 0), processes=2)
+    resumed = re.search(r"resume: OPSD continues after step (\d+)", capfd.readouterr().out)
+    assert resumed and 1 <= int(resumed[1]) < 12
+    for step in (6, 12):
+        assert_same_weights(tmp_path / f"whole/step~{step}", tmp_path / f"run/step~{step}", atol=1e-6)
+    assert [r["step"] for r in log] == list(range(1, 13)) and not state.exists()
 
 
 ANSWER = "42"

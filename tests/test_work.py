@@ -5,6 +5,8 @@ import copy
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from graftlab.planning.config import resolve
 from graftlab.planning.layout import Experiment
@@ -99,3 +101,29 @@ def test_one_job_by_hand(tmp_path):
     # Evaluation: (50 benchmark + 10 held-out problems) x 2 samples x 1,000 tokens, by the evaluated model.
     assert work("evaluate", run="sft/d/lr~1e-5/epoch~2").generate == pytest.approx(2e9 * 60 * 2 * 1000)
     assert work("graft").kept == 0  # a temp() output
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    entities=st.integers(1, 300),
+    per_entity=st.integers(1, 6),
+    replay=st.integers(0, 400),
+    seed=st.integers(0, 2**16),
+)
+def test_a_knowledge_example_is_never_longer_than_its_bound(tmp_path_factory, entities, per_entity, replay, seed):
+    """SFT on knowledge is sized for `KNOWLEDGE_TRACE_TOKENS` answer tokens (not the evaluation budget):
+    every completion the knowledge world writes, replay included, is ASCII and no longer, so under any
+    tokenizer it takes no more tokens than characters."""
+    import polars as pl
+
+    from graftlab.planning.work import KNOWLEDGE_TRACE_TOKENS, trace_tokens
+    from graftlab.tasks import arith
+    from graftlab.world import knowledge as kn
+
+    out = tmp_path_factory.mktemp("knowledge")
+    cfg = kn.KnowledgeConfig(entities=entities, facts=entities * per_entity, replay=replay, seed=seed)
+    kn.write_knowledge_data(out, cfg, sorted(arith.SOLVERS))
+    completions = pl.read_parquet(out / "sft.parquet")["completion"]
+    assert completions.str.contains(r"^[\x00-\x7f]*$").all()
+    assert completions.str.len_chars().max() <= KNOWLEDGE_TRACE_TOKENS
+    assert trace_tokens({"data": "knowledge", "eval": {"max_new_tokens": 32768}}) == KNOWLEDGE_TRACE_TOKENS

@@ -8,6 +8,7 @@ hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
 from graftlab.fisher import write_fisher
 from graftlab.io.joblog import job_log
 from graftlab.planning.layout import Experiment, retention_homes
+from graftlab.train.shard import job_gpus_processes
 
 p, inp, w = snakemake.params, snakemake.input, snakemake.wildcards
 # The batch size is memory, not results, so it is no param: the smallest of the experiments sharing the Fisher.
@@ -15,4 +16,5 @@ config = snakemake.config
 sharing = retention_homes(config)[w.home] if hasattr(w, "home") else [Experiment.of(config, w.exp)]
 batch_size = min(x.x["fisher"]["batch_size"] for x in sharing)
 with job_log(snakemake.log[0], snakemake.threads):
-    write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], batch_size, **p.options)
+    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # sharded over several (diag)
+    write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], batch_size, processes, **p.options)

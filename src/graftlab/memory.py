@@ -20,7 +20,8 @@ Parts, in bytes (P parameters; a token is one position of one sequence of a micr
 - a sampling engine: its weights (bf16 on a GPU: 2 per parameter) and the KV cache of the longest
   sequence it must hold, 2 (K and V) x layers x kv heads x head dim x 2 bytes a token;
 - a Fisher: its model's fp32 weights and an fp32 accumulator (8 per parameter), the activations of one
-  batch without recomputation (its hooks keep each module's input), the per-rollout gradients of its
+  batch (the diagonal's recomputed layer by layer; KFAC's hooks keep each module's input), the per-rollout
+  gradients of its
   widest weight, at most a chunk (`CHUNK_FLOATS`), and for KFAC its Kronecker factors
   and their eigenvectors (`graftlab.planning.work.kfac_factor_bytes`).
 
@@ -170,20 +171,30 @@ def sampler(params: float, shape: Shape, *, tokens: float, weight_bytes: int = B
 
 
 def fisher(
-    params: float, shape: Shape, *, rollouts: int, sequence: int, factors: float = 0.0, act_bytes: int = FP32
+    params: float,
+    shape: Shape,
+    *,
+    rollouts: int,
+    sequence: int,
+    factors: float = 0.0,
+    act_bytes: int = FP32,
+    recompute: bool = False,
+    shards: bool = False,
 ) -> Memory:
     """A retention Fisher over a batch of `rollouts` of `sequence` tokens: fp32 weights and accumulator, the
-    batch's activations (no recomputation), the per-rollout gradients of its widest weight (at most a chunk)
-    and KFAC's `factors` bytes."""
+    batch's activations (`recompute`: each layer's input and one layer's set, as the diagonal Fisher keeps
+    them; else every layer's), the per-rollout gradients of its widest weight (at most a chunk) and KFAC's
+    `factors` bytes. `shards`: the weights and accumulator divided over its GPUs (the diagonal's processes,
+    each running every rollout)."""
     widest = max(shape.hidden * shape.intermediate, shape.vocab * shape.hidden)
     parts = {
         "weights and accumulator": params * 2 * FP32,
-        "activations": activations(shape, rollouts * sequence, act_bytes=act_bytes),
+        "activations": activations(shape, rollouts * sequence, act_bytes=act_bytes, recompute=recompute),
         "per-rollout gradients": min(CHUNK_BYTES, rollouts * widest * FP32),
     }
     if factors:
         parts["KFAC factors"] = factors
-    return Memory(parts)
+    return Memory(parts, frozenset({"weights and accumulator"}) if shards else frozenset())
 
 
 def largest_divisor(batch: int, most: float) -> int:

@@ -25,6 +25,7 @@ class FisherKind:
     loader: str
     mask: str
     options: tuple[str, ...] = ()
+    shards: bool = False  # its writer divides the model over several processes (`processes`), one per GPU
 
 
 def _resolve(reference: str):
@@ -38,6 +39,7 @@ FISHERS = {
         "graftlab.fisher.diag:write_diag_fisher",
         "graftlab.fisher.masks:load_diag_fisher",
         "graftlab.fisher.masks:DiagMask",
+        shards=True,
     ),
     "kfac": FisherKind(
         "kfac",
@@ -57,15 +59,22 @@ def fisher_kind(kind: str) -> FisherKind:
         raise GraftlabError(f"unknown Fisher kind {kind!r}: expected one of {list(KINDS)}") from None
 
 
-def write_fisher(kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16, **options) -> None:
+def write_fisher(
+    kind: str, model_dir, rollouts_path, out_dir, batch_size: int = 16, processes: int = 1, **options
+) -> None:
     """`out_dir/{kind}.safetensors` (format: docs/formats.md), written atomically, and `out_dir/seconds.json`,
     the seconds it took (`fisher_s`, loading the model included). `options` are the kind's own (kfac:
     `max_dim`, wider linear layers get the diagonal; `ekfac`, re-fit the diagonal in the eigenbasis;
-    `positions`, `completion` or `all`, the token positions the Kronecker factors count)."""
+    `positions`, `completion` or `all`, the token positions the Kronecker factors count). `processes`: one per
+    GPU, for a kind that shards (diag)."""
     spec = fisher_kind(kind)
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
         raise GraftlabError(f"options {unknown} do not apply to Fisher kind {kind} (its options: {list(spec.options)})")
+    if processes > 1:
+        if not spec.shards:
+            raise GraftlabError(f"the {kind} Fisher runs in one process, not {processes}")
+        options = options | {"processes": processes}
     start = time.perf_counter()
     # The seconds go inside the same atomic directory as the Fisher (a kill between the two must not leave
     # a Fisher without them), for the latency analysis: a masked graft is charged the Fisher it ranks by.

@@ -88,6 +88,8 @@ SHARDED = ("sft", *dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
 # Jobs that save their state and continue after SLURM requeues them at their time limit: trainers on one GPU
 # (graftlab.train.resume), and sampling jobs, which keep their finished chunks (graftlab.sample_chunks).
 RESUMES = ("pedagogical_teacher", *trained_rules())
+# ... and those that resume over several GPUs too: our own loops gather a whole state from their shards.
+RESUMES_SHARDED = tuple(dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
 CHUNKED = ("mine", "star", "stage_star", "teacher_traces", "pedagogical_traces", "rollouts", "chain_rollouts")
 CHUNKED += ("evaluate", "evaluate_run")
 # Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
@@ -231,12 +233,13 @@ def gpu_memory(value) -> float:
 
 def overtime(rule: str, cluster: Cluster = Cluster(), **sizes) -> str | None:
     """Why a job of `rule` (sized by `sizes`, as `job_resources` takes them) will time out, in one line: it
-    needs more than its partition's time limit and does not resume; None when it fits or resumes. A trainer
-    resumes on one GPU only: over several, its processes save no resume state (graftlab.train.onpolicy)."""
+    needs more than its partition's time limit and does not resume; None when it fits or resumes. SFT and
+    GRPO resume on one GPU only: over several, their processes save no resume state."""
     cap = cluster.gpu_max_runtime if classify(rule) == "gpu" else cluster.cpu_max_runtime
     uncapped = replace(cluster, gpu_max_runtime=10**9, cpu_max_runtime=10**9)
     job = job_resources(rule, **sizes, cluster=uncapped)
-    if rule in CHUNKED or (rule in RESUMES and job["gpu"] <= 1) or job["runtime"] <= cap:
+    resumes = rule in CHUNKED + RESUMES_SHARDED or (rule in RESUMES and job["gpu"] <= 1)
+    if resumes or job["runtime"] <= cap:
         return None
     why = "runs over several GPUs, where it saves no resume state" if rule in RESUMES else "does not resume"
     return f"{rule}: needs about {job['runtime'] / 60:,.0f} hours, more than its partition's {cap / 60:g}, and {why}"

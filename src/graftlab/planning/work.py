@@ -197,8 +197,17 @@ def eval_sequences(layout: Experiment, a: Assumptions) -> int:
     return sum(n * (1 if get_task(tasks[name]).greedy else samples) for name, n in sizes.items())
 
 
+# Tokens of a knowledge example's answer: a short value after an empty think block, or a replayed tiny-world
+# trace (graftlab.world.knowledge; at most 57 ASCII characters over every task, so at most as many tokens
+# under any tokenizer: tests/test_work.py generates the world and checks).
+KNOWLEDGE_TRACE_TOKENS = 64
+
+
 def trace_tokens(x: dict) -> int:
-    """Tokens of one SFT example's answer: the budget of the stage that wrote it (evaluation's otherwise)."""
+    """Tokens of one SFT example's answer: the budget of the stage that wrote it (evaluation's otherwise);
+    a knowledge example's, its bound."""
+    if x["data"] == "knowledge":
+        return KNOWLEDGE_TRACE_TOKENS
     return x.get(x["data"], {}).get("max_new_tokens") or x["eval"]["max_new_tokens"]
 
 
@@ -365,7 +374,10 @@ def job_work(
         factors = kfac_factor_bytes(post) if kind == "kfac" else 0
         # One rollout a pass at the least: on a GPU the Fisher takes as many of `batch_size` as fit
         # (graftlab.fisher.diag.fitting_batch).
-        mem = memory.fisher(P, post.shape, rollouts=1, sequence=p + f["max_new_tokens"], factors=factors)
+        # The diagonal recomputes each layer in its backward and shards over GPUs; KFAC keeps every module's
+        # input, on one GPU.
+        sequence, diag = p + f["max_new_tokens"], kind == "diag"
+        mem = memory.fisher(P, post.shape, rollouts=1, sequence=sequence, factors=factors, recompute=diag, shards=diag)
         return Work(post, compute=passes * 6 * P * tokens, written=fisher_bytes(post, kind), memory=mem)
     if rule == "evaluate":
         run = parse_run(wildcards.get("run", POST))

@@ -12,8 +12,9 @@ directory; they are hard-linked into the output, so publishing costs no disk.
 
 Over several processes (`processes`, one per GPU: `graftlab.train.shard`) the student and teacher are
 sharded, each process samples and trains on its share of every batch, and the first process alone writes;
-the job's own process launches them and publishes as it would its own loop's. Such a run saves no resume
-state: every process would have to agree on when to save (SFT's launch keeps the same rule).
+the job's own process launches them and publishes as it would its own loop's. Its resume state is whole
+(gathered on the first process, by parameter name): the first process decides when to save, and a rerun
+with as many processes sends each its shards.
 """
 
 from __future__ import annotations
@@ -81,28 +82,45 @@ def save_checkpoint(model, tokenizer, path: Path, dtype: str, inputs: dict, cfg,
 
 def save_loop_state(resume, name: str, step: int, log: list[dict], optimizer, **modules) -> None:
     """A loop's state after `step`: its modules (`model`, the student, and e.g. a moving `teacher`), the
-    optimizer, the RNGs and the step log, renamed into place by `graftlab.train.resume.save_state`."""
+    optimizer, the RNGs and the step log, renamed into place by `graftlab.train.resume.save_state`. Sharded,
+    every process gathers its shards (every one calls this) and the first writes the whole state."""
     from graftlab.train import resume as rs
+    from graftlab.train import shard
 
-    state = {"step": step, "optimizer": optimizer.state_dict(), "rng": rs.rng_state(), "log": log}
-    rs.save_state(resume, state | {key: m.state_dict() for key, m in modules.items()})
+    if shard.sharded():
+        state = {key: shard.full_state(m, tied_once=False) for key, m in modules.items()}
+        state["optimizer"] = shard.full_optimizer_state(modules["model"], optimizer)
+        if shard.world()[0]:
+            return
+    else:
+        state = {key: m.state_dict() for key, m in modules.items()} | {"optimizer": optimizer.state_dict()}
+    rs.save_state(resume, state | {"step": step, "rng": rs.rng_state(), "log": log})
     print(f"resume: saved {name} step {step} to {resume.dir}", flush=True)
 
 
 def load_loop_state(resume, name: str, optimizer, **modules) -> tuple[list[dict], int]:
     """The step log so far and the last step done, the modules, optimizer and RNGs restored from the
-    saved state; ([], 0) when there is none."""
+    saved state; ([], 0) when there is none. Sharded, the first process reads it and sends each its shards."""
     from graftlab.train import resume as rs
+    from graftlab.train import shard
 
-    state = rs.load_state(resume) if resume is not None else None
-    if state is None:
+    first = shard.world()[0] == 0
+    state = rs.load_state(resume) if resume is not None and first else None
+    if shard.from_first(state is None):
         return [], 0
-    for key, module in modules.items():
-        module.load_state_dict(state[key])
-    optimizer.load_state_dict(state["optimizer"])
-    rs.set_rng_state(state["rng"])
-    print(f"resume: {name} continues after step {state['step']} from {resume.dir}", flush=True)
-    return state["log"], state["step"]
+    if shard.sharded():
+        for key, module in modules.items():
+            shard.restore(module, state and state[key])
+        shard.restore_optimizer(modules["model"], optimizer, state and state["optimizer"])
+    else:
+        for key, module in modules.items():
+            module.load_state_dict(state[key])
+        optimizer.load_state_dict(state["optimizer"])
+    log, step = shard.from_first(state and (state["log"], state["step"]))
+    if first:
+        rs.set_rng_state(state["rng"])
+        print(f"resume: {name} continues after step {step} from {resume.dir}", flush=True)
+    return log, step
 
 
 def load_pair(post_dir, cfg, teacher_dir=None, frozen_teacher: bool = True):
@@ -212,18 +230,15 @@ class OnPolicyRun:
     ) -> list[dict]:
         """Train on `data` over `processes` (one per GPU) and publish the run to `out_dir` (`publish_run`),
         `extras` (e.g. `teacher`) beside the checkpoints. Returns the step log."""
-        from graftlab.train import resume as rs
         from graftlab.train import shard
 
         def launched(work: Path) -> list[dict]:
-            print(f"resume: none over {processes} processes; a rerun starts afresh", flush=True)
-            shard.launch(processes, _launched_loop, self, data, inputs, work, teacher_dir)
-            log = json.loads((work / LAUNCHED_LOG).read_text())
-            if resume is not None:
-                rs.mark_trained(resume, {"log": log})
-            return log
+            shard.launch(processes, _launched_loop, self, data, inputs, resume, work, teacher_dir)
+            return json.loads((work / LAUNCHED_LOG).read_text())
 
         loop = launched if processes > 1 else lambda work: self._loop(data, inputs, resume, work, teacher_dir)
+        # A state saved by sharded processes is by parameter name and whole: another count does not resume it.
+        fingerprint = fingerprint | ({"processes": processes} if processes > 1 else {})
         return publish_run(out_dir, self.cfg.checkpoints(), resume, fingerprint, loop, extras=extras)
 
     def _loop(self, data: list[dict], inputs: dict | None, resume, work: Path, teacher_dir) -> list[dict]:
@@ -256,11 +271,12 @@ class OnPolicyRun:
                         path = work / f"step~{record['step']}"
                         save_checkpoint(method.student, tok, path, dtype, inputs, cfg, extra)
                 last = steps[-1]
-                if resume is not None and last < cfg.steps and resume.due():
+                # When to save is the first process's call: every process must gather its shards then.
+                if resume is not None and last < cfg.steps and shard.from_first(resume.due()):
                     save_loop_state(resume, self.name, last, log, method.optimizer, **method.state())
         for name, (module, extra) in method.finals().items():
             save_checkpoint(module, tok, work / name, dtype, inputs, cfg, {"step": last} | extra)
-        if resume is not None:
+        if resume is not None and first:
             rs.mark_trained(resume, {"log": log})
         return log
 
@@ -268,12 +284,12 @@ class OnPolicyRun:
 LAUNCHED_LOG = "launched-log.json"
 
 
-def _launched_loop(run: OnPolicyRun, data: list[dict], inputs: dict | None, work: Path, teacher_dir) -> None:
+def _launched_loop(run: OnPolicyRun, data: list[dict], inputs: dict | None, resume, work: Path, teacher_dir) -> None:
     """One process of a launched run (`graftlab.train.shard.launch`): the loop, its step log left in `work`
     by the first process for the job's process to publish."""
     from graftlab.train import shard
 
-    log = run._loop(data, inputs, None, work, teacher_dir)
+    log = run._loop(data, inputs, resume, work, teacher_dir)
     if shard.world()[0] == 0:
         work.mkdir(parents=True, exist_ok=True)
         (work / LAUNCHED_LOG).write_text(json.dumps(log))

@@ -92,18 +92,60 @@ def shard(model):
     return model
 
 
-def full_state(model) -> dict | None:
-    """The whole model's state on the CPU of the first process (None on the others): every process must call
-    it, as it gathers each shard."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def _full(**options):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return StateDictOptions(full_state_dict=True, **options)
+
+
+def full_state(model, tied_once: bool = True) -> dict | None:
+    """The whole model's state on the CPU of the first process (None on the others): every process must call
+    it, as it gathers each shard. `tied_once`: a tied weight under one name, as a checkpoint writes it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(model, options=_full(cpu_offload=True))
     if world()[0]:
         return None
+    if not tied_once:
+        return state
     # A tied weight (an output head that is the input embedding) once, under the name `named_parameters`
     # keeps, as `save_pretrained` writes an unsharded model: the gathered state has each name as a copy.
     own = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
     return {name: t for name, t in state.items() if name in own}
+
+
+def full_optimizer_state(model, optimizer) -> dict | None:
+    """The optimizer's whole state (by parameter name) on the CPU of the first process, None on the others."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer, options=_full(cpu_offload=True))
+    return None if world()[0] else state
+
+
+def restore(model, state: dict | None) -> None:
+    """A sharded model set from the whole state the first process read (`full_state`; the others pass None):
+    each process takes its shards as they are sent."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, state or {}, options=_full(broadcast_from_rank0=True))
+
+
+def restore_optimizer(model, optimizer, state: dict | None) -> None:
+    """`restore` for the optimizer of `model` (`full_optimizer_state`)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state or {}, options=_full(broadcast_from_rank0=True))
+
+
+def from_first(value: Any) -> Any:
+    """The first process's `value` on every process (`value` outside a launch): what they must agree on."""
+    if not sharded():
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def full_parameters(model):
@@ -115,6 +157,15 @@ def full_parameters(model):
 
 def total(value: float) -> float:
     """`value` summed over the processes (itself outside a launch)."""
+    return _reduced(value, "SUM")
+
+
+def least(value: float) -> float:
+    """The smallest of every process's `value` (itself outside a launch)."""
+    return _reduced(value, "MIN")
+
+
+def _reduced(value: float, op: str) -> float:
     if not sharded():
         return value
     import torch
@@ -123,7 +174,7 @@ def total(value: float) -> float:
     t = torch.tensor([float(value)], dtype=torch.float64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
     return float(t.item())
 
 
