@@ -107,7 +107,7 @@ def _predicted(kind: str, model: Path, cuda: bool):
         return mem
     if kind.startswith("fisher"):
         factors = kfac_factor_bytes(m) if kind == "fisher_kfac" else 0
-        return mm.fisher(P, shape, rollouts=MICRO, sequence=seq, factors=factors, recompute=kind == "fisher_diag")
+        return mm.fisher(P, shape, rollouts=MICRO, sequence=seq, factors=factors, recompute=True)
     return mm.sampler(P, shape, tokens=PROMPTS * 4 * seq, weight_bytes=mm.FP32)  # the checkpoint's dtype
 
 

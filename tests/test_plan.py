@@ -200,8 +200,9 @@ def test_hand_computed_continual_plan(tmp_path):
     plan = estimate(config, a, root=tmp_path)
     c = plan.costs
     # The SFT chain and the donor tuned on each stage alone (graft_chain's update): stage 1 trains on its 40
-    # problems for 2 epochs, 6 x 1e9 x 2 x 40 x 1,000; stage 2 on 30 phrasings for 1, 6 x 1e9 x 1 x 30 x 1,000.
-    stage1, stage2 = 6e9 * 2 * 40e3, 6e9 * 1 * 30e3
+    # problems for 2 epochs, 6 x 1e9 x 2 x 40 x 1,000; stage 2 on 30 phrasings for 1, of a knowledge answer's
+    # 64 tokens (not the evaluation's 744), 6 x 1e9 x 1 x 30 x 320.
+    stage1, stage2 = 6e9 * 2 * 40e3, 6e9 * 1 * 30 * (256 + 64)
     assert (c["chain_sft"].jobs, c["chain_sft"].flops) == (4, pytest.approx(2 * (stage1 + stage2)))
     # The knowledge stage is what the single-domain formula gives for the stage's view; the data-set stage
     # counts the stage's `train` problems, not the view's mined candidates.

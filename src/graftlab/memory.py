@@ -20,8 +20,7 @@ Parts, in bytes (P parameters; a token is one position of one sequence of a micr
 - a sampling engine: its weights (bf16 on a GPU: 2 per parameter) and the KV cache of the longest
   sequence it must hold, 2 (K and V) x layers x kv heads x head dim x 2 bytes a token;
 - a Fisher: its model's fp32 weights and an fp32 accumulator (8 per parameter), the activations of one
-  batch (the diagonal's recomputed layer by layer; KFAC's hooks keep each module's input), the per-rollout
-  gradients of its
+  batch, recomputed layer by layer (graftlab.fisher.backward), the per-rollout gradients of its
   widest weight, at most a chunk (`CHUNK_FLOATS`), and for KFAC its Kronecker factors
   and their eigenvectors (`graftlab.planning.work.kfac_factor_bytes`).
 
@@ -182,8 +181,8 @@ def fisher(
     shards: bool = False,
 ) -> Memory:
     """A retention Fisher over a batch of `rollouts` of `sequence` tokens: fp32 weights and accumulator, the
-    batch's activations (`recompute`: each layer's input and one layer's set, as the diagonal Fisher keeps
-    them; else every layer's), the per-rollout gradients of its widest weight (at most a chunk) and KFAC's
+    batch's activations (`recompute`: each layer's input and one layer's set, as both Fishers keep them;
+    else every layer's), the per-rollout gradients of its widest weight (at most a chunk) and KFAC's
     `factors` bytes. `shards`: the weights and accumulator divided over its GPUs (the diagonal's processes,
     each running every rollout)."""
     widest = max(shape.hidden * shape.intermediate, shape.vocab * shape.hidden)

@@ -2,42 +2,30 @@
 log-likelihood of rollout n's completion tokens (docs/methods.md). Rollouts are the model's own samples, so this
 is the true Fisher by Monte Carlo, not the empirical one.
 
-Per-rollout gradients come from hooks, not from per-example autograd: forward hooks keep each module's
-input and hook its output, and one backward per batch, taken only down to the input embeddings (no weight
-gradient is ever formed), hands each module its output gradient `d`. There the per-rollout gradient is
-formed and squared at once, so no output gradient outlives its layer's backward: a linear weight's is
-`sum_t d_t x_t^T` over the rollout's tokens, an embedding's scatters `d` to the token rows, a norm's (or
-anything else's) is the module's own vector-Jacobian product, vmapped over rollouts. Per-rollout gradients
-are materialised `CHUNK_FLOATS` at a time, so memory is one forward-backward's plus one chunk, whatever the
-batch: a single 8k-token rollout runs as a batch of one. The forward may use any attention (SDPA, flash)
-and autocast: nothing is traced through it. (The former `torch.func.vmap` path needed eager attention and
-held every per-example gradient of the batch at once; this one is exact as well, tests/test_fisher.py.)
-
-Each decoder layer is recomputed (torch's non-reentrant checkpoint): the forward keeps only each layer's
-input, and the backward runs the layer's forward again just before it needs it. A module inside a layer
-therefore meets its input in that recomputation (a pre-hook) and its output gradient in the backward (a
-tensor hook on the first forward's output), in either order; whichever comes second forms its per-rollout
-gradients. Activations are then each layer's input plus one layer's whole set: an 8,704-token rollout of
-Qwen3-1.7B in fp32 keeps 2 GB of layer inputs where it kept 41 GB (graftlab.memory).
-
-Sequences are right-padded and run without an attention mask: under causal attention a pad only ever
-follows the real tokens, so it cannot change their logits, and its own loss is masked out.
+Per-rollout gradients come from the pass of `graftlab.fisher.backward`, not from per-example autograd: each
+module's call meets its input and its output gradient `d` in one backward per batch, taken only down to the
+input embeddings (no weight gradient is ever formed), with each decoder layer recomputed. There the
+per-rollout gradient is formed and squared at once, so no output gradient outlives its layer's backward: a
+linear weight's is `sum_t d_t x_t^T` over the rollout's tokens, an embedding's scatters `d` to the token
+rows, a norm's (or anything else's) is the module's own vector-Jacobian product, vmapped over rollouts.
+Per-rollout gradients are materialised `CHUNK_FLOATS` at a time, so memory is one forward-backward's plus
+one chunk, whatever the batch: a single 8k-token rollout runs as a batch of one. The forward may use any
+attention (SDPA, flash) and autocast: nothing is traced through it. (The former `torch.func.vmap` path
+needed eager attention and held every per-example gradient of the batch at once; this one is exact as
+well, tests/test_fisher.py.)
 """
 
-import contextlib
-import functools
 import math
 from collections import Counter
-from contextlib import nullcontext
 from pathlib import Path
 
 import polars as pl
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 from tqdm import tqdm
 
 from graftlab.errors import GraftlabError
+from graftlab.fisher.backward import ModuleBackward
 from graftlab.io.tables import read_table
 from graftlab.memory import CHUNK_FLOATS  # per-rollout gradients are materialised this many at a time
 
@@ -160,11 +148,12 @@ def per_example_grad(module: nn.Module, attr: str, x: torch.Tensor, d: torch.Ten
     return vmap(one)(x, d).float()
 
 
-class _DiagPass:
-    """Hooks that square per-rollout gradients into `fisher` as the backward reaches each module."""
+class _DiagPass(ModuleBackward):
+    """Squares per-rollout gradients into `fisher` as the backward reaches each module
+    (`graftlab.fisher.backward`)."""
 
     def __init__(self, model: nn.Module, fisher: dict[str, torch.Tensor], seen: set, rows=None):
-        self.model, self.fisher, self.seen = model, fisher, seen
+        self.fisher, self.seen = fisher, seen
         # Sharded over processes: the rows (first dimension) of each parameter this process accumulates.
         self.rows: dict[str, tuple[int, int]] = rows or {}
         self.owners = parameter_owners(model)
@@ -172,96 +161,19 @@ class _DiagPass:
         for name, users in self.owners.items():
             for m, attr in users:
                 self.params.setdefault(m, []).append((name, attr))
-        self.modules = {m: model.get_submodule(m) for m in self.params}
-        self.embedding = model.get_input_embeddings()
-        layers = decoder_layers(model)
-        # Modules inside a recomputed layer: they meet their input and output gradient in the backward.
-        self.inside = {m for m in self.modules if any(m.startswith(f"{layer}.") for layer in layers)}
-        self.layers = [model.get_submodule(layer) for layer in layers]
-        self.recomputing = False
+        super().__init__(model, {m: model.get_submodule(m) for m in self.params})
 
     def batch(self, ids: torch.Tensor, scored: torch.Tensor, autocast: torch.dtype | None) -> None:
-        self.calls, self.arrived, self.partial, roots = Counter(), Counter(), {}, []
-        self.inputs: dict[str, list] = {m: [] for m in self.inside}
-        self.grads: dict[str, list] = {m: [] for m in self.inside}
-        handles = [module.register_forward_hook(self._hook(m, roots)) for m, module in self.modules.items()]
-        # Kept through the backward, where the layers are recomputed.
-        recomputed = [self.modules[m].register_forward_pre_hook(self._recomputed(m)) for m in self.inside]
-        amp = torch.autocast(ids.device.type, dtype=autocast) if autocast else nullcontext()
-        try:
-            # The whole layer recomputed (no early stop): every module inside it meets its input again.
-            with amp, _checkpointed(self.layers, self._contexts), set_checkpoint_early_stop(False):
-                logits = self.model(ids, use_cache=False).logits[:, :-1].float()
-        finally:
-            for h in handles:
-                h.remove()
-        if not roots:
-            raise GraftlabError(f"{type(self.model).__name__}: its input embedding was not called by forward")
-        loglik = (logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0] * scored[:, 1:]).sum()
-        # Gradients down to the embedding output only: every module's output gradient passes its hook on
-        # the way, and the engine skips every weight gradient.
-        try:
-            grads = torch.autograd.grad(loglik, [out for _, _, out in roots], allow_unused=True)
-        finally:
-            for h in recomputed:
-                h.remove()
-        for (m, x, _), g in zip(roots, grads):
-            if g is not None:
-                self._arrive(m, x, g)
+        self.arrived, self.partial = Counter(), {}
+        self.run(ids, scored, autocast)
         for name, g in self.partial.items():  # shared weights some of whose calls got no gradient
             self.fisher[name] += self._own(name, g.square_().sum(0))
         self.seen.update(n for m in self.calls for n, _ in self.params[m])
-
-    def _hook(self, m: str, roots: list):
-        def hook(module, args, output):
-            if self.recomputing:
-                return  # the backward's second run of a layer: its inputs are met by `_recomputed`
-            self.calls[m] += 1
-            if module is self.embedding:
-                roots.append((m, args[0].detach(), output))
-            elif isinstance(output, torch.Tensor) and output.requires_grad:
-                if m in self.inside:  # its input is not kept: the recomputation gives it again
-                    output.register_hook(lambda g: self._meet(m, self.grads, g))
-                else:
-                    x = args[0].detach()
-                    output.register_hook(lambda g: self._arrive(m, x, g))
-
-        return hook
-
-    def _recomputed(self, m: str):
-        def pre_hook(module, args):
-            if self.recomputing:
-                self._meet(m, self.inputs, args[0].detach())
-
-        return pre_hook
-
-    def _meet(self, m: str, arrived: dict, value: torch.Tensor) -> None:
-        """An input (recomputed) or an output gradient of module `m`; with its partner already here, the
-        per-rollout gradients are formed. A module is called once a layer run: the pairs come in order."""
-        other = self.grads if arrived is self.inputs else self.inputs
-        if not other[m]:
-            arrived[m].append(value)
-            return
-        partner = other[m].pop(0)
-        x, d = (value, partner) if arrived is self.inputs else (partner, value)
-        self._arrive(m, x, d)
 
     def _own(self, name: str, square: torch.Tensor) -> torch.Tensor:
         """This process's rows of a whole parameter's squared gradients (all of them unsharded)."""
         rows = self.rows.get(name)
         return square if rows is None else square[rows[0] : rows[1]]
-
-    @contextlib.contextmanager
-    def _recomputing(self):
-        self.recomputing = True
-        try:
-            yield
-        finally:
-            self.recomputing = False
-
-    def _contexts(self):
-        """torch's checkpoint `context_fn`: the first forward as it is; its recomputation flagged."""
-        return nullcontext(), self._recomputing()
 
     def _arrive(self, m: str, x: torch.Tensor, d: torch.Tensor) -> None:
         module = self.modules[m]
@@ -280,26 +192,6 @@ class _DiagPass:
             self.arrived[name] += 1
             if self.arrived[name] == uses:
                 self.fisher[name] += self._own(name, self.partial.pop(name).square_().sum(0))
-
-
-def decoder_layers(model: nn.Module) -> list[str]:
-    """The names of the model's decoder layers: the classes it names in `_no_split_modules`."""
-    units = set(getattr(model, "_no_split_modules", None) or ())
-    return [name for name, m in model.named_modules() if type(m).__name__ in units]
-
-
-@contextlib.contextmanager
-def _checkpointed(layers: list[nn.Module], contexts):
-    """Each of `layers` run under torch's non-reentrant checkpoint for the duration, with `contexts` its
-    `context_fn`. The layer's own `forward` is wrapped in place, not the module: a wrapper module would rename
-    every parameter below it."""
-    for layer in layers:
-        layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False, context_fn=contexts)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.forward  # the instance attribute: the class's forward again
 
 
 def _add_squares(fisher: torch.Tensor, module: nn.Module, attr: str, x: torch.Tensor, d: torch.Tensor, rows=None):

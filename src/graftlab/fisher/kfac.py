@@ -22,7 +22,6 @@ File format: docs/formats.md.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,13 +29,14 @@ from torch import nn
 from tqdm import tqdm
 
 from graftlab.errors import GraftlabError
+from graftlab.fisher.backward import ModuleBackward
 from graftlab.fisher.diag import (
     CHUNK_FLOATS,
+    _DiagPass,
     checked_inputs,
     fisher_device,
     fitting_batch,
     parameter_owners,
-    per_example_grad,
     right_pad,
 )
 
@@ -45,15 +45,6 @@ FORMAT = "graftlab-kfac/2"
 FORMATS = (FORMAT, "graftlab-kfac/1")
 A_PARTS = ("A", "A_eigvals", "A_eigvecs")
 FACTORS = ("A", "G", "A_eigvals", "A_eigvecs", "G_eigvals", "G_eigvecs")
-
-
-@dataclass
-class _Calls:
-    """What one batch's forward recorded: per module, its inputs and its output (one entry per call)."""
-
-    modules: dict[str, nn.Module]
-    inputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    outputs: dict[str, list[torch.Tensor]] = field(default_factory=dict)
 
 
 def kfac_layers(model: nn.Module, max_dim: int) -> dict[str, str]:
@@ -77,73 +68,61 @@ def factor_bytes(model: nn.Module, max_dim: int) -> int:
     return 2 * 4 * sum(i * i + o * o for i, o in dims)
 
 
-def _record(model: nn.Module, calls: _Calls) -> list:
-    def hook(name):
-        def save(module, args, output):
-            calls.inputs.setdefault(name, []).append(args[0].detach())
-            calls.outputs.setdefault(name, []).append(output)
+class _KfacPass(_DiagPass):
+    """The statistics pass (`graftlab.fisher.backward`): each KFAC layer's Kronecker sums over the counted
+    positions, and the exact diagonal of every other parameter (`graftlab.fisher.diag`). Layers whose calls
+    read the same input tensor (q/k/v; gate/up) share one A: `share` maps each layer to the first of them in
+    `layers`' order, fixed by the first batch, and only that one's `A` is summed (and stored, and
+    eigendecomposed); the product is formed once an input."""
 
-        return save
+    def __init__(self, model, layers: dict[str, str], sums: dict, diag: dict, seen: set, share: dict):
+        super().__init__(model, diag, seen)
+        self.kfac_layers, self.sums, self.share = layers, sums, share
+        self.layer_of = {m: name for name, m in layers.items()}
+        # A KFAC layer's weight is in its factors, not the diagonal; its module is still watched.
+        self.params = {m: [(n, a) for n, a in pairs if n not in layers] for m, pairs in self.params.items()}
 
-    return [module.register_forward_hook(hook(name)) for name, module in calls.modules.items()]
+    def batch(self, ids, scored, counted) -> None:
+        self.counted, self.read, self.products = counted, {}, {}
+        super().batch(ids, scored, None)
+        first: dict[tuple, str] = {}
+        for name in self.kfac_layers:
+            read = self.read.get(name)
+            owner = self.share.setdefault(name, first.setdefault(read, name))
+            if first.get(read) != owner:
+                raise GraftlabError(f"KFAC layer {name} read the input of {owner} in one batch but not in another")
+        for read, product in self.products.items():
+            key = f"{first[read]}.A"
+            self.sums[key] = self.sums.get(key, 0) + product
 
-
-def _batch_gradients(model, modules, ids, scored) -> tuple[_Calls, dict[str, list[torch.Tensor]]]:
-    """One forward over the batch and the gradient of the summed completion log-likelihood with respect
-    to the output of every module in `modules`. Rollouts are independent in the batch, so the gradient
-    at row n is rollout n's own."""
-    calls = _Calls(modules)
-    handles = _record(model, calls)
-    try:
-        logits = model(ids, use_cache=False).logits[:, :-1].float()
-    finally:
-        for h in handles:
-            h.remove()
-    loglik = (logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0] * scored[:, 1:]).sum()
-    flat = [(name, i) for name, outs in calls.outputs.items() for i in range(len(outs))]
-    grads = torch.autograd.grad(loglik, [calls.outputs[n][i] for n, i in flat], allow_unused=True)
-    d_out: dict[str, list[torch.Tensor]] = {}
-    for (name, i), g in zip(flat, grads):
-        out = calls.outputs[name][i]
-        d_out.setdefault(name, []).append(torch.zeros_like(out) if g is None else g.detach())
-    calls.outputs.clear()
-    return calls, d_out
-
-
-def _add_diagonal(fisher, owners, modules, calls, d_out, batch: int, seen: set) -> None:
-    """fisher[name] += sum over the batch's rollouts of g_n^2, g_n summed over every use of the weight;
-    `seen` collects the names that received a gradient."""
-    for name, users in owners.items():
-        numel = modules[users[0][0]].get_parameter(users[0][1]).numel()
-        step = max(1, CHUNK_FLOATS // numel)
-        for start in range(0, batch, step):
-            rows = slice(start, min(batch, start + step))
-            g = sum(
-                per_example_grad(modules[m], attr, x[rows], d[rows])
-                for m, attr in users
-                for x, d in zip(calls.inputs.get(m, []), d_out.get(m, []))
-            )
-            if isinstance(g, torch.Tensor):  # else the weight was not used by this forward
-                fisher[name] += g.square().sum(0)
-                seen.add(name)
+    def _arrive(self, m: str, x: torch.Tensor, d: torch.Tensor) -> None:
+        name = self.layer_of.get(m)
+        if name is not None:
+            # What the layer read: its input tensor within its parent's call (q/k/v read one, gate/up one).
+            read = (m.rpartition(".")[0], x.data_ptr(), tuple(x.shape))
+            self.read[name] = read
+            if read not in self.products:
+                a = x[self.counted].float()
+                self.products[read] = a.T @ a
+            g = d[self.counted].float()
+            self.sums[f"{name}.G"] += g.T @ g
+        super()._arrive(m, x, d)
 
 
-def _add_factors(sums, layers, calls, d_out, predicts, share: dict[str, str]) -> None:
-    """Kronecker sums over completion positions. Layers whose calls read the same input tensors (q/k/v;
-    gate/up) share one A: `share` maps each layer to the first of them, fixed by the first batch, and only
-    that one's `A` is summed (and stored, and eigendecomposed)."""
-    first: dict[tuple, str] = {}
-    for name, m in layers.items():
-        inputs = tuple((a.data_ptr(), tuple(a.shape)) for a in calls.inputs[m])
-        owner = share.setdefault(name, first.setdefault(inputs, name))
-        if first.get(inputs) != owner:
-            raise GraftlabError(f"KFAC layer {name} read the input of {owner} in one batch but not in another")
-        for a, d in zip(calls.inputs[m], d_out[m]):
-            if owner == name:
-                a_m = a[predicts].float()
-                sums[f"{name}.A"] = sums.get(f"{name}.A", 0) + a_m.T @ a_m
-            d_m = d[predicts].float()
-            sums[f"{name}.G"] += d_m.T @ d_m
+class _EkfacPass(ModuleBackward):
+    """The EKFAC pass: `fit[name] += sum_n (U_G^T g_n U_A)^2`, g_n rollout n's whole gradient of the weight."""
+
+    def __init__(self, model, layers: dict[str, str], factors: dict, fit: dict):
+        super().__init__(model, {m: model.get_submodule(m) for m in layers.values()})
+        self.layer_of, self.factors, self.fit = {m: name for name, m in layers.items()}, factors, fit
+
+    def _arrive(self, m: str, a: torch.Tensor, d: torch.Tensor) -> None:
+        name = self.layer_of[m]
+        u_a, u_g, fit = self.factors[f"{name}.A_eigvecs"], self.factors[f"{name}.G_eigvecs"], self.fit[name]
+        step = max(1, CHUNK_FLOATS // fit.numel())  # [rows, out, in] per-rollout gradients
+        for start in range(0, len(a), step):
+            rows = slice(start, start + step)
+            fit += torch.einsum("bto,bti->boi", d[rows].float() @ u_g, a[rows].float() @ u_a).square().sum(0)
 
 
 def _eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,23 +157,22 @@ def kfac_statistics(
 ) -> dict[str, torch.Tensor]:
     """The pass over the rollouts: normalised `{weight}.A`, `{weight}.G` of the KFAC layers and
     `{param}.diag` of every other parameter, fp32."""
-    modules = dict(model.named_modules())
     layers = kfac_layers(model, max_dim)
-    owners = parameter_owners(model)
-    diag_owners = {n: users for n, users in owners.items() if n not in layers}
-    users = {m for pairs in owners.values() for m, _ in pairs}
     device = model.device
-    sums = {}
-    for name, m in layers.items():
-        sums[f"{name}.G"] = torch.zeros(modules[m].out_features, modules[m].out_features, device=device)
+    sums = {
+        f"{name}.G": torch.zeros(
+            model.get_submodule(m).out_features, model.get_submodule(m).out_features, device=device
+        )
+        for name, m in layers.items()
+    }
+    diag_owners = [n for n in parameter_owners(model) if n not in layers]
     diag = {n: torch.zeros(model.get_parameter(n).shape, device=device) for n in diag_owners}
     tokens, seen, share = 0, set(), {}
+    statistics = _KfacPass(model, layers, sums, diag, seen, share)
     for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics", device, positions):
-        calls, d_out = _batch_gradients(model, {m: modules[m] for m in users}, ids, scored)
-        _add_factors(sums, layers, calls, d_out, predicts, share)
-        _add_diagonal(diag, diag_owners, modules, calls, d_out, len(ids), seen)
+        statistics.batch(ids, scored, predicts)
         tokens += int(predicts.sum())
-    if unseen := sorted(diag_owners.keys() - seen):
+    if unseen := sorted(set(diag_owners) - seen):
         # A weight used outside its module's forward (e.g. `hidden @ embed.weight.T`) is invisible to the
         # hooks: a zero Fisher would make the mask rank it least sensitive, so refuse instead.
         raise GraftlabError(f"no module call reached parameters {unseen[:3]}: their Fisher cannot be computed")
@@ -232,19 +210,9 @@ def _ekfac(model, rollouts, batch_size, pad_id, layers, factors) -> dict[str, to
         name: factors[f"{name}.G"].new_zeros(factors[f"{name}.G"].shape[0], factors[f"{name}.A"].shape[0])
         for name in layers
     }
-    modules = {m: model.get_submodule(m) for m in layers.values()}
+    ekfac = _EkfacPass(model, layers, factors, fit)
     for ids, scored, _ in _batches(rollouts, batch_size, pad_id, "EKFAC diagonal", model.device):
-        calls, d_out = _batch_gradients(model, modules, ids, scored)
-        for name, m in layers.items():
-            u_a, u_g = factors[f"{name}.A_eigvecs"], factors[f"{name}.G_eigvecs"]
-            step = max(1, CHUNK_FLOATS // fit[name].numel())  # [rows, out, in] per-rollout gradients
-            for start in range(0, len(ids), step):
-                rows = slice(start, start + step)
-                g = sum(
-                    torch.einsum("bto,bti->boi", d[rows].float() @ u_g, a[rows].float() @ u_a)
-                    for a, d in zip(calls.inputs[m], d_out[m])
-                )
-                fit[name] += g.square().sum(0)
+        ekfac.run(ids, scored)
     return {f"{name}.ekfac": f.div_(len(rollouts)) for name, f in fit.items()}
 
 
@@ -286,7 +254,7 @@ def write_kfac_fisher(
     if positions not in POSITIONS:  # before the model loads
         raise GraftlabError(f"KFAC positions must be one of {list(POSITIONS)}, got {positions!r}")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(fisher_device())
-    batch_size = fitting_batch(batch_size, rollouts, model, factor_bytes(model, max_dim))
+    batch_size = fitting_batch(batch_size, rollouts, model, factor_bytes(model, max_dim), recompute=True)
     tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac, positions)
     stored, shared = shared_factors(tensors)
     meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower(), "positions": positions}

@@ -11,7 +11,7 @@ experiment's jobs come from its chains (`graftlab.planning.chains`, `continual_j
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from graftlab.memory import Memory
@@ -61,8 +61,8 @@ class Cost:
     compute: float = 0.0
     written: float = 0.0
     kept: float = 0.0
-    need: Memory | None = None  # the GPU memory of its largest job (graftlab.memory)
-    batch: int | None = None  # that job's batch, which its GPUs must divide
+    # The GPU memory (graftlab.memory) and batch, which its GPUs must divide, of its jobs, each distinct once.
+    needs: dict = field(default_factory=dict)
 
     def add(self, w: Work | None = None, jobs: int = 1) -> None:
         self.jobs += jobs
@@ -71,8 +71,16 @@ class Cost:
             self.compute += w.compute
             self.written += w.written
             self.kept += w.written if w.kept is None else w.kept
-            if w.memory is not None and (self.need is None or w.memory.per_gpu(1) > self.need.per_gpu(1)):
-                self.need, self.batch = w.memory, w.batch
+            if w.memory is not None:
+                m = w.memory
+                self.needs.setdefault((tuple(sorted(m.parts.items())), m.sharded, m.spans, w.batch), (m, w.batch))
+
+    def hardest(self, cluster) -> tuple[Memory, int | None, int | None] | None:
+        """(memory, batch, GPUs) of the job that needs the most of the cluster's GPUs, one that no count holds
+        (None GPUs) first; on a tie, the most memory a GPU. None for a rule without GPU jobs."""
+        gpu_bytes, most = cluster.gpu_memory_gb * 1e9, cluster.gpus_per_node
+        sized = [(m, b, m.gpus(gpu_bytes, b, most=most)) for m, b in self.needs.values()]
+        return max(sized, key=lambda job: (job[2] is None, job[2] or 0, job[0].per_gpu(job[2] or 1)), default=None)
 
     @property
     def flops(self) -> float:
@@ -394,10 +402,10 @@ def render(plan: Plan) -> str:
     for rule in rules:
         c = plan.costs[rule]
         gpus, memory = "", ""
-        if c.need is not None:
-            n = c.need.gpus(a.gpu_memory_gb * GB, c.batch, most=cluster.gpus_per_node)
-            gpus, memory = (str(n), f"{c.need.per_gpu(n) / GB:.3g}") if n else ("none", f"{c.need.per_gpu(1) / GB:.3g}")
-            if problem := misfit(sized_as(rule), c.need, cluster, c.batch):
+        if (hardest := c.hardest(cluster)) is not None:
+            need, batch, n = hardest
+            gpus, memory = (str(n), f"{need.per_gpu(n) / GB:.3g}") if n else ("none", f"{need.per_gpu(1) / GB:.3g}")
+            if problem := misfit(sized_as(rule), need, cluster, batch):
                 misfits.append(problem)
         cells = f"{c.jobs} | {_hours(plan.gpu_hours(c))} | {c.written / GB:.3g} | {c.kept / GB:.3g} | {gpus} | {memory}"
         lines.append(f"| {rule} | {cells} |")
@@ -419,7 +427,7 @@ def render(plan: Plan) -> str:
     ]
     lines += [f"- {note}" for note in plan.notes]
     if misfits:
-        lines += ["", f"Does not fit a {a.gpu_memory_gb:g} GB GPU (the largest job of each rule):"]
+        lines += ["", f"Does not fit a {a.gpu_memory_gb:g} GB GPU (the hardest job of each rule):"]
         lines += [f"- {problem}" for problem in misfits]
     return "\n".join(lines)
 
