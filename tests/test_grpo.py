@@ -126,6 +126,17 @@ def test_advantages_and_the_token_pooled_loss_match_a_hand_computation(world_pic
     assert not torch.equal(before, trainer.model.lm_head.weight)  # mixed groups do move the policy
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_reference_is_kept_in_bf16_where_the_run_computes_in_bf16(world_pico, tmp_path, precision):
+    """The reference is only read: bf16 beside a bf16-autocast policy, whose master weights stay fp32."""
+    from graftlab.train.precision import Precision
+
+    cfg = GrpoConfig(lr=1e-3, steps=1, batch_size=1, generations=2, beta=0.5)
+    trainer = make_trainer(world_pico, problems(), cfg, tmp_path / "trainer", precision=Precision(precision, "test"))
+    assert trainer.model.dtype == torch.float32
+    assert trainer.ref_model.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
 def test_the_kl_term_is_k3_weighted_by_the_importance_ratio(world_pico, tmp_path):
     cfg = GrpoConfig(lr=1e-3, steps=1, batch_size=1, generations=2, beta=0.5)
     trainer = make_trainer(world_pico, problems(), cfg, tmp_path / "trainer")

@@ -22,22 +22,14 @@ from graftlab.train.onpolicy import OnPolicyRun
 from graftlab.train.opsd import OpsdConfig, train_opsd
 from graftlab.train.resume import STATE, Resume
 from graftlab.train.sdpo import Sdpo, SdpoConfig
-from graftlab.world import build
-from graftlab.world.tokenizer import build_tokenizer
-
-# Two decoder layers: two FSDP units besides the root.
-ARCH = dict(hidden_size=16, intermediate_size=32, layers=2, heads=2, kv_heads=1, max_positions=256)
 
 pytestmark = pytest.mark.workflow  # several real processes at once: the slow tier
 
 
-@pytest.fixture(scope="module")
-def post(tmp_path_factory):
-    path = tmp_path_factory.mktemp("post")
-    tok = build_tokenizer()
-    build.init_model(tok, ARCH, seed=0).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
+@pytest.fixture
+def post(world_pico):
+    """The post model: a decoder layer (an FSDP unit) and the root unit (embedding, norm, head)."""
+    return world_pico
 
 
 @pytest.fixture(autouse=True)
@@ -115,12 +107,15 @@ ANSWER = "42"
 
 class ScriptedSdpo(Sdpo):
     """SDPO whose rollouts are fixed per problem (the same whichever process samples it): the first two
-    of each group answer right, the others wrong, so every rollout has a successful sibling to learn from.
-    What is tested is the sharded update, the moving teacher and the record, not sampling."""
+    of each group answer right, the others wrong, so every rollout has a successful sibling to learn from;
+    with `only` set, only that problem's group has right answers. What is tested is the sharded update, the
+    moving teacher and the record, not sampling."""
+
+    only: str | None = None
 
     @functools.cached_property
     def sampler(self):
-        tok, generations = self.tok, self.cfg.generations
+        tok, generations, only = self.tok, self.cfg.generations, self.only
 
         class Fixed:
             backend = "transformers"
@@ -129,11 +124,33 @@ class ScriptedSdpo(Sdpo):
                 out = []
                 for prompt in prompts:
                     ids = tok(prompt, add_special_tokens=False)["input_ids"]
-                    texts = [chat_completion("x", ANSWER if i < 2 else f"{i}{ANSWER}") for i in range(generations)]
+                    right = 2 if only is None or only in prompt else 0
+                    texts = [chat_completion("x", ANSWER if i < right else f"{i}{ANSWER}") for i in range(generations)]
                     out.append([(ids, tok(t, add_special_tokens=False)["input_ids"]) for t in texts])
                 return out
 
         return Fixed()
+
+
+class OneRightSdpo(ScriptedSdpo):
+    only = problems(4)[0]["prompt"]
+
+
+def test_sdpo_over_two_processes_when_one_has_nothing_to_distil_trains_as_one(post, tmp_path):
+    """One problem alone has right answers: in its batch one process distils and the other, whose group has
+    no successful rollout, has nothing to; it still meets the first's teacher forward and backward (FSDP's
+    collectives would hang otherwise), and the run equals one process's."""
+    data = [dict(p, answer=ANSWER) for p in problems(4)]
+    cfg = SdpoConfig(lr=1e-2, steps=2, batch_size=2, generations=4, updates_per_batch=1, cot=True, threads=1)
+
+    def run(out: Path, processes: int) -> list[dict]:
+        start = functools.partial(OneRightSdpo.start, cfg=cfg, problems=data, post_dir=post)
+        return OnPolicyRun("SDPO", "problems", post, cfg, start).train(data, out, None, None, {}, processes=processes)
+
+    one, two = run(tmp_path / "one", 1), run(tmp_path / "two", 2)
+    assert_same_weights(tmp_path / "one/step~2", tmp_path / "two/step~2")
+    assert sorted(r["accuracy"] for r in one) == [0.0, 0.25]  # one batch distils, from one problem of two
+    assert [r["distilled_tokens"] for r in one] == [r["distilled_tokens"] for r in two]
 
 
 def test_sdpo_over_two_processes_with_a_moving_teacher_trains_as_one(post, tmp_path):

@@ -27,12 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 from graftlab.errors import GraftlabError
-
-
-def decoder_layers(model: nn.Module) -> list[str]:
-    """The names of the model's decoder layers: the classes it names in `_no_split_modules`."""
-    units = set(getattr(model, "_no_split_modules", None) or ())
-    return [name for name, m in model.named_modules() if type(m).__name__ in units]
+from graftlab.train.shard import decoder_layers
 
 
 @contextlib.contextmanager

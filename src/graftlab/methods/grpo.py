@@ -15,6 +15,9 @@ class GrpoSpec(OnPolicySpec):
     def scorers(self, section: dict) -> int:
         return 1 if section["beta"] else 0  # TRL loads the reference only for a KL term
 
+    def scorer_bytes(self, section: dict) -> int:
+        return 2  # the reference in bf16 on a GPU (graftlab.train.grpo)
+
     def own(self, section: dict) -> list[str]:
         counts = at_least(section, steps=1, batch_size=1, generations=2, updates_per_batch=1, max_new_tokens=1)
         beta = [] if section["beta"] >= 0 else [f"beta: must be >= 0, got {section['beta']}"]

@@ -277,6 +277,9 @@ def _grpo_args(cfg: GrpoConfig, work: Path, precision, micro: int, context: tupl
         epsilon=cfg.epsilon,
         scale_rewards="group" if cfg.scale_rewards else "none",
         loss_type="dapo",
+        # The reference (beta > 0) is only read: in bf16 when the run computes in bf16, as our loops' frozen
+        # teachers. TRL builds it from these (a policy passed loaded ignores them, and TRL says so once).
+        model_init_kwargs={"dtype": torch.bfloat16} if cfg.beta > 0 and precision.bf16 else None,
     )
 
 

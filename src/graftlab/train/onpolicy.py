@@ -208,14 +208,14 @@ class StepFunction(Protocol):
 
 class OnPolicyRun:
     """One run of our own on-policy loop: `start(tok, student, teacher, precision)` makes the method's step
-    function once the pair is loaded. `name` names it in logs; `unit` what its data are (`examples`,
-    `problems`), counted in each checkpoint's provenance."""
+    function once the pair is loaded (picklable: a launch over several processes sends the run). `name` names
+    it in logs; `unit` what its data are (`examples`, `problems`), counted in each checkpoint's provenance."""
 
     def __init__(
         self, name: str, unit: str, post_dir, cfg, start: Callable[..., StepFunction], frozen_teacher: bool = True
     ) -> None:
         self.name, self.unit, self.post_dir, self.cfg, self.start = name, unit, post_dir, cfg, start
-        self.frozen_teacher = frozen_teacher  # (`load_pair`) a picklable `start`: a launch sends the run
+        self.frozen_teacher = frozen_teacher  # `load_pair` keeps a frozen teacher in bf16 under bf16 compute
 
     def train(
         self,

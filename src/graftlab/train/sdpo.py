@@ -283,7 +283,15 @@ class Sdpo(PairStep):
         stats["entropy_sum"] += mean_entropy(s_logits, every) * tokens  # pooled over the update's micro-batches
         stats["tokens"] += tokens
         rows = [i for i, r in enumerate(part) if r.teacher_prompt is not None and sum(r.mask)]
-        if not rows or not total:
+        if not total:
+            return  # no process has a token to distil (`total` is all of theirs): no one steps
+        if not rows:
+            if self.scale > 1:
+                # Sharded, a process with nothing to distil still meets the others' teacher forward and
+                # backward: FSDP gathers and reduces a unit's shards with every process at once.
+                with torch.no_grad(), self.autocast():
+                    response_logits(self.teacher, [part[0].prompt], [part[0].response])
+                (s_logits.sum() * 0.0).backward()
             return
         taught = [part[i] for i in rows]
         with torch.no_grad(), self.autocast():

@@ -1,5 +1,6 @@
-"""Our own on-policy loops (OPSD, SDPO: `graftlab.train.onpolicy`) over several processes, one per GPU, with
-their models sharded (FSDP), for a model whose training state does not fit one GPU.
+"""Our own on-policy loops (OPSD, SDPO: `graftlab.train.onpolicy`) and the diagonal Fisher
+(`graftlab.fisher.diag`) over several processes, one per GPU, with their models sharded (FSDP), for a model
+whose state does not fit one GPU.
 
 torch's FSDP2 (`fully_shard`) directly, not through accelerate as SFT is: accelerate turns an FSDP config into
 plain data parallelism where there is no CUDA, so the sharded path could never run on a CPU, where
@@ -10,7 +11,9 @@ state, takes 1/N of every batch, and FSDP averages the gradients, so a loss scal
 gives the one-process gradient.
 
 `launch` starts the processes (torch's own launcher, on a free port) and runs a pickled call in each;
-the first process alone writes files.
+the first process alone writes files. What the processes must agree on (when to save, the batch that fits)
+is the first one's (`from_first`) or their least (`least`); whole states are gathered on the first
+(`full_state`, `full_optimizer_state`) and sent back out in shards (`restore`).
 """
 
 from __future__ import annotations
@@ -75,19 +78,24 @@ def sharded() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
+def decoder_layers(model) -> list[str]:
+    """The names of the model's decoder layers: the classes it names in `_no_split_modules` (what accelerate's
+    transformer wrap takes). The units of sharding here and of recomputation in `graftlab.fisher.backward`."""
+    units = set(getattr(model, "_no_split_modules", None) or ())
+    return [name for name, m in model.named_modules() if type(m).__name__ in units]
+
+
 def shard(model):
-    """`model` sharded over the processes in place: one FSDP unit per decoder layer (the classes the model
-    names in `_no_split_modules`, as accelerate's transformer wrap takes them), the model the root unit."""
+    """`model` sharded over the processes in place: one FSDP unit per decoder layer, the model the root unit."""
     from torch.distributed.fsdp import fully_shard
 
     from graftlab.errors import GraftlabError
 
-    units = set(getattr(model, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in units]
+    layers = decoder_layers(model)
     if not layers:
         raise GraftlabError(f"{type(model).__name__} names no decoder layer class (_no_split_modules) to shard by")
     for layer in layers:
-        fully_shard(layer)
+        fully_shard(model.get_submodule(layer))
     fully_shard(model)
     return model
 
