@@ -279,28 +279,29 @@ def _load(model_dir):
 
 
 def write_diag_fisher(model_dir, rollouts_path, out_dir: Path, batch_size: int = 16, processes: int = 1) -> None:
-    """`out_dir/diag.safetensors`: the diagonal Fisher of the model at `model_dir`, named like its weights.
-    Over `processes` (one per GPU: `graftlab.train.shard`) the model, its accumulator and the work of each
-    rollout are divided among them: each process forms the gradients of its own rows."""
+    """`out_dir/diag.safetensors`: the diagonal Fisher of the model at `model_dir`, named like its weights,
+    into `out_dir`, a directory its caller makes whole at once (`graftlab.fisher.write_fisher`). Over
+    `processes` (one per GPU: `graftlab.train.shard`) the model, its accumulator and the work of each rollout
+    are divided among them: each process forms the gradients of its own rows."""
     from safetensors.torch import save_file
 
-    from graftlab.io.atomic import atomic_dir
     from graftlab.io.provenance import write_provenance
 
     rollouts = checked_inputs(model_dir, rollouts_path)
-    with atomic_dir(out_dir) as tmp:
-        if processes > 1:
-            from graftlab.train.shard import launch
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if processes > 1:
+        from graftlab.train.shard import launch
 
-            launch(processes, _sharded_diag, str(model_dir), rollouts, tmp, batch_size)
-        else:
-            model = _load(model_dir).to(fisher_device())
-            pad_id = model.config.pad_token_id or 0
-            fisher = diag_fisher(model, rollouts, fitting_batch(batch_size, rollouts, model, recompute=True), pad_id)
-            save_file({k: v.cpu().contiguous() for k, v in fisher.items()}, tmp / "diag.safetensors")
-        write_provenance(
-            tmp, {"model": model_dir, "rollouts": rollouts_path}, {"kind": "diag", "rollouts": len(rollouts)}
-        )
+        launch(processes, _sharded_diag, str(model_dir), rollouts, out_dir, batch_size)
+    else:
+        model = _load(model_dir).to(fisher_device())
+        pad_id = model.config.pad_token_id or 0
+        fisher = diag_fisher(model, rollouts, fitting_batch(batch_size, rollouts, model, recompute=True), pad_id)
+        save_file({k: v.cpu().contiguous() for k, v in fisher.items()}, out_dir / "diag.safetensors")
+    write_provenance(
+        out_dir, {"model": model_dir, "rollouts": rollouts_path}, {"kind": "diag", "rollouts": len(rollouts)}
+    )
 
 
 def _sharded_diag(model_dir: str, rollouts, out: Path, batch_size: int) -> None:

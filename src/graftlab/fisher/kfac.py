@@ -241,11 +241,11 @@ def write_kfac_fisher(
     ekfac: bool = False,
     positions: str = "completion",
 ) -> None:
-    """`out_dir/kfac.safetensors`: the KFAC Fisher of the model at `model_dir` on its rollouts."""
+    """`out_dir/kfac.safetensors`: the KFAC Fisher of the model at `model_dir` on its rollouts, into `out_dir`,
+    a directory its caller makes whole at once (`graftlab.fisher.write_fisher`)."""
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from graftlab.io.atomic import atomic_dir
     from graftlab.io.provenance import write_provenance
 
     rollouts = checked_inputs(model_dir, rollouts_path)
@@ -259,7 +259,8 @@ def write_kfac_fisher(
     stored, shared = shared_factors(tensors)
     meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower(), "positions": positions}
     meta["shared_A"] = json.dumps(shared, sort_keys=True)
-    with atomic_dir(out_dir) as tmp:
-        save_file({k: v.cpu().contiguous() for k, v in stored.items()}, tmp / "kfac.safetensors", metadata=meta)
-        params = {"kind": "kfac", "rollouts": len(rollouts), "max_dim": max_dim, "ekfac": ekfac, "positions": positions}
-        write_provenance(tmp, {"model": model_dir, "rollouts": rollouts_path}, params)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.cpu().contiguous() for k, v in stored.items()}, out_dir / "kfac.safetensors", metadata=meta)
+    params = {"kind": "kfac", "rollouts": len(rollouts), "max_dim": max_dim, "ekfac": ekfac, "positions": positions}
+    write_provenance(out_dir, {"model": model_dir, "rollouts": rollouts_path}, params)
