@@ -1,5 +1,7 @@
 """Diagonal retention Fisher against a per-example autograd loop on a pico model."""
 
+import json
+
 import polars as pl
 import pytest
 import torch
@@ -94,9 +96,33 @@ def test_a_diag_fisher_sharded_over_two_processes_is_the_one_process_fisher(pico
     assert one.keys() == two.keys() and "model.embed_tokens.weight" in one
     for name in one:
         assert torch.allclose(one[name], two[name], rtol=1e-5, atol=1e-12), name
-    with pytest.raises(GraftlabError, match="the kfac Fisher runs in one process, not 2"):
-        write_fisher("kfac", path, tmp_path / "r.parquet", tmp_path / "k", processes=2)
-    assert not (tmp_path / "k").exists()
+
+
+@pytest.mark.workflow  # two real processes: the slow tier
+def test_a_kfac_fisher_sharded_over_two_processes_is_the_one_process_fisher(pico_model, tmp_path, monkeypatch):
+    """Each process forms the factors of the blocks dealt to it (and their eigen-pairs, and EKFAC's fit) and
+    the diagonal's rows it holds; the first merges them into the one process's file: the same tensors within
+    fp32 rounding, a shared A stored once under the same layer, the same metadata."""
+    from safetensors import safe_open
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = pico_model("m", tie_word_embeddings=True, vocab_size=33)
+    rollouts = _rollouts(3, 9)
+    frame = pl.DataFrame({"prompt_ids": [p for p, _ in rollouts], "completion_ids": [c for _, c in rollouts]})
+    frame.write_parquet(tmp_path / "r.parquet")
+    for out, processes in (("one", 1), ("two", 2)):
+        write_fisher(
+            "kfac", path, tmp_path / "r.parquet", tmp_path / out, batch_size=4, processes=processes, ekfac=True
+        )
+    one, two = (load_file(tmp_path / d / "kfac.safetensors") for d in ("one", "two"))
+    assert one.keys() == two.keys() and any(k.endswith(".ekfac") for k in one)
+    for name in one:
+        # An eigenvector is defined up to its sign: compared in absolute value.
+        a, b = (one[name], two[name]) if not name.endswith("eigvecs") else (one[name].abs(), two[name].abs())
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7), name
+    metadata = [safe_open(tmp_path / d / "kfac.safetensors", "pt").metadata() for d in ("one", "two")]
+    assert metadata[0] == metadata[1] and json.loads(metadata[0]["shared_A"])  # q/k/v share one A
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == sorted(p.name for p in (tmp_path / "one").iterdir())
 
 
 def test_rollouts_without_required_columns_are_refused(pico_model, tmp_path):
@@ -108,7 +134,6 @@ def test_rollouts_without_required_columns_are_refused(pico_model, tmp_path):
 
 # --- masks ---------------------------------------------------------------------------------------
 
-import json  # noqa: E402
 
 from conftest import graft_args  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402

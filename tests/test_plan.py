@@ -87,19 +87,22 @@ def test_plan_prints_every_config(path, capsys, monkeypatch):
 
 def test_the_plan_gives_each_gpu_rules_gpus_and_lists_the_jobs_no_gpu_count_holds(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    preset = "configs/qwen3-8b-star.yaml"
+    assert main(["plan", "--configfile", "configs/qwen3-8b-star.yaml", "--disk-free", "1e6"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.splitlines() if line.startswith("| ")}
+    # Qwen3-8B's SFT and OPSD shard over 4 of the 80 GB GPUs (their batches divide by 4), its Fishers over 3
+    # (KFAC's, the hardest of the rule's jobs: the diagonal's takes 2).
+    for rule, gpus in (("sft", "4"), ("opsd", "4"), ("fisher", "3")):
+        assert rows[rule][5] == gpus and float(rows[rule][6].rstrip(" |")) <= 0.85 * 80, rule
+    assert "Does not fit" not in out
+    # Qwen3-4B's GRPO (TRL's trainer, on one GPU) fits no count; on 300 GB GPUs it fits one.
+    preset = "configs/qwen3-4b-sdpo.yaml"
     assert main(["plan", "--configfile", preset, "--disk-free", "1e6"]) == 0
     out = capsys.readouterr().out
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.splitlines() if line.startswith("| ")}
-    # Qwen3-8B's SFT and OPSD shard over 4 of the 80 GB GPUs (their batches divide by 4); its
-    # Fisher, which cannot shard, fits none.
-    for rule in ("sft", "opsd"):
-        assert rows[rule][5] == "4" and float(rows[rule][6].rstrip(" |")) <= 0.85 * 80
-    assert rows["fisher"][5] == "none" and "- fisher: needs " in out.split("Does not fit a 80 GB GPU")[1]
-    # On 300 GB GPUs every job fits.
+    assert rows["grpo"][5] == "none" and "- grpo: needs " in out.split("Does not fit a 80 GB GPU")[1]
     assert main(["plan", "--configfile", preset, "--disk-free", "1e6", "--gpu-memory-gb", "300"]) == 0
-    out = capsys.readouterr().out
-    assert "Does not fit" not in out
+    assert "Does not fit" not in capsys.readouterr().out
 
 
 def test_a_run_that_would_not_fit_the_disk_is_refused_after_its_plan(capsys, monkeypatch, tmp_path):

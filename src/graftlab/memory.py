@@ -183,8 +183,8 @@ def fisher(
     """A retention Fisher over a batch of `rollouts` of `sequence` tokens: fp32 weights and accumulator, the
     batch's activations (`recompute`: each layer's input and one layer's set, as both Fishers keep them;
     else every layer's), the per-rollout gradients of its widest weight (at most a chunk) and KFAC's
-    `factors` bytes. `shards`: the weights and accumulator divided over its GPUs (the diagonal's processes,
-    each running every rollout)."""
+    `factors` bytes. `shards`: the weights, accumulator and factors divided over its GPUs (its processes each
+    running every rollout)."""
     widest = max(shape.hidden * shape.intermediate, shape.vocab * shape.hidden)
     parts = {
         "weights and accumulator": params * 2 * FP32,
@@ -193,7 +193,7 @@ def fisher(
     }
     if factors:
         parts["KFAC factors"] = factors
-    return Memory(parts, frozenset({"weights and accumulator"}) if shards else frozenset())
+    return Memory(parts, frozenset({"weights and accumulator", "KFAC factors"}) if shards else frozenset())
 
 
 def largest_divisor(batch: int, most: float) -> int:

@@ -25,7 +25,6 @@ class FisherKind:
     loader: str
     mask: str
     options: tuple[str, ...] = ()
-    shards: bool = False  # its writer divides the model over several processes (`processes`), one per GPU
 
 
 def _resolve(reference: str):
@@ -39,7 +38,6 @@ FISHERS = {
         "graftlab.fisher.diag:write_diag_fisher",
         "graftlab.fisher.masks:load_diag_fisher",
         "graftlab.fisher.masks:DiagMask",
-        shards=True,
     ),
     "kfac": FisherKind(
         "kfac",
@@ -66,14 +64,12 @@ def write_fisher(
     the seconds it took (`fisher_s`, loading the model included). `options` are the kind's own (kfac:
     `max_dim`, wider linear layers get the diagonal; `ekfac`, re-fit the diagonal in the eigenbasis;
     `positions`, `completion` or `all`, the token positions the Kronecker factors count). `processes`: one per
-    GPU, for a kind that shards (diag)."""
+    GPU, over which every kind's writer shards the model (`graftlab.train.shard`)."""
     spec = fisher_kind(kind)
     unknown = sorted(set(options) - set(spec.options))
     if unknown:
         raise GraftlabError(f"options {unknown} do not apply to Fisher kind {kind} (its options: {list(spec.options)})")
     if processes > 1:
-        if not spec.shards:
-            raise GraftlabError(f"the {kind} Fisher runs in one process, not {processes}")
         options = options | {"processes": processes}
     start = time.perf_counter()
     # The seconds go inside the same atomic directory as the Fisher (a kill between the two must not leave

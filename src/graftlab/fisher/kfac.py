@@ -33,11 +33,13 @@ from graftlab.fisher.backward import ModuleBackward
 from graftlab.fisher.diag import (
     CHUNK_FLOATS,
     _DiagPass,
+    _load,
     checked_inputs,
     fisher_device,
     fitting_batch,
     parameter_owners,
     right_pad,
+    shard_rows,
 )
 
 FORMAT = "graftlab-kfac/2"
@@ -60,6 +62,20 @@ def kfac_layers(model: nn.Module, max_dim: int) -> dict[str, str]:
     return layers
 
 
+def own_layers(layers: dict[str, str]) -> set[str]:
+    """The KFAC layers whose factors this process forms: every one, or over several processes
+    (`graftlab.train.shard`) those of the blocks (attention, MLP: the layers sharing an A lie in one) dealt to
+    it in turn."""
+    from graftlab.train.shard import sharded, world
+
+    if not sharded():
+        return set(layers)
+    rank, size = world()
+    blocks = list(dict.fromkeys(m.rpartition(".")[0] for m in layers.values()))
+    dealt = {block: i % size for i, block in enumerate(blocks)}
+    return {name for name, m in layers.items() if dealt[m.rpartition(".")[0]] == rank}
+
+
 def factor_bytes(model: nn.Module, max_dim: int) -> int:
     """fp32 bytes of every Kronecker factor and its eigenvectors (an A counted per layer, though layers
     reading one input share it): what `fitting_batch` keeps free for them."""
@@ -75,9 +91,9 @@ class _KfacPass(_DiagPass):
     `layers`' order, fixed by the first batch, and only that one's `A` is summed (and stored, and
     eigendecomposed); the product is formed once an input."""
 
-    def __init__(self, model, layers: dict[str, str], sums: dict, diag: dict, seen: set, share: dict):
-        super().__init__(model, diag, seen)
-        self.kfac_layers, self.sums, self.share = layers, sums, share
+    def __init__(self, model, layers: dict[str, str], mine: set, sums: dict, diag: dict, seen: set, share: dict, rows):
+        super().__init__(model, diag, seen, rows)
+        self.kfac_layers, self.mine, self.sums, self.share = layers, mine, sums, share
         self.layer_of = {m: name for name, m in layers.items()}
         # A KFAC layer's weight is in its factors, not the diagonal; its module is still watched.
         self.params = {m: [(n, a) for n, a in pairs if n not in layers] for m, pairs in self.params.items()}
@@ -101,11 +117,12 @@ class _KfacPass(_DiagPass):
             # What the layer read: its input tensor within its parent's call (q/k/v read one, gate/up one).
             read = (m.rpartition(".")[0], x.data_ptr(), tuple(x.shape))
             self.read[name] = read
-            if read not in self.products:
-                a = x[self.counted].float()
-                self.products[read] = a.T @ a
-            g = d[self.counted].float()
-            self.sums[f"{name}.G"] += g.T @ g
+            if name in self.mine:  # sharded, another process forms the factors of the others
+                if read not in self.products:
+                    a = x[self.counted].float()
+                    self.products[read] = a.T @ a
+                g = d[self.counted].float()
+                self.sums[f"{name}.G"] += g.T @ g
         super()._arrive(m, x, d)
 
 
@@ -158,17 +175,18 @@ def kfac_statistics(
     """The pass over the rollouts: normalised `{weight}.A`, `{weight}.G` of the KFAC layers and
     `{param}.diag` of every other parameter, fp32."""
     layers = kfac_layers(model, max_dim)
+    mine = own_layers(layers)
     device = model.device
-    sums = {
-        f"{name}.G": torch.zeros(
-            model.get_submodule(m).out_features, model.get_submodule(m).out_features, device=device
-        )
-        for name, m in layers.items()
-    }
+    width = {name: model.get_submodule(m).out_features for name, m in layers.items() if name in mine}
+    sums = {f"{name}.G": torch.zeros(o, o, device=device) for name, o in width.items()}
+    params = dict(model.named_parameters())
+    # Sharded over processes, the diagonal is each process's rows, as graftlab.fisher.diag forms them.
+    rows = {n: shard_rows(p) for n, p in params.items() if hasattr(p, "to_local")}
     diag_owners = [n for n in parameter_owners(model) if n not in layers]
-    diag = {n: torch.zeros(model.get_parameter(n).shape, device=device) for n in diag_owners}
+    shapes = {n: params[n].to_local().shape if n in rows else params[n].shape for n in diag_owners}
+    diag = {n: torch.zeros(shape, device=device) for n, shape in shapes.items()}
     tokens, seen, share = 0, set(), {}
-    statistics = _KfacPass(model, layers, sums, diag, seen, share)
+    statistics = _KfacPass(model, layers, mine, sums, diag, seen, share, rows)
     for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics", device, positions):
         statistics.batch(ids, scored, predicts)
         tokens += int(predicts.sum())
@@ -179,7 +197,8 @@ def kfac_statistics(
     # Divided in place, as every Fisher here: divided copies would be the job's peak memory.
     out = {k: v.div_(max(tokens, 1) if k.endswith(".A") else len(rollouts)) for k, v in sums.items()}
     for name, owner in share.items():  # one tensor object for a shared factor: the file stores it once
-        out[f"{name}.A"] = out[f"{owner}.A"]
+        if f"{owner}.A" in out:  # its layers' factors are this process's
+            out[f"{name}.A"] = out[f"{owner}.A"]
     return out | {f"{n}.diag": f.div_(len(rollouts)) for n, f in diag.items()}
 
 
@@ -191,7 +210,8 @@ def kfac_fisher(
     if positions not in POSITIONS:
         raise GraftlabError(f"KFAC positions must be one of {list(POSITIONS)}, got {positions!r}")
     out = kfac_statistics(model, rollouts, batch_size, pad_id, max_dim, positions)
-    layers = kfac_layers(model, max_dim)
+    every = kfac_layers(model, max_dim)
+    layers = {name: m for name, m in every.items() if name in own_layers(every)}
     done: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # by factor object: a shared A once
     for name in layers:
         for f in ("A", "G"):
@@ -240,27 +260,83 @@ def write_kfac_fisher(
     max_dim: int = 8192,
     ekfac: bool = False,
     positions: str = "completion",
+    processes: int = 1,
 ) -> None:
     """`out_dir/kfac.safetensors`: the KFAC Fisher of the model at `model_dir` on its rollouts, into `out_dir`,
-    a directory its caller makes whole at once (`graftlab.fisher.write_fisher`)."""
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
-
+    a directory its caller makes whole at once (`graftlab.fisher.write_fisher`). Over `processes` (one per GPU:
+    `graftlab.train.shard`) every process runs every rollout through the sharded model, forms the factors of
+    the blocks dealt to it and the diagonal's rows it holds; the first writes the whole file."""
     from graftlab.io.provenance import write_provenance
 
     rollouts = checked_inputs(model_dir, rollouts_path)
-    # fp32 whatever the checkpoint's dtype: a bf16 forward and backward put 0.4-2% errors into G and the
-    # diagonal (measured on a bf16 pico model), and fp16 underflows.
     if positions not in POSITIONS:  # before the model loads
         raise GraftlabError(f"KFAC positions must be one of {list(POSITIONS)}, got {positions!r}")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(fisher_device())
-    batch_size = fitting_batch(batch_size, rollouts, model, factor_bytes(model, max_dim), recompute=True)
-    tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, max_dim, ekfac, positions)
-    stored, shared = shared_factors(tensors)
-    meta = {"format": FORMAT, "rollouts": str(len(rollouts)), "ekfac": str(ekfac).lower(), "positions": positions}
-    meta["shared_A"] = json.dumps(shared, sort_keys=True)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.cpu().contiguous() for k, v in stored.items()}, out_dir / "kfac.safetensors", metadata=meta)
+    options = (max_dim, ekfac, positions)
+    if processes > 1:
+        from graftlab.train.shard import launch
+
+        launch(processes, _sharded_kfac, str(model_dir), rollouts, out_dir, batch_size, options)
+    else:
+        model = _load(model_dir).to(fisher_device())
+        batch_size = fitting_batch(batch_size, rollouts, model, factor_bytes(model, max_dim), recompute=True)
+        tensors = kfac_fisher(model, rollouts, batch_size, model.config.pad_token_id or 0, *options)
+        _save(tensors, out_dir, len(rollouts), ekfac, positions)
     params = {"kind": "kfac", "rollouts": len(rollouts), "max_dim": max_dim, "ekfac": ekfac, "positions": positions}
     write_provenance(out_dir, {"model": model_dir, "rollouts": rollouts_path}, params)
+
+
+def _save(tensors: dict, out_dir: Path, rollouts: int, ekfac: bool, positions: str) -> None:
+    """`out_dir/kfac.safetensors`: each shared A once, the file's metadata (docs/formats.md)."""
+    from safetensors.torch import save_file
+
+    stored, shared = shared_factors(tensors)
+    meta = {"format": FORMAT, "rollouts": str(rollouts), "ekfac": str(ekfac).lower(), "positions": positions}
+    meta["shared_A"] = json.dumps(shared, sort_keys=True)
+    save_file({k: v.cpu().contiguous() for k, v in stored.items()}, out_dir / "kfac.safetensors", metadata=meta)
+
+
+def _sharded_kfac(model_dir: str, rollouts, out_dir: Path, batch_size: int, options: tuple) -> None:
+    """One process of a sharded KFAC Fisher: its blocks' factors to a part file, the diagonal gathered;
+    the first process merges the parts into `out_dir/kfac.safetensors`."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file, safe_open, save_file
+
+    from graftlab.fisher.diag import _whole
+    from graftlab.train import shard
+
+    max_dim, ekfac, positions = options
+    model = shard.shard(_load(model_dir))
+    factors = factor_bytes(model, max_dim)
+    batch = int(shard.least(fitting_batch(batch_size, rollouts, model, factors, recompute=True)))
+    tensors = kfac_fisher(model, rollouts, batch, model.config.pad_token_id or 0, *options)
+    params = dict(model.named_parameters())
+    diag = {k: _whole(t, params[k.removesuffix(".diag")].shape[0]) for k, t in tensors.items() if k.endswith(".diag")}
+    layers = kfac_layers(model, max_dim)
+    first: dict[int, str] = {}  # a shared A is one tensor object: its first layer owns it
+    share = {n: first.setdefault(id(tensors[f"{n}.A"]), n) for n in layers if f"{n}.A" in tensors}
+
+    def kept(key: str) -> bool:  # a shared A's parts once, under their first layer
+        name, part = key.rsplit(".", 1)
+        return not key.endswith(".diag") and (part not in A_PARTS or share[name] == name)
+
+    own = {k: t.cpu().contiguous() for k, t in tensors.items() if kept(k)}
+    rank, size = shard.world()
+    save_file(own, out_dir / f".part-{rank}.safetensors", metadata={"share": json.dumps(share)})
+    dist.barrier()
+    if rank:
+        return
+    got, share = {}, {}
+    for r in range(size):
+        part = out_dir / f".part-{r}.safetensors"
+        with safe_open(part, "pt") as f:
+            share |= json.loads(f.metadata()["share"])
+        got |= load_file(part)
+        part.unlink()
+    merged = {}
+    for name in layers:  # in the layers' order: a shared A's first layer comes first, as one process writes it
+        merged |= {f"{name}.{p}": got[f"{share[name]}.{p}"] for p in A_PARTS}  # one object: stored once
+        own_parts = ("G", "G_eigvals", "G_eigvecs") + (("ekfac",) if ekfac else ())
+        merged |= {f"{name}.{p}": got[f"{name}.{p}"] for p in own_parts}
+    _save(merged | diag, out_dir, len(rollouts), ekfac, positions)

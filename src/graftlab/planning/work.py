@@ -374,10 +374,9 @@ def job_work(
         factors = kfac_factor_bytes(post) if kind == "kfac" else 0
         # One rollout a pass at the least: on a GPU the Fisher takes as many of `batch_size` as fit
         # (graftlab.fisher.diag.fitting_batch).
-        # Both recompute each layer in their backward (graftlab.fisher.backward); the diagonal shards over GPUs,
-        # KFAC runs on one.
-        sequence, diag = p + f["max_new_tokens"], kind == "diag"
-        mem = memory.fisher(P, post.shape, rollouts=1, sequence=sequence, factors=factors, recompute=True, shards=diag)
+        # Both recompute each layer in their backward (graftlab.fisher.backward) and shard over GPUs.
+        sequence = p + f["max_new_tokens"]
+        mem = memory.fisher(P, post.shape, rollouts=1, sequence=sequence, factors=factors, recompute=True, shards=True)
         return Work(post, compute=passes * 6 * P * tokens, written=fisher_bytes(post, kind), memory=mem)
     if rule == "evaluate":
         run = parse_run(wildcards.get("run", POST))
