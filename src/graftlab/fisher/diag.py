@@ -223,10 +223,7 @@ def diag_fisher(
     sharded over processes (`graftlab.train.shard`: every process runs the same rollouts) gives each process
     the rows of every parameter it holds."""
     device = next(model.parameters()).device
-    rows = {n: shard_rows(p) for n, p in model.named_parameters() if hasattr(p, "to_local")}
-    fisher = {
-        n: torch.zeros(p.to_local().shape if n in rows else p.shape, device=device) for n, p in model.named_parameters()
-    }
+    fisher, rows = accumulators(model, [n for n, _ in model.named_parameters()])
     seen: set = set()
     diag = _DiagPass(model, fisher, seen, rows)
     for start in tqdm(range(0, len(rollouts), batch_size), desc="diag Fisher", unit="batch"):
@@ -239,6 +236,15 @@ def diag_fisher(
     for f in fisher.values():  # in place: a divided copy would be the job's peak, 4 more bytes a parameter
         f.div_(len(rollouts))
     return fisher
+
+
+def accumulators(model, names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, int]]]:
+    """A zero fp32 accumulator on its device for each of the parameters `names`, and the rows (`shard_rows`) of
+    those sharded over processes, whose accumulators hold only this process's rows."""
+    params = dict(model.named_parameters())
+    rows = {n: shard_rows(params[n]) for n in names if hasattr(params[n], "to_local")}
+    local = {n: params[n].to_local() if n in rows else params[n] for n in names}
+    return {n: torch.zeros(p.shape, device=p.device) for n, p in local.items()}, rows
 
 
 def shard_rows(param) -> tuple[int, int]:

@@ -34,12 +34,12 @@ from graftlab.fisher.diag import (
     CHUNK_FLOATS,
     _DiagPass,
     _load,
+    accumulators,
     checked_inputs,
     fisher_device,
     fitting_batch,
     parameter_owners,
     right_pad,
-    shard_rows,
 )
 
 FORMAT = "graftlab-kfac/2"
@@ -179,12 +179,9 @@ def kfac_statistics(
     device = model.device
     width = {name: model.get_submodule(m).out_features for name, m in layers.items() if name in mine}
     sums = {f"{name}.G": torch.zeros(o, o, device=device) for name, o in width.items()}
-    params = dict(model.named_parameters())
-    # Sharded over processes, the diagonal is each process's rows, as graftlab.fisher.diag forms them.
-    rows = {n: shard_rows(p) for n, p in params.items() if hasattr(p, "to_local")}
     diag_owners = [n for n in parameter_owners(model) if n not in layers]
-    shapes = {n: params[n].to_local().shape if n in rows else params[n].shape for n in diag_owners}
-    diag = {n: torch.zeros(shape, device=device) for n, shape in shapes.items()}
+    # Sharded over processes, the diagonal is each process's rows, as graftlab.fisher.diag forms them.
+    diag, rows = accumulators(model, diag_owners)
     tokens, seen, share = 0, set(), {}
     statistics = _KfacPass(model, layers, mine, sums, diag, seen, share, rows)
     for ids, scored, predicts in _batches(rollouts, batch_size, pad_id, "KFAC statistics", device, positions):
