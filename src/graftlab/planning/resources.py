@@ -7,9 +7,9 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
 - GPUs: the job's memory, part by part (`graftlab.memory`, from its `graftlab.planning.work.Work`):
   the fewest GPUs of `gpu_memory_gb` (`GPU_MEMORY_GB` unless the cluster profile states its own) on which
   each GPU's share fits and over which its batch divides. Only the parts its code shards are divided
-  (SFT's FSDP, a tensor-parallel engine). A job that fits no count asks for one GPU, and `misfit` says
-  why in one line (the workflow warns, `graftlab plan` lists it): on-policy trainers and the Fisher
-  cannot shard yet.
+  (FSDP's in SFT, OPSD, SDPO and the Fishers; a tensor-parallel engine's). A job that fits no count asks
+  for one GPU, and `misfit` says why in one line (the workflow warns, `graftlab plan` lists it): GRPO and
+  the Pedagogical RL teacher cannot shard yet.
 - Host memory: a GPU job passes one fp32 copy of the model through host memory while it loads and
   saves (4 bytes per parameter), a sharded job one a process (each loads the whole model before FSDP
   shards it); a graft holds the post model, a delta, the Fisher and the result in
@@ -82,14 +82,15 @@ CPU_KINDS = (
 
 # Trainers holding a second model beside the one they train: a frozen or moving teacher, Pedagogical RL's student.
 TWO_MODELS = ("pedagogical_teacher", *(m.rule for m in on_policy() if m.spec.models == 2))
-# Trainers whose code shards the trained model over several GPUs: SFT (FSDP through accelerate) and our own
-# on-policy loops (graftlab.train.shard).
-SHARDED = ("sft", *dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
+# Our own on-policy loops (graftlab.train.shard): they shard over several GPUs and, sharded, still resume,
+# gathering a whole state from their shards.
+OWN_LOOPS = tuple(dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
+# Trainers whose code shards the trained model over several GPUs: SFT (FSDP through accelerate) and our loops.
+SHARDED = ("sft", *OWN_LOOPS)
 # Jobs that save their state and continue after SLURM requeues them at their time limit: trainers on one GPU
-# (graftlab.train.resume), and sampling jobs, which keep their finished chunks (graftlab.sample_chunks).
+# (graftlab.train.resume; our loops on any count), and sampling jobs, which keep their finished chunks
+# (graftlab.sample_chunks).
 RESUMES = ("pedagogical_teacher", *trained_rules())
-# ... and those that resume over several GPUs too: our own loops gather a whole state from their shards.
-RESUMES_SHARDED = tuple(dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
 CHUNKED = ("mine", "star", "stage_star", "teacher_traces", "pedagogical_traces", "rollouts", "chain_rollouts")
 CHUNKED += ("evaluate", "evaluate_run")
 # Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
@@ -238,7 +239,7 @@ def overtime(rule: str, cluster: Cluster = Cluster(), **sizes) -> str | None:
     cap = cluster.gpu_max_runtime if classify(rule) == "gpu" else cluster.cpu_max_runtime
     uncapped = replace(cluster, gpu_max_runtime=10**9, cpu_max_runtime=10**9)
     job = job_resources(rule, **sizes, cluster=uncapped)
-    resumes = rule in CHUNKED + RESUMES_SHARDED or (rule in RESUMES and job["gpu"] <= 1)
+    resumes = rule in CHUNKED + OWN_LOOPS or (rule in RESUMES and job["gpu"] <= 1)
     if resumes or job["runtime"] <= cap:
         return None
     why = "runs over several GPUs, where it saves no resume state" if rule in RESUMES else "does not resume"

@@ -372,9 +372,9 @@ def job_work(
         )
         passes = 2 if kind == "kfac" and options["ekfac"] else 1
         factors = kfac_factor_bytes(post) if kind == "kfac" else 0
-        # One rollout a pass at the least: on a GPU the Fisher takes as many of `batch_size` as fit
-        # (graftlab.fisher.diag.fitting_batch).
-        # Both recompute each layer in their backward (graftlab.fisher.backward) and shard over GPUs.
+        # One rollout a pass at the least (on a GPU the Fisher takes as many of `batch_size` as fit:
+        # graftlab.fisher.diag.fitting_batch); both kinds recompute each layer in their backward
+        # (graftlab.fisher.backward) and shard over GPUs.
         sequence = p + f["max_new_tokens"]
         mem = memory.fisher(P, post.shape, rollouts=1, sequence=sequence, factors=factors, recompute=True, shards=True)
         return Work(post, compute=passes * 6 * P * tokens, written=fisher_bytes(post, kind), memory=mem)
