@@ -95,6 +95,22 @@ def world_pico(tmp_path_factory) -> Path:
     return path
 
 
+def model_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a model directory's single `model.safetensors`."""
+    from safetensors.torch import load_file
+
+    return load_file(path / "model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path, atol: float | None = None) -> None:
+    """Two model directories hold the same tensors: bit for bit, or within `atol` (and torch's default rtol)."""
+    x, y = model_weights(a), model_weights(b)
+    assert x.keys() == y.keys()
+    for name in x:
+        same = torch.equal(x[name], y[name]) if atol is None else torch.allclose(x[name], y[name], atol=atol)
+        assert same, (a, b, name, (x[name] - y[name]).abs().max())
+
+
 def snakemake_cmd(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> list[str]:
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
     cmd += ["--configfile", *map(str, configs)] if configs else []

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import torch
-from safetensors.torch import load_file
+from conftest import assert_same_weights
 
 from graftlab.synth.demonstrations import opsd_examples
 from graftlab.synth.traces import expert_traces
@@ -89,16 +88,6 @@ def job(kind, model, data, out, state_dir, cfg, kill_at=0) -> subprocess.Complet
     return subprocess.run(
         [sys.executable, "-c", JOB, *map(str, args)], capture_output=True, text=True, timeout=120, check=False
     )
-
-
-def weights(path: Path) -> dict:
-    return load_file(path / "model.safetensors")
-
-
-def assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = weights(a), weights(b)
-    assert wa.keys() == wb.keys()
-    assert all(torch.equal(wa[k], wb[k]) for k in wa), f"{a} and {b} differ"
 
 
 def sft_data(tmp_path: Path) -> Path:

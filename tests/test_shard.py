@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from conftest import assert_same_weights, model_weights
 
 from graftlab.errors import GraftlabError
 from graftlab.tasks import arith, chat_completion
@@ -44,17 +44,6 @@ def problems(count: int) -> list[dict]:
     return [dict(p, task="arith") for p in arith.sample_problems("mul", count, "test", 0)]
 
 
-def weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_file(path / "model.safetensors")
-
-
-def assert_same_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
-    x, y = weights(a), weights(b)
-    assert x.keys() == y.keys()
-    for name in x:
-        assert torch.allclose(x[name], y[name], atol=atol), (name, (x[name] - y[name]).abs().max())
-
-
 def test_opsd_over_two_processes_samples_through_the_sharded_student_and_trains_as_one(post, tmp_path):
     """Near-greedy sampling (OPSD's temperature must be positive) through `generate` on the sharded student,
     each process its half of the batch, then the pooled loss of both halves: the same checkpoints as one
@@ -66,7 +55,7 @@ def test_opsd_over_two_processes_samples_through_the_sharded_student_and_trains_
     one = train_opsd(post, examples, cfg, tmp_path / "one")
     two = train_opsd(post, examples, cfg, tmp_path / "two", processes=2)
     for step in (1, 2):
-        assert_same_weights(tmp_path / f"one/step~{step}", tmp_path / f"two/step~{step}")
+        assert_same_weights(tmp_path / f"one/step~{step}", tmp_path / f"two/step~{step}", atol=1e-5)
     assert [r["response_tokens"] for r in one] == [r["response_tokens"] for r in two]
     assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in two], rel=1e-5)
     assert [json.loads(line) for line in (tmp_path / "two/steps.jsonl").open()] == two
@@ -148,7 +137,7 @@ def test_sdpo_over_two_processes_when_one_has_nothing_to_distil_trains_as_one(po
         return OnPolicyRun("SDPO", "problems", post, cfg, start).train(data, out, None, None, {}, processes=processes)
 
     one, two = run(tmp_path / "one", 1), run(tmp_path / "two", 2)
-    assert_same_weights(tmp_path / "one/step~2", tmp_path / "two/step~2")
+    assert_same_weights(tmp_path / "one/step~2", tmp_path / "two/step~2", atol=1e-5)
     assert sorted(r["accuracy"] for r in one) == [0.0, 0.25]  # one batch distils, from one problem of two
     assert [r["distilled_tokens"] for r in one] == [r["distilled_tokens"] for r in two]
 
@@ -169,9 +158,9 @@ def test_sdpo_over_two_processes_with_a_moving_teacher_trains_as_one(post, tmp_p
 
     one, two = run(tmp_path / "one", 1), run(tmp_path / "two", 2)
     for name in ("step~2", "step~4", "teacher"):
-        assert_same_weights(tmp_path / "one" / name, tmp_path / "two" / name)
-    moved = weights(tmp_path / "one/teacher")["model.norm.weight"]
-    assert not torch.allclose(moved, weights(post)["model.norm.weight"])
+        assert_same_weights(tmp_path / "one" / name, tmp_path / "two" / name, atol=1e-5)
+    moved = model_weights(tmp_path / "one/teacher")["model.norm.weight"]
+    assert not torch.allclose(moved, model_weights(post)["model.norm.weight"])
     timing = ("sample_s", "update_s")
     for a, b in zip(one, two, strict=True):
         assert {k: v for k, v in a.items() if k not in timing} == pytest.approx(
