@@ -303,6 +303,10 @@ def sized(rule_name):
             )
             if key == "gpu" and work is not None and work.memory is not None:
                 if problem := misfit(rule_name, work.memory, CLUSTER, work.batch):
+                    # A job that cannot shard would fail on every GPU: refused while the DAG is built,
+                    # before anything is submitted. A sharded one may still fit in smaller micro-batches.
+                    if not work.memory.sharded:
+                        raise WorkflowError(problem)
                     warn_once(rule_name, "gpus", problem)
             if key == "runtime" and (problem := overtime(rule_name, CLUSTER, **sizes)):
                 warn_once(rule_name, "runtime", problem)

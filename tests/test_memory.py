@@ -81,26 +81,19 @@ def test_a_tensor_parallel_engine_asks_for_its_span_and_no_other_count():
     assert huge.gpus(80e9) is None and "raise vllm.tensor_parallel_size" in misfit("mine", huge)
 
 
-# The jobs of each preset that no count of 80 GB GPUs holds today (issue 31): GRPO (TRL's trainer, on one
-# GPU) at 4B. SFT, OPSD, SDPO and both Fishers shard (graftlab.train.shard).
-DOES_NOT_FIT = {
-    "qwen3-1.7b-star": set(),
-    "qwen3-1.7b-teacher": set(),
-    "qwen3-4b-continual": {"chain_grpo"},
-    "qwen3-4b-sdpo": {"grpo"},
-    "qwen3-8b-star": set(),
-    "olmo3-7b-knowledge": set(),
-}
+# SFT, GRPO, OPSD, SDPO and both Fishers shard over the GPUs of one node (graftlab.train.shard): every job
+# of every preset has a count of 80 GB GPUs that holds it.
+PRESETS = sorted(p.stem for p in (REPO / "configs").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("preset", sorted(DOES_NOT_FIT))
+@pytest.mark.parametrize("preset", PRESETS)
 def test_every_job_of_a_preset_fits_the_gpus_it_asks_for_and_divides_its_batch(preset):
     """Under the cluster profile's GPU size every job asks for GPUs on which its share fits and over which
-    its batch divides; a job no count holds asks for one and is listed above."""
+    its batch divides."""
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     cluster = Cluster.of(profile["default-resources"])
     config = resolve(yaml.safe_load(Path(REPO / "configs" / f"{preset}.yaml").read_text()))
-    misfits, sized = set(), 0
+    sized = 0
     for name, x in config["experiments"].items():
         if is_continual(x):
             c = Continual.of(config, name)
@@ -112,17 +105,14 @@ def test_every_job_of_a_preset_fits_the_gpus_it_asks_for_and_divides_its_batch(p
             if classify(sized_as(rule)) != "gpu":
                 continue
             assert work.memory is not None, rule
+            assert misfit(sized_as(rule), work.memory, cluster, work.batch) is None
             gpus = job_resources(sized_as(rule), memory=work.memory, batch=work.batch, cluster=cluster)["gpu"]
-            if misfit(sized_as(rule), work.memory, cluster, work.batch):
-                misfits.add(rule)
-                assert gpus == 1, rule
-            else:
-                assert work.memory.per_gpu(gpus) <= memory.GPU_SHARE * cluster.gpu_memory_gb * 1e9, rule
-                # A Fisher's processes each run every rollout: it has no batch to split.
-                whole = work.batch is None and sized_as(rule) == "fisher"
-                assert gpus == 1 or whole or (work.batch is not None and work.batch % gpus == 0), rule
+            assert work.memory.per_gpu(gpus) <= memory.GPU_SHARE * cluster.gpu_memory_gb * 1e9, rule
+            # A Fisher's processes each run every rollout: it has no batch to split.
+            whole = work.batch is None and sized_as(rule) == "fisher"
+            assert gpus == 1 or whole or (work.batch is not None and work.batch % gpus == 0), rule
             sized += 1
-    assert sized and misfits == DOES_NOT_FIT[preset]
+    assert sized
 
 
 def test_a_fisher_on_a_gpu_takes_as_many_rollouts_a_pass_as_fit(monkeypatch):
@@ -154,11 +144,13 @@ def test_a_fisher_on_a_gpu_takes_as_many_rollouts_a_pass_as_fit(monkeypatch):
 
 def test_our_loops_shard_student_and_teacher_and_keep_a_frozen_teacher_in_bf16():
     """OPSD and SDPO divide the student's training state and the teacher over their GPUs
-    (graftlab.train.shard); a frozen teacher takes 2 bytes a parameter, a moving one 4; GRPO does not shard."""
+    (graftlab.train.shard); a frozen teacher takes 2 bytes a parameter, a moving one 4. GRPO shards through
+    accelerate and, sharded, saves no resume state."""
     from graftlab.methods import METHODS
 
     opsd, sdpo, grpo = (METHODS[m].spec for m in ("opsd", "sdpo", "grpo"))
-    assert opsd.shards and sdpo.shards and not grpo.shards
+    assert opsd.shards and sdpo.shards and grpo.shards
+    assert opsd.resumes_sharded and sdpo.resumes_sharded and not grpo.resumes_sharded
     assert opsd.scorer_bytes({}) == 2
     assert sdpo.scorer_bytes({"teachers": ["frozen"], "cot_teachers": ["ema:0.05"]}) == 2  # sdpo's own list
     assert sdpo.scorer_bytes({"teachers": ["frozen", "ema:0.05"]}) == 4

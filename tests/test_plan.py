@@ -1,6 +1,7 @@
 """`graftlab plan`: the cost model against figures computed by hand, and the command on every config."""
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -95,14 +96,30 @@ def test_the_plan_gives_each_gpu_rules_gpus_and_lists_the_jobs_no_gpu_count_hold
     for rule, gpus in (("sft", "4"), ("opsd", "4"), ("fisher", "3")):
         assert rows[rule][5] == gpus and float(rows[rule][6].rstrip(" |")) <= 0.85 * 80, rule
     assert "Does not fit" not in out
-    # Qwen3-4B's GRPO (TRL's trainer, on one GPU) fits no count; on 300 GB GPUs it fits one.
+    # Qwen3-4B's GRPO (TRL's trainer under accelerate's FSDP) shards over 4; on 300 GB GPUs it fits one.
     preset = "configs/qwen3-4b-sdpo.yaml"
     assert main(["plan", "--configfile", preset, "--disk-free", "1e6"]) == 0
     out = capsys.readouterr().out
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in out.splitlines() if line.startswith("| ")}
-    assert rows["grpo"][5] == "none" and "- grpo: needs " in out.split("Does not fit a 80 GB GPU")[1]
+    assert rows["grpo"][5] == "4" and "Does not fit" not in out
     assert main(["plan", "--configfile", preset, "--disk-free", "1e6", "--gpu-memory-gb", "300"]) == 0
-    assert "Does not fit" not in capsys.readouterr().out
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()}
+    assert rows["grpo"][5] == "1"
+
+
+def test_a_run_whose_unshardable_jobs_fit_no_gpu_is_refused_after_its_plan(capsys, monkeypatch):
+    """On 24 GB GPUs the 4B trainers' nominal activations fit no count, but they shard and take smaller
+    micro-batches: listed, not refused. On 8 GB GPUs a sampling engine (8 GB of weights), which cannot shard,
+    fits none: the plan is printed, then refused in one line naming the first such rule."""
+    monkeypatch.chdir(ROOT)
+    preset = "configs/qwen3-4b-sdpo.yaml"
+    assert main(["plan", "--configfile", preset, "--disk-free", "1e6", "--gpu-memory-gb", "24"]) == 0
+    listed = capsys.readouterr().out.split("Does not fit a 24 GB GPU")[1]
+    assert "- grpo: no count of up to 8 GPUs dividing its batch of 256" in listed and "cannot shard" not in listed
+    assert main(["plan", "--configfile", preset, "--disk-free", "1e6", "--gpu-memory-gb", "8"]) == 2
+    out, err = capsys.readouterr()
+    assert "| **total** |" in out and err.count("\n") == 1
+    assert re.match(r"graftlab: error: mine: needs 9.7 GB a GPU on 1 \(weights 8.0 GB, .* cannot shard over GPUs", err)
 
 
 def test_a_run_that_would_not_fit_the_disk_is_refused_after_its_plan(capsys, monkeypatch, tmp_path):

@@ -183,6 +183,19 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
     assert seen["fetch_model"][0] == 0
 
 
+def test_a_job_that_cannot_shard_and_fits_no_gpu_is_refused_before_any_is_submitted(tmp_path):
+    """On 2 GB GPUs the 1.7B preset's samplers (vLLM engines on one GPU: the weights alone are 3.4 GB) fit
+    no count: the dry run, which builds the DAG as a submitting run does, stops on the first, in one line
+    naming the rule. SFT, which shards, would only be warned about: smaller micro-batches may still fit it."""
+    preset = (REPO / "configs" / "qwen3-1.7b-star.yaml",)
+    proc = snakemake(tmp_path, "-n", "--default-resources", "gpu_memory_gb=2", configs=preset)
+    assert proc.returncode != 0
+    said = proc.stdout + proc.stderr
+    refused = re.findall(r"^\s*(\w+): needs .* more than 85% of a 2 GB GPU, and cannot shard over GPUs;", said, re.M)
+    assert len(refused) == 1 and refused[0] in ("mine", "star", "rollouts", "evaluate", "graft"), said[-3000:]
+    assert not (tmp_path / "results").exists()
+
+
 def test_local_runs_name_no_partition(tmp_path):
     jobs = dry_run_jobs(tmp_path)
     assert all("slurm_partition" not in res for _, res in jobs)

@@ -175,3 +175,65 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(p
     with pytest.raises(GraftlabError, match=r"2 processes failed"):
         train_opsd(post, examples, cfg, tmp_path / "odd", processes=2)
     assert not (tmp_path / "odd").exists()
+
+
+# GRPO: TRL's trainer under accelerate over two processes (on a host without CUDA accelerate runs the FSDP
+# config as data parallel over gloo), each sampling and training on its half of every batch.
+GRPO = dict(lr=1e-2, steps=1, batch_size=3, generations=4, max_new_tokens=8, seed=1, threads=1)
+
+
+def parity(turn, answer):
+    # About half the samples of a random model: the groups' rewards mix, so there is something to learn.
+    return sum(map(ord, turn)) % 2 == 0
+
+
+def _grpo_trained_by_parity(post, cfg, out: Path) -> None:
+    """One process of a launched GRPO step rewarded by `parity`: the first leaves what its clock recorded and
+    the Trainer's log in `out`."""
+    from graftlab import tasks
+    from graftlab.train.grpo import make_trainer
+    from graftlab.train.shard import world
+
+    tasks.get_task = lambda name: tasks.Task("fake", prompt=str, grade=parity, reference=str)
+    trainer = make_trainer(post, problems(4), cfg, out / f"trainer-{world()[0]}")
+    trainer.train()
+    if world()[0] == 0:
+        run = {"batches": trainer.clock.batches, "log": trainer.state.log_history}
+        out.joinpath("run.json").write_text(json.dumps(run))
+
+
+def test_grpo_over_two_processes_groups_and_pools_the_whole_batch(post, tmp_path, capfd):
+    """12 completions, 6 a process: the middle group spans both. Advantages are of whole groups, in TRL's
+    order, and the logged loss pools every response token of both halves, -sum A_i n_i / sum n_i, as one
+    process's does (tests/test_grpo.py): the normalisation each process's gradient is averaged under."""
+    from graftlab.train.grpo import GrpoConfig
+    from graftlab.train.shard import FSDP_CONFIG, launch
+
+    launch(2, _grpo_trained_by_parity, post, GrpoConfig(**GRPO), tmp_path, accelerate=FSDP_CONFIG)
+    assert capfd.readouterr().out.count("batch: 12 = 6 x 1 accumulated x 2 processes") == 2
+    run = json.loads((tmp_path / "run.json").read_text())
+    [batch] = run["batches"]
+    rewards = torch.tensor(batch["rewards"], dtype=torch.float64).view(3, 4)
+    assert 0 < rewards[1].sum() < 4  # the group split between the processes has mixed rewards
+    centred = rewards - rewards.mean(1, keepdim=True)
+    assert batch["advantages"] == pytest.approx((centred / (rewards.std(1, keepdim=True) + 1e-4)).view(-1).tolist())
+    adv, tokens = torch.tensor(batch["advantages"], dtype=torch.float64), torch.tensor(batch["tokens"])
+    [row] = [h for h in run["log"] if "grpo/sample_s" in h]
+    assert row["loss"] == pytest.approx(-(adv * tokens).sum().item() / tokens.sum().item(), rel=1e-4, abs=1e-6)
+    assert row["grpo/response_tokens"] == tokens.sum().item() and row["grpo/reward"] == rewards.mean().item()
+
+
+def test_grpo_over_two_processes_writes_the_run_once(post, tmp_path):
+    """The workflow's call: the first process gathers and writes each kept checkpoint, the job publishes the
+    step log of whole batches, and no scratch is left."""
+    from graftlab.train.grpo import GrpoConfig, train_grpo
+
+    cfg = GrpoConfig(**(GRPO | {"steps": 2, "save_steps": (1, 2), "batch_size": 2}))
+    rows = [dict(p, task="mul") for p in problems(4)]
+    log = train_grpo(post, rows, cfg, tmp_path / "run", processes=2)
+    for step in (1, 2):
+        assert model_weights(tmp_path / f"run/step~{step}").keys() == model_weights(post).keys()
+    assert [r["step"] for r in log] == [1, 2]
+    assert [json.loads(line) for line in (tmp_path / "run/steps.jsonl").open()] == log
+    assert all(r["response_tokens"] / r["response_len"] == pytest.approx(8) for r in log)  # all 8 completions
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

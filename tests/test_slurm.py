@@ -196,13 +196,12 @@ def test_every_job_asked_slurm_for_what_graftlab_sized(slurm_run):
     # The GPU rules went to the GPU partition, the summary to the CPU one; every job on one node.
     assert {p for p, *_ in asked["sft"] + asked["evaluate"]} == {"gpu"} and asked["summary"][0][0] == "cpu"
     assert all(request[-1] == "1" for requests in asked.values() for request in requests)
-    # The small GPUs: SFT, which shards, was given two; the on-policy trainers and the Fisher, whose need is
-    # over one GPU (GRPO's and the Fisher's whole, OPSD's and SDPO's activations: the dry run warned), and
-    # every sampler one.
+    # The small GPUs: SFT, which shards, was given two; the on-policy trainers and the Fisher, whose
+    # activations (which do not shard) fit no count (the dry run warned), and every sampler one.
     assert {gpus for rule in ("sft", "chain_sft") for _, gpus, *_ in asked[rule]} == {2}
     one = ("opsd", "grpo", "sdpo", "mine", "evaluate", "fisher")
     assert {gpus for rule in one for _, gpus, *_ in asked[rule]} == {1}
-    assert re.search(r"graftlab: warning: grpo: needs .* and cannot shard over GPUs", planned)
+    assert re.search(r"graftlab: warning: grpo: no count of up to 8 GPUs dividing its batch of 4 holds it", planned)
     assert re.search(r"graftlab: warning: opsd: no count of up to 8 GPUs dividing its batch of 2 holds it", planned)
     # The GPU rules asked SLURM for the profile's GPU model, constraint and QoS; the CPU rules for none.
     for row in accounted(workdir):

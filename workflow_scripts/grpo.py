@@ -11,6 +11,7 @@ from graftlab.train.grpo import GrpoConfig, train_grpo
 from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.settings import job_settings
+from graftlab.train.shard import job_gpus_processes
 
 p, inp = snakemake.params, snakemake.input
 # A continual stage starts from a checkpoint inside its previous stage's output (params.model).
@@ -25,4 +26,6 @@ with job_log(snakemake.log[0], snakemake.threads):
     )
     problems = rl_problems(pl.read_parquet(inp.data))
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
-    train_grpo(model, problems, cfg, snakemake.output[0], {"post": model, "data": inp.data}, resume)
+    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # sharded over several
+    inputs = {"post": model, "data": inp.data}
+    train_grpo(model, problems, cfg, snakemake.output[0], inputs, resume, processes=processes)

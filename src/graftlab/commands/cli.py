@@ -193,6 +193,8 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     except (ConfigError, ValueError, RuntimeError) as e:
         raise GraftlabError(str(e)) from None
     print(render(plan))
+    if problem := plan.unrunnable():
+        raise GraftlabError(problem)
     free = args.disk_free * 1e9 if args.disk_free is not None else free_disk(Path(args.directory))
     if problem := plan.shortfall(free):
         raise GraftlabError(f"{problem} ({args.directory})")

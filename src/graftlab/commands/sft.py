@@ -20,9 +20,7 @@ from pathlib import Path
 
 from graftlab.sampling import free_port
 from graftlab.train.live import Live
-
-# Shipped inside the package, beside this module: accelerate reads it as a file.
-FSDP_CONFIG = Path(__file__).resolve().with_name("fsdp.yaml")
+from graftlab.train.shard import FSDP_CONFIG  # shipped inside the package: accelerate reads it as a file
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

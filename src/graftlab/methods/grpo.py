@@ -8,6 +8,7 @@ from graftlab.methods.spec import OnPolicySpec, at_least, positive
 
 class GrpoSpec(OnPolicySpec):
     section = "grpo"
+    shards = True  # TRL's trainer under accelerate with FSDP (graftlab.train.grpo), saving no resume state then
 
     def batch(self, section: dict) -> int:
         return section["batch_size"] * section["generations"]  # completions: what micro-batches make up

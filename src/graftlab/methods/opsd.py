@@ -12,7 +12,7 @@ class OpsdSpec(OnPolicySpec):
     section = "opsd"
     sweeps = ("alpha", "lr")
     models = 2  # the frozen teacher beside the student
-    shards = True
+    shards = resumes_sharded = True
     keys = ("alpha", "lr")
 
     def scorer_bytes(self, section: dict) -> int:

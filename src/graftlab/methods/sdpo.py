@@ -57,7 +57,7 @@ class SdpoSpec(OnPolicySpec):
     section = "sdpo"
     models = 2  # the scheduled teacher beside the student
     keys = ("teacher", "lr")
-    shards = True
+    shards = resumes_sharded = True
 
     def __init__(self, teachers: str, cot: bool) -> None:
         self.teachers = teachers  # the section's field listing this method's schedules

@@ -80,8 +80,10 @@ class OnPolicySpec(TrainerSpec):
         return [{"lr": lr} for lr in section["lr"]]
 
     # Whether its trainer shards the student and its scorers over several GPUs (our own loops:
-    # graftlab.train.shard); TRL's GRPO trains on one.
+    # graftlab.train.shard; TRL's GRPO under accelerate with FSDP), and whether, sharded, it still saves a
+    # resume state (our loops gather a whole one; TRL's trainers over several processes save none).
     shards: bool = False
+    resumes_sharded: bool = False
 
     def scorers(self, section: dict) -> int:
         """Models beside the student that only score (a teacher, a reference)."""

@@ -260,6 +260,17 @@ class Plan:
         disk together at the worst moment."""
         return self.total.kept + self.temp_peak
 
+    def unrunnable(self) -> str | None:
+        """Why the run would fail on its GPUs, in one line: the first job that cannot shard and that no count
+        of them holds (`misfit`: a sampling engine, the Pedagogical RL teacher); None when there is none. A
+        sharded job no count holds is only listed: smaller micro-batches may still fit it."""
+        cluster = Cluster(gpu_memory_gb=self.assumptions.gpu_memory_gb)
+        for rule, cost in self.costs.items():
+            for need, batch in cost.needs.values():
+                if not need.sharded and (problem := misfit(sized_as(rule), need, cluster, batch)):
+                    return problem
+        return None
+
     def shortfall(self, free: float) -> str | None:
         """Why the run would not fit in `free` bytes of disk, or None when it fits."""
         if self.peak_disk <= free:

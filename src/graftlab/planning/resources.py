@@ -7,9 +7,10 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
 - GPUs: the job's memory, part by part (`graftlab.memory`, from its `graftlab.planning.work.Work`):
   the fewest GPUs of `gpu_memory_gb` (`GPU_MEMORY_GB` unless the cluster profile states its own) on which
   each GPU's share fits and over which its batch divides. Only the parts its code shards are divided
-  (FSDP's in SFT, OPSD, SDPO and the Fishers; a tensor-parallel engine's). A job that fits no count asks
-  for one GPU, and `misfit` says why in one line (the workflow warns, `graftlab plan` lists it): GRPO and
-  the Pedagogical RL teacher cannot shard yet.
+  (FSDP's in SFT, GRPO, OPSD, SDPO and the Fishers; a tensor-parallel engine's). A job that fits no count
+  asks for one GPU, and `misfit` says why in one line. Where the job cannot shard (a sampling engine, the
+  Pedagogical RL teacher) the workflow refuses it while it builds the DAG and `graftlab plan` refuses the
+  run; a sharded one is warned about and listed, as smaller micro-batches may still fit it.
 - Host memory: a GPU job passes one fp32 copy of the model through host memory while it loads and
   saves (4 bytes per parameter), a sharded job one a process (each loads the whole model before FSDP
   shards it); a graft holds the post model, a delta, the Fisher and the result in
@@ -82,11 +83,11 @@ CPU_KINDS = (
 
 # Trainers holding a second model beside the one they train: a frozen or moving teacher, Pedagogical RL's student.
 TWO_MODELS = ("pedagogical_teacher", *(m.rule for m in on_policy() if m.spec.models == 2))
-# Our own on-policy loops (graftlab.train.shard): they shard over several GPUs and, sharded, still resume,
-# gathering a whole state from their shards.
-OWN_LOOPS = tuple(dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
-# Trainers whose code shards the trained model over several GPUs: SFT (FSDP through accelerate) and our loops.
-SHARDED = ("sft", *OWN_LOOPS)
+# Trainers whose code shards the trained model over several GPUs: SFT (FSDP through accelerate), GRPO (TRL's
+# trainer, the same way) and our own on-policy loops (graftlab.train.shard).
+SHARDED = ("sft", *dict.fromkeys(m.rule for m in on_policy() if m.spec.shards))
+# Our own loops: sharded, they still resume, gathering a whole state from their shards.
+OWN_LOOPS = tuple(dict.fromkeys(m.rule for m in on_policy() if m.spec.resumes_sharded))
 # Jobs that save their state and continue after SLURM requeues them at their time limit: trainers on one GPU
 # (graftlab.train.resume; our loops on any count), and sampling jobs, which keep their finished chunks
 # (graftlab.sample_chunks).

@@ -43,6 +43,7 @@ the share of groups with all-equal rewards, which carry no gradient) beside TRL'
 (mean over response tokens at the update's forward pass) and, with beta > 0, kl.
 """
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ from graftlab.methods import METHODS
 from graftlab.methods.spec import refuse
 from graftlab.schema import schema_default
 from graftlab.streams import passes
+from graftlab.train import shard
 from graftlab.train.settings import RunSettings
 
 # Our per-step metrics ride in TRL's logs under this prefix, so the Trainer's log history (restored on
@@ -116,17 +118,20 @@ def make_reward(tokenizer, clock: _Clock, generations: int):
         texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=False)
         tasks = [get_task(t) for t in task]
         rewards = [float(k.grade(k.turn(c), str(a))) for k, c, a in zip(tasks, texts, answer, strict=True)]
-        tokens = [len(ids) for ids in completion_ids]
-        groups = [rewards[i : i + generations] for i in range(0, len(rewards), generations)]
+        # Over several processes each grades its contiguous share of the batch, and a group may span two
+        # (TRL gathers the rewards in rank order before grouping): the batch's metrics are of every share.
+        graded = shard.everyone([(r, len(ids), t) for r, ids, t in zip(rewards, completion_ids, texts, strict=True)])
+        every, tokens = [r for r, _, _ in graded], [n for _, n, _ in graded]
+        groups = [every[i : i + generations] for i in range(0, len(every), generations)]
         clock.batch = {
-            "reward": sum(rewards) / len(rewards),
-            "accuracy": sum(r > 0 for r in rewards) / len(rewards),
+            "reward": sum(every) / len(every),
+            "accuracy": sum(r > 0 for r in every) / len(every),
             "response_len": sum(tokens) / len(tokens),
             "response_tokens": sum(tokens),
-            "repeated_rate": repeated_rate(texts),
+            "repeated_rate": repeated_rate([t for _, _, t in graded]),
             "flat_groups": sum(len(set(g)) == 1 for g in groups) / len(groups),
         }
-        clock.batches.append({"rewards": rewards, "tokens": tokens})
+        clock.batches.append({"rewards": every, "tokens": tokens})
         return rewards
 
     return verifier
@@ -153,7 +158,7 @@ def _trainer_class():
 
         def _generate_and_score_completions(self, inputs):
             out = super()._generate_and_score_completions(inputs)
-            self.clock.batches[-1]["advantages"] = out["advantages"].tolist()
+            self.clock.batches[-1]["advantages"] = shard.everyone(out["advantages"].tolist())  # as the rewards
             return out
 
         def log(self, logs, start_time=None):
@@ -217,11 +222,13 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
     model = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
     clock = clock or _Clock()
     precision = precision or Precision("fp32", "none chosen")
+    share = per_process(cfg)
     args = _grpo_args(
         cfg,
         work,
         precision,
-        micro(cfg.micro_batch_size, cfg.completions, dataset["prompt"], cfg.max_new_tokens, cfg.beta, tok, model),
+        share,
+        micro(cfg.micro_batch_size, share, dataset["prompt"], cfg.max_new_tokens, cfg.beta, tok, model),
         context(dataset["prompt"], cfg.max_new_tokens, tok, model),
     )
     trainer = trl_grpo_trainer(
@@ -235,6 +242,15 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
     )
     trainer.clock = clock
     return trainer
+
+
+def per_process(cfg: GrpoConfig) -> int:
+    """The completions of a sampled batch each process samples and trains on (all of them outside a launch);
+    refused when they do not split evenly over the processes."""
+    processes = shard.world()[1]
+    if cfg.completions % processes:
+        raise GraftlabError(f"GRPO: batch of {cfg.completions} completions does not split over {processes} processes")
+    return cfg.completions // processes
 
 
 def micro(setting, batch: int, prompts: list[str], max_new_tokens: int, beta: float, tok, model) -> int:
@@ -256,17 +272,19 @@ def context(prompts: list[str], max_new_tokens: int, tok, model) -> tuple:
     return (lambda: context_bound(tok, prompts, max_new_tokens)), getattr(model.config, "max_position_embeddings", None)
 
 
-def _grpo_args(cfg: GrpoConfig, work: Path, precision, micro: int, context: tuple | None = None):
+def _grpo_args(cfg: GrpoConfig, work: Path, precision, share: int, micro: int, context: tuple | None = None):
+    """TRL's arguments of a process training on `share` completions of every batch, `micro` at a time."""
     from graftlab.train.precision import accumulation, checkpointing
     from graftlab.train.trl_args import grpo_args
 
     on = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
-    accumulated = accumulation(cfg.completions, micro)
-    print(f"batch: {cfg.completions} = {micro} x {accumulated} accumulated; gradient checkpointing {on}", flush=True)
+    times = f" x {cfg.completions // share} processes" if share < cfg.completions else ""
+    batch = f"{cfg.completions} = {micro} x {accumulation(share, micro)} accumulated{times}"
+    print(f"batch: {batch}; gradient checkpointing {on}", flush=True)
     return grpo_args(
         cfg,
         work,
-        cfg.completions,
+        share,
         micro,
         precision,
         generations=cfg.generations,
@@ -294,21 +312,33 @@ def step_log(history: list[dict]) -> list[dict]:
     return rows
 
 
-def train_grpo(post_dir, problems: list[dict], cfg: GrpoConfig, out_dir, inputs=None, resume=None) -> list[dict]:
+def train_grpo(
+    post_dir, problems: list[dict], cfg: GrpoConfig, out_dir, inputs=None, resume=None, processes: int = 1
+) -> list[dict]:
     """GRPO of the model at `post_dir` on `problems` ([{prompt, answer, task}]); writes `out_dir/step~N` for
     every kept checkpoint, `out_dir/steps.jsonl` (one line per optimizer step) and `out_dir/training.png`,
     all at once when the run ends (a failed run leaves nothing). With `resume` (a
     `graftlab.train.resume.Resume`), the Trainer saves its full state every `resume.minutes` and a rerun
-    continues from the newest."""
+    continues from the newest.
+
+    Over several `processes` (one per GPU) TRL's trainer runs under accelerate with FSDP, as SFT does
+    (`graftlab.train.shard.FSDP_CONFIG`), each process sampling and training on its share of every batch;
+    it saves no resume state then (every process would have to agree when to save, and the sharded
+    Trainer state cannot be tested without GPUs), as SFT over several GPUs does not."""
     from graftlab.train import resume as rs
-    from graftlab.train.onpolicy import publish_run
+    from graftlab.train.onpolicy import launch_run, publish_run
 
     if not problems:
         raise GraftlabError("GRPO: no problems")
     mark = rs.fingerprint(cfg, post=str(post_dir), problems=len(problems))
-    return publish_run(
-        out_dir, cfg.checkpoints(), resume, mark, lambda work: _train(post_dir, problems, cfg, inputs, resume, work)
-    )
+    if processes == 1:
+        train = functools.partial(_train, post_dir, problems, cfg, inputs, resume)
+        return publish_run(out_dir, cfg.checkpoints(), resume, mark, train)
+    if resume is not None:
+        print(f"resume: off over {processes} processes; an interrupted run starts again", flush=True)
+    train = functools.partial(_train, post_dir, problems, cfg, inputs, None)
+    launched = functools.partial(launch_run, processes, train, accelerate=shard.FSDP_CONFIG)
+    return publish_run(out_dir, cfg.checkpoints(), None, mark, launched)
 
 
 def _train(post_dir, problems: list[dict], cfg: GrpoConfig, inputs, resume, work: Path) -> list[dict]:
@@ -318,7 +348,7 @@ def _train(post_dir, problems: list[dict], cfg: GrpoConfig, inputs, resume, work
     from graftlab.train.onpolicy import save_checkpoint
     from graftlab.train.precision import announce, save_dtype
 
-    torch.set_num_threads(cfg.threads)
+    torch.set_num_threads(max(1, cfg.threads // shard.world()[1]))  # the job's threads shared by its processes
     precision = announce(cfg.precision)
     dtype = save_dtype(cfg.save_dtype, post_dir)
     trainer = None

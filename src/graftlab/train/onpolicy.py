@@ -230,18 +230,14 @@ class OnPolicyRun:
     ) -> list[dict]:
         """Train on `data` over `processes` (one per GPU) and publish the run to `out_dir` (`publish_run`),
         `extras` (e.g. `teacher`) beside the checkpoints. Returns the step log."""
-        from graftlab.train import shard
-
-        def launched(work: Path) -> list[dict]:
-            shard.launch(processes, _launched_loop, self, data, inputs, resume, work, teacher_dir)
-            return json.loads((work / LAUNCHED_LOG).read_text())
-
-        loop = launched if processes > 1 else lambda work: self._loop(data, inputs, resume, work, teacher_dir)
+        loop = functools.partial(self._loop, data, inputs, resume, teacher_dir)
+        if processes > 1:
+            loop = functools.partial(launch_run, processes, loop)
         # A state saved by sharded processes is by parameter name and whole: another count does not resume it.
         fingerprint = fingerprint | ({"processes": processes} if processes > 1 else {})
         return publish_run(out_dir, self.cfg.checkpoints(), resume, fingerprint, loop, extras=extras)
 
-    def _loop(self, data: list[dict], inputs: dict | None, resume, work: Path, teacher_dir) -> list[dict]:
+    def _loop(self, data: list[dict], inputs: dict | None, resume, teacher_dir, work: Path) -> list[dict]:
         """The loop: kept checkpoints into `work`; with `resume`, the state saved after a batch when due and
         the end of training marked. Returns the step log."""
         from graftlab.train import live, shard
@@ -284,12 +280,23 @@ class OnPolicyRun:
 LAUNCHED_LOG = "launched-log.json"
 
 
-def _launched_loop(run: OnPolicyRun, data: list[dict], inputs: dict | None, resume, work: Path, teacher_dir) -> None:
-    """One process of a launched run (`graftlab.train.shard.launch`): the loop, its step log left in `work`
-    by the first process for the job's process to publish."""
+def launch_run(
+    processes: int, loop: Callable[[Path], list[dict]], work: Path, accelerate: Path | None = None
+) -> list[dict]:
+    """`loop(work)`, a run's training (picklable), over `processes` processes (`graftlab.train.shard.launch`;
+    under accelerate with its config `accelerate`): the step log the first process returns."""
     from graftlab.train import shard
 
-    log = run._loop(data, inputs, resume, work, teacher_dir)
+    shard.launch(processes, _first_keeps_log, loop, work, accelerate=accelerate)
+    return json.loads((work / LAUNCHED_LOG).read_text())
+
+
+def _first_keeps_log(loop: Callable[[Path], list[dict]], work: Path) -> None:
+    """One process of a launched run: the loop, its step log left in `work` by the first process for the
+    job's process to publish."""
+    from graftlab.train import shard
+
+    log = loop(work)
     if shard.world()[0] == 0:
         work.mkdir(parents=True, exist_ok=True)
         (work / LAUNCHED_LOG).write_text(json.dumps(log))

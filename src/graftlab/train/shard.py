@@ -10,7 +10,8 @@ the root unit (embeddings, final norm, head). Each process holds 1/N of the weig
 state, takes 1/N of every batch, and FSDP averages the gradients, so a loss scaled by N (`PairStep.scale`)
 gives the one-process gradient.
 
-`launch` starts the processes (torch's own launcher, on a free port) and runs a pickled call in each;
+`launch` starts the processes (torch's own launcher, on a free port; or accelerate's, for TRL's GRPO
+trainer, which accelerate shards with FSDP_CONFIG as it does SFT) and runs a pickled call in each;
 the first process alone writes files. What the processes must agree on (when to save, the batch that fits)
 is the first one's (`from_first`) or their least (`least`); whole states are gathered on the first
 (`full_state`, `full_optimizer_state`) and sent back out in shards (`restore`).
@@ -26,6 +27,10 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# accelerate's launch config for a trainer sharded over the GPUs of one node (SFT, GRPO): FSDP, one unit per
+# decoder layer, fp32 master weights, bf16 compute.
+FSDP_CONFIG = Path(__file__).resolve().parents[1] / "commands" / "fsdp.yaml"
 
 
 def world() -> tuple[int, int]:
@@ -210,17 +215,24 @@ def part(items: list, what: str) -> list:
     return items[rank * n : (rank + 1) * n]
 
 
-def launch(processes: int, call: Callable[..., Any], *args: Any) -> None:
-    """Run `call(*args)` in `processes` processes of this node (torch's launcher, on a port free now: two jobs
-    on one node must not meet on its default one); refused in one line when any of them fails."""
+def launch(processes: int, call: Callable[..., Any], *args: Any, accelerate: Path | None = None) -> None:
+    """Run `call(*args)` in `processes` processes of this node, on a port free now (two jobs on one node must
+    not meet on a launcher's default one); refused in one line when any of them fails. The processes are
+    torch's launcher's, or with `accelerate` (a config such as `FSDP_CONFIG`) accelerate's, for TRL's
+    trainers, which prepare their models through it."""
     from graftlab.errors import GraftlabError
     from graftlab.sampling import free_port
 
     with tempfile.TemporaryDirectory(prefix="graftlab-launch-") as tmp:
         spec = Path(tmp) / "call.pkl"
         spec.write_bytes(pickle.dumps((call, args)))
-        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
-        command += ["--master_addr", "localhost", "--master_port", str(free_port()), "-m", __name__, str(spec)]
+        if accelerate is None:
+            command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes)]
+            command += ["--master_addr", "localhost", "--master_port", str(free_port())]
+        else:
+            command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes)]
+            command += ["--config_file", str(accelerate), "--main_process_port", str(free_port())]
+        command += ["-m", __name__, str(spec)]
         print("launch: " + " ".join(command), flush=True)
         done = subprocess.run(command, check=False)
     if done.returncode:
