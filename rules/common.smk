@@ -295,6 +295,7 @@ def sized(rule_name):
                 else {
                     "params": work.model.params,
                     "generate": work.generate,
+                    "kv_read": work.kv_read,
                     "compute": work.compute,
                     "memory": work.memory,
                     "batch": work.batch,

@@ -2,6 +2,7 @@
 
 import copy
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,12 @@ HAND = {
 }
 
 
-def test_hand_computed_plan(tmp_path):
-    a = Assumptions(mfu=0.5, decode_mfu=0.25, gpu_flops=1e15, prompt_tokens=256, kept=0.5, jobs=1)
+@pytest.mark.parametrize("bound", ["flops", "kv-cache"])
+def test_hand_computed_plan(tmp_path, bound):
+    # Decoding bound by its FLOPs (a memory so fast its reads never bind), or by reading the KV cache.
+    bandwidth = 1e18 if bound == "flops" else 2e12
+    a = Assumptions(mfu=0.5, decode_mfu=0.25, gpu_flops=1e15, gpu_bandwidth=bandwidth, kv_utilisation=0.5)
+    a = replace(a, prompt_tokens=256, kept=0.5, jobs=1)
     plan = estimate(resolve(copy.deepcopy(HAND)), a, root=tmp_path)
     c = plan.costs
     # Mining: 2 x 1e9 FLOPs x 100 problems x 8 samples x 1,000 tokens.
@@ -63,7 +68,14 @@ def test_hand_computed_plan(tmp_path):
     assert c["sensitivity_update"].jobs == 2 and c["dataset"].jobs == 3 and "opsd" not in c
     # Decoding (mining, STaR, rollouts, evaluation) at 0.25 of the peak, SFT and the Fisher at 0.5.
     decoded, passed = 1.6e15 + 3.2e14 + 2e14 + 1.2e15, 9.6e14 + 6e14
-    assert plan.gpu_hours(plan.total) == pytest.approx((decoded / 0.25 + passed / 0.5) / 1e15 / 3600)
+    # Or each of the 1,660 answers' 744 new tokens reads the cache of the 256 + t tokens before it, each
+    # 2 (K, V) x 20 layers x 3 KV heads x 128 x 2 bytes (the shape a 1e9 model is assumed to have): 14.4 GB
+    # an answer at 0.5 x 2e12 B/s is 14 ms, against 8 ms of FLOPs (2e12 at 0.25 x 1e15).
+    answers = 100 * 8 + 40 * 4 + 100 + 60 * 2 * (1 + 2 + 2)  # mining, STaR, rollouts, evaluations, 2 grafts
+    assert answers * 2e9 * 1000 == pytest.approx(decoded)
+    kv = answers * 2 * 20 * 3 * 128 * 2 * (256 * 744 + 744**2 / 2) / (0.5 * 2e12)
+    decode = decoded / 0.25 / 1e15 if bound == "flops" else kv
+    assert plan.total_gpu_hours == pytest.approx((decode + passed / 0.5 / 1e15) / 3600)
     # Kept: 16 GB of SFT checkpoints, 4 GB of Fisher, 4 GB fetched; one graft on disk at once (--jobs 1).
     assert plan.peak_disk == pytest.approx(24e9 + 2e9)
     assert "| **total** | **" in render(plan)
@@ -159,14 +171,14 @@ def test_a_greedy_task_is_charged_one_answer_per_question():
     from graftlab.planning.config import resolve
     from graftlab.planning.layout import Experiment
     from graftlab.planning.plan import Assumptions
-    from graftlab.planning.work import eval_sequences
+    from graftlab.planning.work import eval_answers
 
     config = resolve(yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml").read_text()))
     name = next(e for e, x in config["experiments"].items() if x["data"] == "knowledge")
     layout, x = Experiment.of(config, name), config["experiments"][name]
-    old = layout.world["benchmark_size"] * len(layout.world["old_tasks"]) * x["eval"]["samples"]
-    new = x["knowledge"]["facts"] * x["knowledge"]["heldout_phrasings"]
-    assert x["eval"]["samples"] > 1 and eval_sequences(layout, Assumptions()) == old + new
+    old = dict.fromkeys(layout.world["old_tasks"], layout.world["benchmark_size"] * x["eval"]["samples"])
+    new = {"knowledge": x["knowledge"]["facts"] * x["knowledge"]["heldout_phrasings"]}
+    assert x["eval"]["samples"] > 1 and eval_answers(layout, Assumptions()) == old | new
 
 
 # A continual experiment on the 1B model: a data-set stage of 40 training problems (10 held out, 2 epochs), then

@@ -79,4 +79,4 @@ def test_the_continual_preset_is_planned_stage_by_stage(tmp_path):
     assert jobs == dag  # the plan counts the dry-run's jobs, rule by rule
     # 4 stages x (GRPO, OPSD; SDPO under 3 teachers and SDPO-CoT; the post model's own traces each stage).
     assert (jobs["chain_grpo"], jobs["chain_opsd"], jobs["chain_sdpo"], jobs["stage_star"]) == (4, 4, 16, 4)
-    assert 100 < plan.gpu_hours(plan.total) < 1000
+    assert 100 < plan.total_gpu_hours < 1000

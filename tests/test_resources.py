@@ -172,13 +172,21 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
     # sequence 512 prompt + 8,192 generated = 8,704 tokens (graftlab.planning.work).
     # SFT: 6 x 1.72e9 x 3 epochs x 4,800 x 8,704 = 1.2935e18 FLOPs at 120e12/s = 179.6 min, + 10.
     assert seen["sft"][2] == 190
-    # Mining samples 16 x 10,000: 2 x 1.72e9 x 160,000 x 8,704 = 4.7907e18 at 40e12/s = 1,996.1 min, + 10;
-    # STaR 32 attempts x 4,800: 2 x 1.72e9 x 153,600 x 8,704 = 4.5991e18 = 1,916.3 min, + 10.
-    assert (seen["mine"][2], seen["star"][2]) == (2007, 1927)
+    # Mining samples 16 x 10,000 answers of 8,192 tokens after 512: each new token reads the KV cache of
+    # every token before it, 512 x 8,192 + 8,192^2 / 2 token-reads an answer, each 2 (K, V) x 24 layers x 4
+    # KV heads x 128 x 2 bytes (the shape a 1.72e9 model is assumed to have): 2.97e17 bytes at 0.67e12 B/s,
+    # 7,385 minutes, where its FLOPs alone (2 x 1.72e9 x 160,000 x 8,704 at 40e12/s) take 1,996. STaR's 32
+    # attempts x 4,800 answers: 7,089. Both are held to the 48-hour cap, and continue from their finished
+    # chunks on a retry.
+    assert (seen["mine"][2], seen["star"][2]) == (2880, 2880)
     # A graft job evaluates its model as an evaluation of a model that size does (the donor is the base
-    # model, as large as post), after streaming 16 bytes/param through host memory at 50 MB/s: 9.2 minutes.
-    assert seen["graft"][:2] == (1, 4000 + 16 * 1720)
-    assert seen["graft"][2] - seen["evaluate"][2] in (9, 10)
+    # model, as large as post), after streaming 16 bytes/param through host memory at 50 MB/s: 9.2 minutes
+    # more. Here both are held to the cap: 290 problems x 16 answers of up to 32,768 tokens read 1.3e17
+    # bytes of KV cache, 52 hours at 0.67e12 B/s, unless a mean response length is configured or measured.
+    assert seen["graft"][:2] == (1, 4000 + 16 * 1720) and seen["graft"][2] == seen["evaluate"][2] == 2880
+    uncapped = Cluster(gpu_max_runtime=10**6)
+    graft, evaluation = (job_resources(r, 1.72e9, kv_read=1e15, cluster=uncapped) for r in ("graft", "evaluate"))
+    assert graft["runtime"] - evaluation["runtime"] in (9, 10)
     assert all(res["temp_grafts"] == "1" for rule, res in jobs if rule == "graft")
     assert seen["fetch_model"][0] == 0
 
@@ -294,6 +302,14 @@ def test_param_drift_is_sized_by_its_decompositions():
     assert work.compute >= 2 * 104 * 6 * shape.vocab * shape.hidden**2
     r = job_resources("param_drift", work.model.params, compute=work.compute, host=work.host)
     assert r["mem_mb"] == math.ceil(4000 + work.host / 1e6) and r["runtime"] == 48 * 60
+
+
+def test_decoding_takes_the_longer_of_its_flops_and_its_kv_cache_reads():
+    """A short decode is bound by its FLOPs (40e12/s), a long reasoning decode by reading its KV cache
+    (0.2 x 3.35e12 B/s): the runtime takes the slower, plus 10 minutes of setup (a model too small for its
+    weights' streaming through host memory to add a minute)."""
+    assert job_resources("evaluate", generate=4e16, kv_read=1e14)["runtime"] == 10 + math.ceil(4e16 / 40e12 / 60)
+    assert job_resources("evaluate", generate=4e16, kv_read=1e17)["runtime"] == 10 + math.ceil(1e17 / 6.7e11 / 60)
 
 
 def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():

@@ -103,6 +103,43 @@ def test_one_job_by_hand(tmp_path):
     assert work("graft").kept == 0  # a temp() output
 
 
+def test_an_evaluation_is_charged_each_benchmarks_mean_response_length(tmp_path):
+    """HAND's evaluation, 50 x 2 answers to `b` and 10 x 2 to `heldout` after 256-token prompts: each at its
+    benchmark's configured `response_tokens`, else the mean the finished evaluation of the post model
+    measured, else the whole 744-token budget, and never more than it. Each new token reads the KV cache of
+    the tokens before it, 2 (K, V) x 20 layers x 3 KV heads x 128 x 2 bytes (the shape a 1e9 model is
+    assumed to have)."""
+
+    def evaluation():
+        config = resolve(copy.deepcopy(HAND))
+        if configured is not None:
+            config["experiments"]["x"]["benchmarks"]["b"]["response_tokens"] = configured
+        layout = Experiment.of(config, "x")
+        return job_work("evaluate", config, layout, {}, Assumptions(prompt_tokens=256), tmp_path), layout
+
+    def charged(b: float, heldout: float) -> tuple:
+        answers = {100: b, 20: heldout}
+        generate = sum(2e9 * n * (256 + t) for n, t in answers.items())
+        return pytest.approx(generate), pytest.approx(
+            sum(n * 30720 * (256 * t + t * t / 2) for n, t in answers.items())
+        )
+
+    configured = None
+    work, _ = evaluation()
+    assert (work.generate, work.kv_read) == charged(744, 744)
+    metrics = tmp_path / "results/x/eval/post/metrics.json"
+    metrics.parent.mkdir(parents=True)
+    measured = {"b": {"response_tokens": 300.5}, "heldout": {"response_tokens": 5000.0}}
+    metrics.write_text(json.dumps({"benchmarks": measured}))
+    work, _ = evaluation()
+    assert (work.generate, work.kv_read) == charged(300.5, 744)  # a mean over the budget is held to it
+    configured = 100
+    work, layout = evaluation()
+    assert (work.generate, work.kv_read) == charged(100, 744)
+    # The data set job does not see it: setting it re-reads nothing.
+    assert "response_tokens" not in layout.dataset("benchmark~b") and layout.dataset("benchmark~b")["limit"] == 50
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     entities=st.integers(1, 300),

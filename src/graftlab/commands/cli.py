@@ -215,6 +215,12 @@ def _add_plan(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--decode-mfu", type=float, default=a.decode_mfu, help="share that decoding reaches")
     p.add_argument("--gpu-flops", type=float, default=a.gpu_flops, help="peak FLOP/s (default: H100 bf16 dense)")
     p.add_argument(
+        "--gpu-bandwidth", type=float, default=a.gpu_bandwidth, help="memory bytes/s (default: H100 SXM HBM3)"
+    )
+    p.add_argument(
+        "--kv-utilisation", type=float, default=a.kv_utilisation, help="share of it a decode's KV-cache reads reach"
+    )
+    p.add_argument(
         "--gpu-memory-gb", type=float, default=a.gpu_memory_gb, help="one GPU's memory, as the profile's gpu_memory_gb"
     )
     p.add_argument("--prompt-tokens", type=int, default=a.prompt_tokens, help="tokens per prompt")

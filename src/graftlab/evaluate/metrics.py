@@ -125,8 +125,9 @@ def benchmark_metrics(records: pl.DataFrame, ks: Sequence[int] = DEFAULT_KS) -> 
     """Metrics of one benchmark from per-sample records (columns `problem_id`, `correct`: bool).
 
     Returns `n`, `problems`, `acc@n` with its bootstrap interval `acc@n_lo`, `acc@n_hi` (`INTERVAL`),
-    and `pass@k` for every k in `ks` with k <= n, each a mean over problems. Larger k are left out
-    rather than failing, so one `ks` serves both sampled (n = 16) and greedy (n = 1) benchmarks.
+    and `pass@k` for every k in `ks` with k <= n, each a mean over problems. Larger k are left out rather
+    than failing, so one `ks` serves both sampled (n = 16) and greedy (n = 1) benchmarks. Where the records
+    count each answer's `tokens`, their mean `response_tokens` (what `graftlab plan` charges an answer).
     """
     for k in ks:
         _check_count("k", k, 1)
@@ -142,4 +143,6 @@ def benchmark_metrics(records: pl.DataFrame, ks: Sequence[int] = DEFAULT_KS) -> 
     for k in sorted(set(ks)):
         if k <= n:
             out[f"pass@{k}"] = math.fsum(pass_at_k(n, c, k) for c in counts) / len(counts)
+    if "tokens" in records.columns:
+        out["response_tokens"] = float(records["tokens"].mean())
     return out

@@ -32,7 +32,7 @@ from graftlab.tasks import Task, find_task, get_task
 
 ROLES = ("old", "new")
 VALIDATION = "_val"  # suffix of a role's scores on the validation problems
-RECORD_COLUMNS = ("problem_id", "sample", "completion", "answer", "correct")
+RECORD_COLUMNS = ("problem_id", "sample", "completion", "answer", "correct", "tokens")
 
 
 @dataclass(frozen=True)

@@ -493,4 +493,5 @@ class Experiment:
             found = {"problems": self.x["problems"], "retention": self.x["fisher"]["prompts"]}.get(name)
         if found is None:
             raise ValueError(f"experiment {self.name} configures no data set {name!r}")
-        return found
+        # A benchmark's `response_tokens` sizes jobs only: changing it must not re-read the data set.
+        return {key: value for key, value in found.items() if key != "response_tokens"}

@@ -46,6 +46,10 @@ class Assumptions(work.Assumptions):
     mfu: float = 0.3  # share of the GPU's peak FLOP/s a whole-sequence pass reaches
     decode_mfu: float = 0.1  # share that decoding reaches: it is bound by memory bandwidth
     gpu_flops: float = 989e12  # an H100's dense bf16 peak
+    gpu_bandwidth: float = 3.35e12  # an H100 SXM's HBM3, bytes a second
+    # Share of it a long decode's KV-cache reads reach: about 3k tokens/s per GPU for Qwen3-1.7B at 8k-token
+    # answers (issue 31's figure: 2.5-3.5k), each token reading some 530 MB of cache.
+    kv_utilisation: float = 0.5
     gpu_memory_gb: float = GPU_MEMORY_GB  # one GPU's memory, as the cluster profile's gpu_memory_gb
     jobs: int = 1  # jobs at once (Snakemake's --jobs)
     temp_grafts: int = TEMP_GRAFTS  # grafts on disk at once (`--resources temp_grafts=N`)
@@ -58,6 +62,7 @@ class Cost:
 
     jobs: int = 0
     generate: float = 0.0
+    kv_read: float = 0.0
     compute: float = 0.0
     written: float = 0.0
     kept: float = 0.0
@@ -68,6 +73,7 @@ class Cost:
         self.jobs += jobs
         if w is not None:
             self.generate += w.generate
+            self.kv_read += w.kv_read
             self.compute += w.compute
             self.written += w.written
             self.kept += w.written if w.kept is None else w.kept
@@ -247,12 +253,19 @@ class Plan:
 
     @property
     def total(self) -> Cost:
-        fields = ("jobs", "generate", "compute", "written", "kept")
+        fields = ("jobs", "generate", "kv_read", "compute", "written", "kept")
         return Cost(*(sum(getattr(c, f) for c in self.costs.values()) for f in fields))
 
     def gpu_hours(self, cost: Cost) -> float:
+        """GPU-hours of a rule's jobs: decoding bound by its FLOPs or by reading the KV cache, whichever is
+        slower over the rule's jobs together (its jobs decode alike), and whole-sequence passes."""
         a = self.assumptions
-        return (cost.generate / a.decode_mfu + cost.compute / a.mfu) / a.gpu_flops / 3600
+        decode = max(cost.generate / a.decode_mfu / a.gpu_flops, cost.kv_read / a.kv_utilisation / a.gpu_bandwidth)
+        return (decode + cost.compute / a.mfu / a.gpu_flops) / 3600
+
+    @property
+    def total_gpu_hours(self) -> float:
+        return sum(map(self.gpu_hours, self.costs.values()))
 
     @property
     def peak_disk(self) -> float:
@@ -421,7 +434,8 @@ def render(plan: Plan) -> str:
         cells = f"{c.jobs} | {_hours(plan.gpu_hours(c))} | {c.written / GB:.3g} | {c.kept / GB:.3g} | {gpus} | {memory}"
         lines.append(f"| {rule} | {cells} |")
     t = plan.total
-    total = (f"**{t.jobs}**", f"**{_hours(plan.gpu_hours(t))}**", f"**{t.written / GB:.3g}**", f"**{t.kept / GB:.3g}**")
+    hours = _hours(plan.total_gpu_hours)
+    total = (f"**{t.jobs}**", f"**{hours}**", f"**{t.written / GB:.3g}**", f"**{t.kept / GB:.3g}**")
     lines.append("| **total** | " + " | ".join(total) + " | | |")
     lines += [
         "",
@@ -430,8 +444,10 @@ def render(plan: Plan) -> str:
         f"{min(a.jobs, a.temp_grafts)} at once: --jobs {a.jobs}, --resources temp_grafts={a.temp_grafts}).",
         "",
         f"Assumed: {a.gpu_flops:.3g} FLOP/s per GPU at {a.mfu:g} utilisation for whole-sequence passes and "
-        f"{a.decode_mfu:g} for decoding; 2 x params FLOPs per sampled or scored token, 6 x params per trained or "
-        f"Fisher token; every sample uses its whole max_new_tokens; prompts of "
+        f"{a.decode_mfu:g} for decoding, or where slower, decoding bound by reading the KV cache "
+        f"at {a.kv_utilisation:g} of {a.gpu_bandwidth:.3g} B/s; 2 x params FLOPs per sampled or scored token, "
+        f"6 x params per trained or Fisher token; an evaluation's answer as long as its benchmark's "
+        f"response_tokens where configured or measured, every other sample its whole max_new_tokens; prompts of "
         f"{a.prompt_tokens} tokens; {a.problems} candidate problems and {a.benchmark_problems} per benchmark "
         f"where a data set sets no limit; mining keeps {a.kept:g} of them; checkpoints of "
         f"{a.checkpoint_bytes} bytes per parameter. CPU rules count at the same rate.",

@@ -15,11 +15,12 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
   saves (4 bytes per parameter), a sharded job one a process (each loads the whole model before FSDP
   shards it); a graft holds the post model, a delta, the Fisher and the result in
   fp32 at once (16 bytes); a sensitivity update the Fisher and two streamed models (8 bytes).
-- Runtime: the job's FLOPs (`graftlab.planning.work`, the count the cost plan uses too), decoding at
-  `SAMPLE_FLOPS` and whole-sequence passes at `TRAIN_FLOPS` per GPU it shards over, plus `SETUP_MIN`; capped at
-  `MAX_RUNTIME_MIN`, beyond which a trainer resumes after SLURM requeues it. Both rates are 2.5x below
-  `graftlab plan`'s default estimate (0.1 and 0.3 of an H100's bf16 peak), so a first attempt rarely
-  runs out of time.
+- Runtime: the job's work (`graftlab.planning.work`, the count the cost plan uses too): decoding at
+  `SAMPLE_FLOPS` or, where slower, reading its KV cache at `SAMPLE_BANDWIDTH`, and whole-sequence passes
+  at `TRAIN_FLOPS`, per GPU it shards over, plus `SETUP_MIN`; capped at `MAX_RUNTIME_MIN`, beyond which a
+  trainer resumes after SLURM requeues it. Every rate is 2.5x below `graftlab plan`'s default estimate
+  (0.1 and 0.3 of an H100's bf16 peak, half its memory bandwidth), so a first attempt rarely runs out of
+  time.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ NOMINAL_TOKENS = 2048
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
 GPUS_PER_NODE = 8  # the most one job may ask for: every job is one node's
 SAMPLE_FLOPS = 40e12  # decoding is memory-bound: about a tenth of an H100's bf16 peak
+# Bytes a second of KV cache a long decode reads: a fifth of an H100's 3.35 TB/s, 2.5x below the plan's half
+# (`graftlab.planning.plan.Assumptions.kv_utilisation`), as the FLOP rates are.
+SAMPLE_BANDWIDTH = 0.2 * 3.35e12
 TRAIN_FLOPS = 120e12  # about 30% of the bf16 peak
 CPU_FLOPS = 5e9  # float64 decompositions on a CPU job's few cores (torch's SVD, 2 threads: 4-6e9 measured)
 SETUP_MIN = 10  # loading the model, compiling the engine, writing the results
@@ -174,6 +178,7 @@ def job_resources(
     params: float = TINY_PARAMS,
     *,
     generate: float = 0.0,
+    kv_read: float = 0.0,
     compute: float = 0.0,
     memory: Memory | None = None,
     batch: int | None = None,
@@ -182,11 +187,11 @@ def job_resources(
     cluster: Cluster = Cluster(),
 ) -> dict:
     """The resources of one job of `rule` by a model of `params` parameters that decodes `generate` FLOPs
-    and passes `compute` FLOPs over whole sequences, holds `memory` on its GPUs and takes `batch` examples
-    a step (`graftlab.planning.work.Work`; without `memory`, `nominal_memory`), and a CPU job `host` bytes
-    of host memory beyond its base and `compute` FLOPs at `CPU_FLOPS`, at try `attempt`, on
-    `cluster` (its partitions, GPU size and count a node, time limits, and the GPU rules' model, constraint
-    and QoS, each set only where the cluster names one)."""
+    reading `kv_read` bytes of KV cache, and passes `compute` FLOPs over whole sequences, holds `memory` on
+    its GPUs and takes `batch` examples a step (`graftlab.planning.work.Work`; without `memory`,
+    `nominal_memory`), and a CPU job `host` bytes of host memory beyond its base and `compute` FLOPs at
+    `CPU_FLOPS`, at try `attempt`, on `cluster` (its partitions, GPU size and count a node, time limits, and
+    the GPU rules' model, constraint and QoS, each set only where the cluster names one)."""
     gpu_memory_gb = cluster.gpu_memory_gb
     kind = classify(rule)
     grow = GROWTH ** (attempt - 1)
@@ -201,7 +206,8 @@ def job_resources(
         # (commands/fsdp.yaml: fsdp_cpu_ram_efficient_loading off), and each does its share of the work.
         processes = gpus if need.sharded else 1
         mem_mb = BASE_MEM_MB + params * max(4 * processes, host_bytes) / 1e6
-        runtime = SETUP_MIN + streamed + (generate / SAMPLE_FLOPS + compute / TRAIN_FLOPS) / processes / 60
+        decode = max(generate / SAMPLE_FLOPS, kv_read / SAMPLE_BANDWIDTH)  # whichever bounds it
+        runtime = SETUP_MIN + streamed + (decode + compute / TRAIN_FLOPS) / processes / 60
     else:
         mem_mb = CPU_MEM_MB.get(rule, BASE_MEM_MB) + params * host_bytes / 1e6 + host / 1e6
         runtime = SETUP_MIN + streamed + compute / CPU_FLOPS / 60

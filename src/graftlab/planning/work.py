@@ -7,9 +7,12 @@ count. FLOPs come in two kinds, since they run at different speeds: `generate`, 
 
 A generated or scored token costs 2 x params FLOPs (one forward pass); a trained token 6 x params
 (forward and backward); a Fisher token also 6 x params, since per-example gradients are one backward
-pass each. Attention's own FLOPs are left out, which undercounts long sequences. Sampling is charged at
-its whole budget (`max_new_tokens`) and at every attempt, an upper bound: STaR and teacher traces stop
-at the first verified attempt.
+pass each. Attention's own FLOPs are left out, which undercounts long sequences. Decoding is also counted
+in bytes of KV cache read (`decoding`): each new token reads the cache of every token before it, which
+bounds a long reasoning decode more than its FLOPs do. An evaluation's answer to a benchmark is charged its
+mean length where it is known (`response_tokens`: configured, or measured by a finished evaluation); every
+other sample its whole budget (`max_new_tokens`) and at every attempt, an upper bound: STaR and teacher
+traces stop at the first verified attempt.
 
 Data set sizes are not known before the data is fetched and mined, so they are `Assumptions`. Standard
 library only: the workflow imports this while it parses.
@@ -86,6 +89,7 @@ class Work:
     written: float = 0.0
     kept: float | None = None
     memory: Memory | None = None  # on one GPU, part by part (graftlab.memory); None: a CPU job
+    kv_read: float = 0.0  # bytes of KV cache its decoding reads (`decoding`)
     batch: int | None = None  # examples of one optimizer step: a data-parallel job's GPUs must divide it
     host: float = 0.0  # a CPU job's peak host memory beyond its base, in bytes, where its work sets it
 
@@ -184,9 +188,9 @@ def sft_examples(layout: Experiment, a: Assumptions) -> int:
     return max(0, round(candidates(layout, a) * a.kept) - x["mining"]["heldout"])
 
 
-def eval_sequences(layout: Experiment, a: Assumptions) -> int:
-    """Answers one evaluation draws: each benchmark's problems times the samples its task draws (a
-    greedy task, such as knowledge, answers once: `graftlab.tasks`)."""
+def eval_answers(layout: Experiment, a: Assumptions) -> dict[str, int]:
+    """Answers one evaluation draws, by benchmark: its problems times the samples its task draws (a greedy
+    task, such as knowledge, answers once: `graftlab.tasks`)."""
     x, samples = layout.x, layout.x["eval"]["samples"]
     old = {n: _limit(s, a.benchmark_problems) for n, s in (x["benchmarks"] or {}).items()}
     old = old or dict.fromkeys(layout.world["old_tasks"], layout.world["benchmark_size"])
@@ -194,7 +198,38 @@ def eval_sequences(layout: Experiment, a: Assumptions) -> int:
     new = k["facts"] * k["heldout_phrasings"] if x["data"] == "knowledge" else x["mining"]["heldout"]
     sizes = old | {layout.new_benchmark()[0]: new}
     tasks = {name: task for name, _, _, task in layout.eval_benchmarks()}
-    return sum(n * (1 if get_task(tasks[name]).greedy else samples) for name, n in sizes.items())
+    return {name: n * (1 if get_task(tasks[name]).greedy else samples) for name, n in sizes.items()}
+
+
+def decoding(model: Model, answers: float, prompt: float, new: float) -> dict[str, float]:
+    """The `generate` FLOPs and `kv_read` bytes of decoding `answers` answers of `new` tokens after `prompt`
+    tokens each: 2 x params FLOPs a token (the prompt's prefill counted alike), and each new token reads the
+    KV cache of every token before it, prompt x new + new^2 / 2 token-reads an answer of `Shape.kv_bytes`."""
+    return {
+        "generate": 2 * model.params * answers * (prompt + new),
+        "kv_read": answers * model.shape.kv_bytes() * (prompt * new + new * new / 2),
+    }
+
+
+def response_tokens(layout, name: str, bound: int, root: Path) -> float:
+    """Tokens a model's answer to benchmark `name` takes on average: its data set's `response_tokens`, else
+    the mean the experiment's finished evaluation of the post model measured (`response_tokens` in its
+    metrics.json under `root`), else the whole `bound` (max_new_tokens, an upper bound). At most `bound`."""
+    configured = ((layout.x["benchmarks"] or {}).get(name) or {}).get("response_tokens")
+    if configured is None:
+        try:
+            metrics = json.loads((root / layout.root / "eval" / POST / "metrics.json").read_text())
+            configured = metrics["benchmarks"][name]["response_tokens"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return bound
+    return min(float(configured), bound)
+
+
+def eval_decoding(model: Model, layout, answers: dict[str, int], a: Assumptions, root: Path) -> dict[str, float]:
+    """`decoding` of an evaluation drawing `answers` by benchmark, each at its `response_tokens`."""
+    bound = layout.x["eval"]["max_new_tokens"]
+    parts = [decoding(model, n, a.prompt_tokens, response_tokens(layout, b, bound, root)) for b, n in answers.items()]
+    return {key: sum(part[key] for part in parts) for key in ("generate", "kv_read")}
 
 
 # Tokens of a knowledge example's answer: a short value after an empty think block, or a replayed tiny-world
@@ -316,32 +351,30 @@ def job_work(
     train = sft_examples(layout, a)
     if rule == "mine":
         m = x["mining"]
-        sequence = p + m["max_new_tokens"]
-        generate = 2 * P * candidates(layout, a) * m["samples"] * sequence
-        return Work(post, generate=generate, memory=sampler_memory(config, post, sequence))
+        decoded = decoding(post, candidates(layout, a) * m["samples"], p, m["max_new_tokens"])
+        return Work(post, **decoded, memory=sampler_memory(config, post, p + m["max_new_tokens"]))
     if rule in ("teacher_traces", "star"):
         s = x["teacher" if rule == "teacher_traces" else "star"]
         sampler = model_of(config, layout, s["model"], root) if rule == "teacher_traces" else post
         attempts = s["attempts"] + (s["rationalize_attempts"] if s.get("rationalize") else 0)
-        sequence = p + s["max_new_tokens"]
-        generate = 2 * sampler.params * train * attempts * sequence
-        return Work(sampler, generate=generate, memory=sampler_memory(config, sampler, sequence))
+        decoded = decoding(sampler, train * attempts, p, s["max_new_tokens"])
+        return Work(sampler, **decoded, memory=sampler_memory(config, sampler, p + s["max_new_tokens"]))
     if rule in ("pedagogical_teacher", "pedagogical_traces"):
         g = x["pedagogical"]
-        tokens = p + trace_tokens(x) + g["max_new_tokens"]  # the teacher's prompt holds the reference solution
+        prompt = p + trace_tokens(x)  # the teacher's prompt holds the reference solution
+        tokens = prompt + g["max_new_tokens"]
         if rule == "pedagogical_traces":
-            return Work(
-                post, generate=2 * P * train * g["attempts"] * tokens, memory=sampler_memory(config, post, tokens)
-            )
+            decoded = decoding(post, train * g["attempts"], prompt, g["max_new_tokens"])
+            return Work(post, **decoded, memory=sampler_memory(config, post, tokens))
         # GRPO: each sample is generated (2P), trained on (6P) and, with a KL term, scored by the reference (2P).
         samples = g["steps"] * g["prompts_per_step"] * g["group_size"]
         per_token = (6 + (2 if g["kl"] else 0)) * P
         # Beside the teacher it trains: the frozen student whose surprise it is rewarded by, and the reference.
         mem = trainer_memory(config, post, g, tokens, scorers=1 + (1 if g["kl"] else 0))
         batch = g["prompts_per_step"] * g["group_size"]
-        return Work(
-            post, 2 * P * samples * tokens, per_token * samples * tokens, P * a.checkpoint_bytes, None, mem, batch
-        )
+        written = P * a.checkpoint_bytes
+        decoded = decoding(post, samples, prompt, g["max_new_tokens"])
+        return Work(post, **decoded, compute=per_token * samples * tokens, written=written, memory=mem, batch=batch)
     if rule == "sft":
         return sft_work(config, model_of(config, layout, wildcards.get("donor", POST), root), x, train, a)
     if (method := TRAINED_BY.get(rule)) is not None:
@@ -358,12 +391,15 @@ def job_work(
             shards=spec.shards,
         )
         written = len(kept_steps(s)) * P * a.checkpoint_bytes
-        return Work(post, generate, compute, written, memory=mem, batch=spec.split(s))
+        # The spec counts 2P a token of every answer it samples, each of p + max_new_tokens.
+        kv_read = decoding(post, generate / (2 * P * (p + s["max_new_tokens"])), p, s["max_new_tokens"])["kv_read"]
+        return Work(post, generate, compute, written, memory=mem, batch=spec.split(s), kv_read=kv_read)
     if rule in ("rollouts", "fisher"):
         f = x["fisher"]
         tokens = f["rollouts"] * (p + f["max_new_tokens"])
         if rule == "rollouts":
-            return Work(post, generate=2 * P * tokens, memory=sampler_memory(config, post, p + f["max_new_tokens"]))
+            decoded = decoding(post, f["rollouts"], p, f["max_new_tokens"])
+            return Work(post, **decoded, memory=sampler_memory(config, post, p + f["max_new_tokens"]))
         # A retention home's Fisher names its options (`fisher_name`); a chain's takes the experiment's.
         kind, options = (
             fisher_options(wildcards["fisher"])
@@ -383,18 +419,17 @@ def job_work(
         # A donor and its SFT are the donor's size; everything else (a graft too) is the post model's.
         base = run["donor"] if run["donor"] and not METHODS[run["method"]].grafts else POST
         model = model_of(config, layout, base, root)
-        sequence = p + x["eval"]["max_new_tokens"]
-        generate = 2 * model.params * eval_sequences(layout, a) * sequence
-        return Work(model, generate=generate, memory=sampler_memory(config, model, sequence))
+        decoded = eval_decoding(model, layout, eval_answers(layout, a), a, root)
+        return Work(model, **decoded, memory=sampler_memory(config, model, p + x["eval"]["max_new_tokens"]))
     if rule == "evaluate_run":  # each kept checkpoint of the training run, one after another
         key = wildcards["trainrun"]
         checkpoints = layout.checkpointed()[key]
         one = job_work("evaluate", config, layout, {"run": f"{key}/{checkpoints[0]}"}, a, root)
-        return replace(one, generate=len(checkpoints) * one.generate)
+        return replace(one, generate=len(checkpoints) * one.generate, kv_read=len(checkpoints) * one.kv_read)
     if rule == "graft":  # grafted in the job's scratch, evaluated there and deleted: written, never kept
-        sequence = p + x["eval"]["max_new_tokens"]
-        generate = 2 * P * eval_sequences(layout, a) * sequence
-        return Work(post, generate=generate, written=post.bytes, kept=0, memory=sampler_memory(config, post, sequence))
+        decoded = eval_decoding(post, layout, eval_answers(layout, a), a, root)
+        engine = sampler_memory(config, post, p + x["eval"]["max_new_tokens"])
+        return Work(post, **decoded, written=post.bytes, kept=0, memory=engine)
     if rule == "fetch_model":
         model = model_of(config, layout, wildcards["name"], root)
         return Work(model, written=model.bytes)
@@ -430,9 +465,8 @@ def continual_work(
     if rule == "star":  # a `data: star` stage: the post model samples its training problems
         s, post = view.x["star"], model_of(config, view, POST, root)
         attempts = s["attempts"] + (s["rationalize_attempts"] if s["rationalize"] else 0)
-        sequence = a.prompt_tokens + s["max_new_tokens"]
-        tokens = stage_examples(layout, k, a) * attempts * sequence
-        return Work(post, generate=2 * post.params * tokens, memory=sampler_memory(config, post, sequence))
+        decoded = decoding(post, stage_examples(layout, k, a) * attempts, a.prompt_tokens, s["max_new_tokens"])
+        return Work(post, **decoded, memory=sampler_memory(config, post, a.prompt_tokens + s["max_new_tokens"]))
     job = job_work(rule, config, view, wildcards, a, root)
     if (method := TRAINED_BY.get(rule)) is not None:
         kind = wildcards[method.chain_wildcard] if method.chain_wildcard else method.name
@@ -455,12 +489,12 @@ def stage_examples(layout, k: int, a: Assumptions) -> int:
     return max(0, min(stage["train"], _limit(stage["problems"], a.problems) - held))
 
 
-def continual_benchmarks(layout, a: Assumptions) -> list[tuple[int, str]]:
-    """(problems, task) of every benchmark a continual model is scored on: the old ones, then each stage's (a
-    knowledge stage's held-out phrasings, its benchmark data set, or its held-out problems)."""
+def continual_benchmarks(layout, a: Assumptions) -> list[tuple[str, int, str]]:
+    """(name, problems, task) of every benchmark a continual model is scored on: the old ones, then each
+    stage's (a knowledge stage's held-out phrasings, its benchmark data set, or its held-out problems)."""
     x, world = layout.x, layout.world
     old = [
-        (_limit(x["benchmarks"][n], a.benchmark_problems) if x["benchmarks"] else world["benchmark_size"], task)
+        (n, _limit(x["benchmarks"][n], a.benchmark_problems) if x["benchmarks"] else world["benchmark_size"], task)
         for n, (_, task) in layout.old_benchmarks().items()
     ]
     new = []
@@ -469,7 +503,8 @@ def continual_benchmarks(layout, a: Assumptions) -> list[tuple[int, str]]:
             problems = stage["knowledge"]["facts"] * stage["knowledge"]["heldout_phrasings"]
         else:
             problems = _limit(stage["benchmark"], a.benchmark_problems) if stage["benchmark"] else stage["heldout"]
-        new.append((problems, layout.stage_benchmark(k)[2]))
+        name, _, task = layout.stage_benchmark(k)
+        new.append((name, problems, task))
     return old + new
 
 
@@ -478,9 +513,9 @@ def continual_eval_work(config: dict, layout, a: Assumptions, root: Path = Path(
     draws (one answer for a greedy task)."""
     post = model_of(config, layout.stage_view(1), POST, root)
     x, samples = layout.x, layout.x["eval"]["samples"]
-    sequences = sum(n * (1 if get_task(task).greedy else samples) for n, task in continual_benchmarks(layout, a))
-    sequence = a.prompt_tokens + x["eval"]["max_new_tokens"]
-    return Work(post, generate=2 * post.params * sequences * sequence, memory=sampler_memory(config, post, sequence))
+    answers = {name: n * (1 if get_task(task).greedy else samples) for name, n, task in continual_benchmarks(layout, a)}
+    decoded = eval_decoding(post, layout, answers, a, root)
+    return Work(post, **decoded, memory=sampler_memory(config, post, a.prompt_tokens + x["eval"]["max_new_tokens"]))
 
 
 def param_drift_work(config: dict, layout, root: Path = Path(".")) -> Work:
@@ -506,8 +541,9 @@ def response_kl_work(config: dict, layout, a: Assumptions, root: Path = Path("."
     tokens = a.prompt_tokens + layout.x["eval"]["max_new_tokens"]
     chains, benchmarks = len(layout.chains()), continual_benchmarks(layout, a)
     models = chains * len(layout.stages)  # every chain's model after every stage
-    embedded = (models + 1) * sum(min(c["response_prompts"], n) for n, _ in benchmarks)
+    embedded = (models + 1) * sum(min(c["response_prompts"], n) for _, n, _ in benchmarks)
     new = benchmarks[len(benchmarks) - len(layout.stages) :]  # each stage's, whose models sample on it
-    sampled = chains * c["kl_samples"] * sum(min(c["kl_prompts"], n) for n, _ in new)
+    sampled = chains * c["kl_samples"] * sum(min(c["kl_prompts"], n) for _, n, _ in new)
     compute = 2 * P * (embedded + 2 * sampled) * tokens
-    return Work(post, generate=2 * P * sampled * tokens, compute=compute, memory=sampler_memory(config, post, tokens))
+    decoded = decoding(post, sampled, a.prompt_tokens, layout.x["eval"]["max_new_tokens"])
+    return Work(post, **decoded, compute=compute, memory=sampler_memory(config, post, tokens))

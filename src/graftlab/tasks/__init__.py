@@ -88,21 +88,18 @@ class Task:
     def sample_and_grade(self, sampler, tokenizer, problems, cfg):
         """Sample every problem (a frame with `id`, `prompt`, `answer`) as the task decodes, and grade each
         answer: one row per sample with `problem_id`, `sample`, the whole assistant turn `completion`,
-        the parsed `answer` and `correct`."""
+        the parsed `answer`, `correct`, and `tokens`, the sampled text's length retokenized (what
+        `graftlab plan` reads as a benchmark's measured response length)."""
         import polars as pl
 
         outputs = sampler([self.chat_prompt(tokenizer, p) for p in problems["prompt"]], self.decoding(cfg))
-        rows = [
-            {
-                "problem_id": pid,
-                "sample": i,
-                "completion": t,
-                "answer": extract_answer(t),
-                "correct": self.grade(t, ref),
-            }
-            for pid, ref, samples in zip(problems["id"], problems["answer"], outputs)
-            for i, t in enumerate(map(self.turn, samples))
-        ]
+        texts = [t for samples in outputs for t in samples]
+        lengths = iter(map(len, tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []))
+        rows = []
+        for pid, ref, samples in zip(problems["id"], problems["answer"], outputs):
+            for i, turn in enumerate(map(self.turn, samples)):
+                row = {"problem_id": pid, "sample": i, "completion": turn, "answer": extract_answer(turn)}
+                rows.append(row | {"correct": self.grade(turn, ref), "tokens": next(lengths)})
         return pl.DataFrame(rows, schema_overrides={"answer": pl.Utf8})
 
 
