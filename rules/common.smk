@@ -309,7 +309,11 @@ def sized(rule_name):
                     if not work.memory.sharded:
                         raise WorkflowError(problem)
                     warn_once(rule_name, "gpus", problem)
-            if key == "runtime" and (problem := overtime(rule_name, CLUSTER, **sizes)):
+            # A job that resumes continues on each retry (the profile's `retries`).
+            attempts = workflow.execution_settings.retries + 1
+            if key == "runtime" and (
+                problem := overtime(rule_name, CLUSTER, attempts, **sizes)
+            ):
                 warn_once(rule_name, "runtime", problem)
             return job_resources(rule_name, **sizes, attempt=attempt, cluster=CLUSTER)[
                 key

@@ -319,16 +319,22 @@ def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():
         "graft: needs about 112 hours, more than its partition's 48, and does not resume"  # + its weights streamed
     )
     assert overtime("graft", Cluster(gpu_max_runtime=7000), generate=1.6e19, params=8e9) is None
-    # Sampling keeps its finished chunks (graftlab.sample_chunks): each requeue samples only the rest.
-    assert all(overtime(rule, generate=1.6e19, params=8e9) is None for rule in ("mine", "evaluate_run", "star"))
-    # A trainer on one GPU saves its state and resumes; over several SFT's processes save none, our own
-    # loops' (OPSD, SDPO) a whole state.
-    assert job_resources("sft", 1.7e9)["gpu"] == 1 and overtime("sft", compute=1e22, params=1.7e9) is None
+    # Sampling keeps its finished chunks (graftlab.sample_chunks): each retry samples only the rest, so 111
+    # hours fit three attempts of 48 (the profile's 2 retries), not two.
+    assert all(overtime(r, attempts=3, generate=1.6e19, params=8e9) is None for r in ("mine", "evaluate_run", "star"))
+    assert overtime("mine", attempts=2, generate=1.6e19, params=8e9) == (
+        "mine: needs about 111 hours, more than its partition's 48 x 2 attempts (Snakemake's retries + 1), "
+        "each continuing the last: raise retries"
+    )
+    # A trainer on one GPU saves its state and resumes; over several SFT's and GRPO's processes save none,
+    # our own loops' (OPSD, SDPO) a whole state. 4e19 FLOPs at 120e12/s: 93 hours.
+    assert job_resources("sft", 1.7e9)["gpu"] == 1 and overtime("sft", attempts=3, compute=4e19, params=1.7e9) is None
     assert job_resources("sft", 8e9)["gpu"] > 1 and job_resources("opsd", 8e9)["gpu"] > 1
-    late = overtime("sft", compute=1e22, params=8e9)
-    assert late.startswith("sft: needs about ")
-    assert late.endswith("and runs over several GPUs, where it saves no resume state")
-    assert overtime("opsd", generate=1e22, params=8e9) is None
+    for rule in ("sft", "grpo"):
+        late = overtime(rule, attempts=3, compute=4e19 * job_resources(rule, 8e9)["gpu"], params=8e9)
+        assert late.startswith(f"{rule}: needs about ")
+        assert late.endswith("and runs over several GPUs, where it saves no resume state")
+    assert overtime("opsd", attempts=3, compute=4e19 * job_resources("opsd", 8e9)["gpu"], params=8e9) is None
     assert overtime("param_drift", Cluster(cpu_max_runtime=60), compute=1e15) == (
         "param_drift: needs about 56 hours, more than its partition's 1, and does not resume"
     )

@@ -239,18 +239,22 @@ def gpu_memory(value) -> float:
     return gb
 
 
-def overtime(rule: str, cluster: Cluster = Cluster(), **sizes) -> str | None:
-    """Why a job of `rule` (sized by `sizes`, as `job_resources` takes them) will time out, in one line: it
-    needs more than its partition's time limit and does not resume; None when it fits or resumes. SFT and
-    GRPO resume on one GPU only: over several, their processes save no resume state."""
+def overtime(rule: str, cluster: Cluster = Cluster(), attempts: int = 1, **sizes) -> str | None:
+    """Why a job of `rule` (sized by `sizes`, as `job_resources` takes them) will time out, in one line; None
+    when it fits its partition's time limit. A job that resumes (its saved state or finished chunks) continues
+    on each of its `attempts` (Snakemake's retries + 1), so it times out only beyond that many limits. SFT
+    and GRPO resume on one GPU only: over several, their processes save no resume state."""
     cap = cluster.gpu_max_runtime if classify(rule) == "gpu" else cluster.cpu_max_runtime
     uncapped = replace(cluster, gpu_max_runtime=10**9, cpu_max_runtime=10**9)
     job = job_resources(rule, **sizes, cluster=uncapped)
     resumes = rule in CHUNKED + OWN_LOOPS or (rule in RESUMES and job["gpu"] <= 1)
-    if resumes or job["runtime"] <= cap:
+    hours = f"{rule}: needs about {job['runtime'] / 60:,.0f} hours, more than its partition's {cap / 60:g}"
+    if job["runtime"] <= cap or (resumes and job["runtime"] <= cap * attempts):
         return None
+    if resumes:
+        return f"{hours} x {attempts} attempts (Snakemake's retries + 1), each continuing the last: raise retries"
     why = "runs over several GPUs, where it saves no resume state" if rule in RESUMES else "does not resume"
-    return f"{rule}: needs about {job['runtime'] / 60:,.0f} hours, more than its partition's {cap / 60:g}, and {why}"
+    return f"{hours}, and {why}"
 
 
 def nominal_memory(rule: str, params: float) -> Memory:
