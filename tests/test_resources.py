@@ -166,8 +166,8 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
         "evaluate_run",
         "graft",
     }
-    # Qwen3-1.7B (the preset's 1.72e9 hint): one GPU each, 4 GB + 4 bytes/param of host memory.
-    assert all(seen[r][:2] == (1, 10880) for r in ("mine", "star", "sft", "fisher", "evaluate"))
+    # Qwen3-1.7B (the preset's 1.72e9 hint): SFT and the Fisher on one GPU, 4 GB + 4 bytes/param of host memory.
+    assert all(seen[r][:2] == (1, 10880) for r in ("sft", "fisher"))
     # MATH sets no limit: 10,000 candidates, half kept as hard, 200 held out: 4,800 to train on; every
     # sequence 512 prompt + 8,192 generated = 8,704 tokens (graftlab.planning.work).
     # SFT: 6 x 1.72e9 x 3 epochs x 4,800 x 8,704 = 1.2935e18 FLOPs at 120e12/s = 179.6 min, + 10.
@@ -176,14 +176,16 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
     # every token before it, 512 x 8,192 + 8,192^2 / 2 token-reads an answer, each 2 (K, V) x 24 layers x 4
     # KV heads x 128 x 2 bytes (the shape a 1.72e9 model is assumed to have): 2.97e17 bytes at 0.67e12 B/s,
     # 7,385 minutes, where its FLOPs alone (2 x 1.72e9 x 160,000 x 8,704 at 40e12/s) take 1,996. STaR's 32
-    # attempts x 4,800 answers: 7,089. Both are held to the 48-hour cap, and continue from their finished
-    # chunks on a retry.
-    assert (seen["mine"][2], seen["star"][2]) == (2880, 2880)
+    # attempts x 4,800 answers: 7,089. One engine would need more than the 48-hour limit less the setup
+    # (2,870 minutes), so each runs 3 engines at once, each on a GPU and loading the model in its own process.
+    assert (seen["mine"], seen["star"]) == ((3, 4000 + 3 * 4 * 1720, 2472), (3, 4000 + 3 * 4 * 1720, 2374))
+    # Evaluation: 1,700 problems (500 for each of the 3 benchmarks that set no limit, 200 held out) x 16
+    # answers of up to 32,768 tokens read 7.4e17 bytes of KV cache: 307 hours for one engine, 7 at once.
+    assert seen["evaluate"] == (7, 4000 + 7 * 4 * 1720, 2641)
     # A graft job evaluates its model as an evaluation of a model that size does (the donor is the base
     # model, as large as post), after streaming 16 bytes/param through host memory at 50 MB/s: 9.2 minutes
-    # more. Here both are held to the cap: 290 problems x 16 answers of up to 32,768 tokens read 1.3e17
-    # bytes of KV cache, 52 hours at 0.67e12 B/s, unless a mean response length is configured or measured.
-    assert seen["graft"][:2] == (1, 4000 + 16 * 1720) and seen["graft"][2] == seen["evaluate"][2] == 2880
+    # more. It keeps no chunks, so it runs one engine and is held to the limit (the dry run warns).
+    assert seen["graft"] == (1, 4000 + 16 * 1720, 2880)
     uncapped = Cluster(gpu_max_runtime=10**6)
     graft, evaluation = (job_resources(r, 1.72e9, kv_read=1e15, cluster=uncapped) for r in ("graft", "evaluate"))
     assert graft["runtime"] - evaluation["runtime"] in (9, 10)
@@ -313,19 +315,22 @@ def test_decoding_takes_the_longer_of_its_flops_and_its_kv_cache_reads():
 
 
 def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():
-    # Mining 1.6e19 FLOPs at 40e12/s: 111 hours; the 48-hour cap holds it to 2,880 minutes.
-    assert job_resources("mine", 8e9, generate=1.6e19)["runtime"] == 48 * 60
+    # Mining 1.6e19 FLOPs at 40e12/s: 111 hours, 6,667 minutes. One engine would need more than the 48-hour
+    # limit less the setup (2,870), so the job runs 3 at once on 3 GPUs (graftlab.sample_chunks.DataParallel).
+    assert job_resources("mine", 8e9, generate=1.6e19).items() >= {"gpu": 3, "runtime": 10 + 2223}.items()
+    # On nodes of 2 GPUs, 2 engines: 3,343 minutes, held to the limit; its finished chunks carry it over.
+    pair = Cluster(gpus_per_node=2)
+    assert job_resources("mine", 8e9, generate=1.6e19, cluster=pair).items() >= {"gpu": 2, "runtime": 48 * 60}.items()
+    assert overtime("mine", pair, attempts=2, generate=1.6e19, params=8e9) is None
+    assert overtime("mine", pair, attempts=1, generate=1.6e19, params=8e9) == (
+        "mine: needs about 56 hours, more than its partition's 48 x 1 attempts (Snakemake's retries + 1), "
+        "each continuing the last: raise retries"
+    )
     assert overtime("graft", generate=1.6e19, params=8e9) == (
         "graft: needs about 112 hours, more than its partition's 48, and does not resume"  # + its weights streamed
     )
     assert overtime("graft", Cluster(gpu_max_runtime=7000), generate=1.6e19, params=8e9) is None
-    # Sampling keeps its finished chunks (graftlab.sample_chunks): each retry samples only the rest, so 111
-    # hours fit three attempts of 48 (the profile's 2 retries), not two.
-    assert all(overtime(r, attempts=3, generate=1.6e19, params=8e9) is None for r in ("mine", "evaluate_run", "star"))
-    assert overtime("mine", attempts=2, generate=1.6e19, params=8e9) == (
-        "mine: needs about 111 hours, more than its partition's 48 x 2 attempts (Snakemake's retries + 1), "
-        "each continuing the last: raise retries"
-    )
+    assert all(overtime(r, generate=1.6e19, params=8e9) is None for r in ("mine", "evaluate_run", "star"))
     # A trainer on one GPU saves its state and resumes; over several SFT's and GRPO's processes save none,
     # our own loops' (OPSD, SDPO) a whole state. 4e19 FLOPs at 120e12/s: 93 hours.
     assert job_resources("sft", 1.7e9)["gpu"] == 1 and overtime("sft", attempts=3, compute=4e19, params=1.7e9) is None

@@ -103,3 +103,46 @@ def test_the_workflow_keeps_chunks_until_its_job_is_done(world_pico, tmp_path, m
         raise Killed
     assert store.is_dir()  # a failed job leaves its chunks for the rerun
     close_store(store)
+    # A job of 4 processes (one a GPU) runs two engines of 2 GPUs, four of one; the count is no option of
+    # the samples, so the record leaves it out.
+    tp2 = Engine("vllm", tensor_parallel_size=2)
+    with chunks_kept(tp2, store, 4) as two, chunks_kept(Engine("vllm"), store, 4) as four:
+        assert (two.data_parallel, four.data_parallel) == (2, 4)
+        assert "data_parallel" not in json.dumps(two.record("vllm", "test"))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("kind", ["texts", "ids"])
+def test_engines_sampling_at_once_sample_what_one_engine_does(
+    world_pico, prompts, tmp_path, monkeypatch, temperature, kind
+):
+    """Two engine processes (CPU processes here; on a GPU node each on its own GPUs) are dealt the 3 chunks
+    of a call, 0 and 2 to the first: the job reads back exactly one engine's samples, and holds no engine."""
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each engine process: the same sums, the same draws
+    try:
+        cfg = SamplingConfig(n=2, temperature=temperature, top_p=1.0, max_new_tokens=6, seed=3)
+        call = (lambda s: s(prompts, cfg)) if kind == "texts" else (lambda s: s.sample_ids(prompts, cfg))
+        one = load_sampler(world_pico, Engine("transformers", resume=str(tmp_path / "one")))
+        one.chunk = 3
+        two = load_sampler(world_pico, Engine("transformers", resume=str(tmp_path / "two"), data_parallel=2))
+        two.chunk = 3
+        assert two.inner is None and call(two) == call(one)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(list((tmp_path / "two").glob("*-*.json"))) == 3
+
+
+def test_engines_that_fail_are_one_line_and_write_no_chunk(prompts, tmp_path):
+    from graftlab.errors import GraftlabError
+    from graftlab.sample_chunks import DataParallel
+
+    cfg = SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=4, seed=0)
+    engines = DataParallel(str(tmp_path / "no-model"), Engine("transformers"), 2)
+    chunks = {i: (prompts[i : i + 1], tmp_path / f"c-{i}.json") for i in range(2)}
+    with pytest.raises(GraftlabError, match=r"^sampling: engine 1 of 2 failed \(exit status 1\); see the log above$"):
+        engines.sample("texts", cfg, chunks)
+    assert not list(tmp_path.glob("c-*.json"))

@@ -10,18 +10,21 @@ from graftlab.io.joblog import job_log
 from graftlab.sample_chunks import chunks_kept
 from graftlab.sampling import Engine
 from graftlab.train.resume import resume_dir
+from graftlab.train.shard import job_gpus_processes
 
 p, inp = snakemake.params, snakemake.input
-# Finished chunks of samples kept until the job is done: a killed job's rerun samples only the rest.
-engine = chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(snakemake.output.rollouts))
-with job_log(snakemake.log[0], snakemake.threads), engine as engine:
-    write_rollouts(
-        inp.model,
-        list(inp.benchmarks),
-        p.tasks,
-        RolloutConfig(**p.rollouts, seed=p.seed),
-        snakemake.output.rollouts,
-        engine,
-        prompts_file=inp.prompts or None,
-        stats_out=snakemake.output.stats,
-    )
+with job_log(snakemake.log[0], snakemake.threads):
+    # Finished chunks of samples kept until the job is done: a killed job's rerun samples only the rest;
+    # a job one engine would take beyond its limit runs several at once, one a GPU group.
+    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))
+    with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(snakemake.output.rollouts), processes) as engine:
+        write_rollouts(
+            inp.model,
+            list(inp.benchmarks),
+            p.tasks,
+            RolloutConfig(**p.rollouts, seed=p.seed),
+            snakemake.output.rollouts,
+            engine,
+            prompts_file=inp.prompts or None,
+            stats_out=snakemake.output.stats,
+        )

@@ -10,10 +10,13 @@ from graftlab.sample_chunks import chunks_kept
 from graftlab.sampling import Engine
 from graftlab.synth.star import StarConfig, write_star
 from graftlab.train.resume import resume_dir
+from graftlab.train.shard import job_gpus_processes
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
-# Finished chunks of samples kept until the job is done: a killed job's rerun samples only the rest.
-engine = chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(out.sft))
-with job_log(snakemake.log[0], snakemake.threads), engine as engine:
-    cfg = StarConfig(**p.sampling, seed=p.seed)
-    write_star(p.model, inp.problems, cfg, out.sft, out.stats, engine, p.task)
+with job_log(snakemake.log[0], snakemake.threads):
+    # Finished chunks of samples kept until the job is done: a killed job's rerun samples only the rest;
+    # a job one engine would take beyond its limit runs several at once, one a GPU group.
+    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))
+    with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(out.sft), processes) as engine:
+        cfg = StarConfig(**p.sampling, seed=p.seed)
+        write_star(p.model, inp.problems, cfg, out.sft, out.stats, engine, p.task)

@@ -9,8 +9,12 @@ results it reads back are the same. The store is opened under the model's finger
 its weight files' sizes and times) and emptied when that changed: samples of another model are not reused.
 
 The first chunk of a call samples at the call's seed, so a call of one chunk (every tiny-world call) samples
-exactly what an unchunked call does; chunk i > 0 at a seed drawn from the call's and i. A resumed run is
-therefore identical to an uninterrupted one (tests/test_sample_chunks.py), greedy or not.
+exactly what an unchunked call does; chunk i > 0 at a seed drawn from the call's and i (`chunk_seed`). A
+resumed run is therefore identical to an uninterrupted one (tests/test_sample_chunks.py), greedy or not.
+
+The same makes sampling data parallel: a job given several engines' GPUs (`DataParallel`) starts one process
+an engine, each on its own GPUs, and deals them a call's unfinished chunks; each writes its chunks to the
+store, and the job reads the call back from it, as a rerun would. The samples are those of one engine.
 """
 
 from __future__ import annotations
@@ -18,9 +22,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import pickle
 import shutil
+import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from graftlab.io.atomic import atomic_file
@@ -61,46 +70,137 @@ def close_store(store) -> None:
         parent.rmdir()
 
 
+def chunk_seed(cfg, i: int) -> int:
+    """The seed chunk `i` of a call under sampling config `cfg` samples at."""
+    return cfg.seed if i == 0 else stream_seed("sampling-chunk", cfg.seed, i)
+
+
+def _sample_chunk(sample, path: Path, prompts: list[str], cfg, i: int) -> None:
+    got = sample(prompts, replace(cfg, seed=chunk_seed(cfg, i)))
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(got))
+
+
+def _kind(sampler, kind: str):
+    return sampler if kind == "texts" else sampler.sample_ids
+
+
 class ChunkedSampler:
     """`sampler` sampling `chunk` prompts at a time, each finished chunk kept in `store` and read back by a
-    later call that asks for it. Everything else (its backend, record, tokenizer) is the sampler's."""
+    later call that asks for it. Everything else (its backend, record, tokenizer) is the sampler's. With
+    `engines` (a `DataParallel`), they sample every unfinished chunk and `sampler` is None: this process
+    holds no engine of its own."""
 
-    def __init__(self, sampler, store, chunk: int = CHUNK_PROMPTS) -> None:
+    def __init__(self, sampler, store, chunk: int = CHUNK_PROMPTS, engines: DataParallel | None = None) -> None:
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1 prompt, got {chunk}")
-        self.inner, self.store, self.chunk = sampler, Path(store), chunk
+        self.inner, self.store, self.chunk, self.engines = sampler, Path(store), chunk, engines
 
     def __getattr__(self, name: str):
+        if name == "inner" or self.__dict__.get("inner") is None:
+            raise AttributeError(f"{name}: a data-parallel sampler holds no engine of its own")
         return getattr(self.inner, name)
 
     def __call__(self, prompts: list[str], cfg) -> list[list[str]]:
-        return self._chunks("texts", prompts, cfg, self.inner)
+        return self._chunks("texts", prompts, cfg)
 
     def sample_ids(self, prompts: list[str], cfg) -> list:
-        samples = self._chunks("ids", prompts, cfg, self.inner.sample_ids)
+        samples = self._chunks("ids", prompts, cfg)
         return [[(list(p), list(c)) for p, c in group] for group in samples]
 
-    def _chunks(self, kind: str, prompts: list[str], cfg, sample) -> list:
+    def _chunks(self, kind: str, prompts: list[str], cfg) -> list:
         call = json.dumps([kind, list(prompts), asdict(cfg)], sort_keys=True)
         key = hashlib.sha256(call.encode()).hexdigest()[:20]
+        chunks = [prompts[start : start + self.chunk] for start in range(0, len(prompts), self.chunk)]
+        paths = [self.store / f"{key}-{i}.json" for i in range(len(chunks))]
+        done = {i for i, path in enumerate(paths) if path.exists()}
+        if self.engines is not None and len(done) < len(chunks):
+            self.engines.sample(kind, cfg, {i: (chunks[i], paths[i]) for i in range(len(chunks)) if i not in done})
         out: list = []
-        starts = range(0, len(prompts), self.chunk)
-        for i, start in enumerate(starts):
-            path = self.store / f"{key}-{i}.json"
+        for i, path in enumerate(paths):
             if not path.exists():
-                seed = cfg.seed if i == 0 else stream_seed("sampling-chunk", cfg.seed, i)
-                got = sample(prompts[start : start + self.chunk], replace(cfg, seed=seed))
-                with atomic_file(path) as tmp:
-                    tmp.write_text(json.dumps(got))
-            elif len(starts) > 1:
-                print(f"sampling: chunk {i + 1} of {len(starts)} read back from {self.store}", flush=True)
+                _sample_chunk(_kind(self.inner, kind), path, chunks[i], cfg, i)
+            elif i in done and len(chunks) > 1:
+                print(f"sampling: chunk {i + 1} of {len(chunks)} read back from {self.store}", flush=True)
             out += json.loads(path.read_text())
         return out
 
 
+@dataclass(frozen=True)
+class DataParallel:
+    """`count` engines of `engine`'s settings on the model at `model_dir`, sampling at once: one process each,
+    on its own `engine.tensor_parallel_size` GPUs of the job's (CUDA_VISIBLE_DEVICES), or without CUDA a CPU
+    process each. What they sample is what one engine would: each chunk at its own seed (`chunk_seed`)."""
+
+    model_dir: str
+    engine: object  # a graftlab.sampling.Engine of one process: no data parallelism, no store of its own
+    count: int
+
+    def sample(self, kind: str, cfg, chunks: dict[int, tuple[list[str], Path]]) -> None:
+        """Sample the `chunks` ({index: (prompts, path)}) of a call, dealt out in turn, each written to its path;
+        refused in one line when an engine fails (the chunks finished are kept)."""
+        from graftlab.errors import GraftlabError
+
+        shares = [sorted(chunks)[rank :: self.count] for rank in range(self.count)]
+        print(f"sampling: {len(chunks)} chunks over {self.count} engines at once", flush=True)
+        with tempfile.TemporaryDirectory(prefix="graftlab-engines-") as tmp:
+            started = []
+            for rank, (share, devices) in enumerate(zip(shares, self._devices(), strict=True)):
+                if not share:
+                    continue
+                spec = Path(tmp) / f"engine-{rank}.pkl"
+                work = [(chunks[i][0], i, chunks[i][1]) for i in share]
+                spec.write_bytes(pickle.dumps(Share(self.model_dir, self.engine, kind, cfg, work)))
+                env = os.environ | ({"CUDA_VISIBLE_DEVICES": devices} if devices is not None else {})
+                # Each process is graftlab.sampling's entry point (`one_engine`): it loads its engine.
+                started.append(
+                    (rank, subprocess.Popen([sys.executable, "-m", "graftlab.sampling", str(spec)], env=env))
+                )
+            failed = [(rank, code) for rank, job in started if (code := job.wait())]
+        if failed:
+            rank, code = failed[0]
+            raise GraftlabError(
+                f"sampling: engine {rank + 1} of {self.count} failed (exit status {code}); see the log above"
+            )
+
+    def _devices(self) -> list[str | None]:
+        """Each engine's CUDA_VISIBLE_DEVICES: the job's visible GPUs in groups of the engine's tensor-parallel
+        size; None for each where there is no CUDA."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return [None] * self.count
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        span = self.engine.tensor_parallel_size
+        if len(ids) < span * self.count:
+            raise ValueError(f"{self.count} engines of {span} GPUs need {span * self.count}, {len(ids)} visible")
+        return [",".join(ids[rank * span : (rank + 1) * span]) for rank in range(self.count)]
+
+
+@dataclass(frozen=True)
+class Share:
+    """One engine's share of a `DataParallel` call: the model and engine settings it loads, and its chunks
+    as (prompts, index, path)."""
+
+    model_dir: str
+    engine: object
+    kind: str
+    cfg: object
+    chunks: list
+
+    def sample(self, sampler) -> None:
+        """Each chunk sampled by `sampler` (loaded from `model_dir` and `engine`) and written to its path."""
+        for prompts, i, path in self.chunks:
+            _sample_chunk(_kind(sampler, self.kind), path, prompts, self.cfg, i)
+
+
 @contextlib.contextmanager
-def chunks_kept(engine, store) -> Iterator:
+def chunks_kept(engine, store, processes: int = 1) -> Iterator:
     """A workflow job's sampling engine (`graftlab.sampling.Engine`) keeping its finished chunks in `store`,
-    which is removed once the job's work is done; a failure or a kill leaves it for the rerun."""
-    yield replace(engine, resume=str(store))
+    which is removed once the job's work is done; a failure or a kill leaves it for the rerun. A job of
+    `processes` (one a GPU it was given: `graftlab.train.shard.job_gpus_processes`) runs as many engines of
+    `tensor_parallel_size` GPUs at once (graftlab.planning.resources gives a sampling job more only when
+    one engine would need more than its time limit)."""
+    yield replace(engine, resume=str(store), data_parallel=max(1, processes // engine.tensor_parallel_size))
     close_store(store)

@@ -66,6 +66,9 @@ class Engine:
     # A directory keeping each finished chunk of samples, so that a killed job's rerun resamples only the
     # rest (`graftlab.sample_chunks`); None: sampled whole, nothing kept.
     resume: str | None = None
+    # Engines sampling a call's chunks at once, a process each on its own GPUs (`sample_chunks.DataParallel`;
+    # with `resume` only). It changes no sample.
+    data_parallel: int = 1
 
     @classmethod
     def of(cls, spec, seed: int | None = None, resume=None) -> Engine:
@@ -95,7 +98,7 @@ class Engine:
 
     def record(self, backend: str, why: str) -> dict:
         """What provenance and stats keep of the sampling: the backend, why, and the engine's options."""
-        options = {k: v for k, v in vars(self).items() if k not in ("backend", "resume")}
+        options = {k: v for k, v in vars(self).items() if k not in ("backend", "resume", "data_parallel")}
         return {"backend": backend, "why": why} | ({"vllm": options} if backend == "vllm" else {})
 
 
@@ -122,6 +125,14 @@ def load_sampler(model_dir, backend="auto"):
     choice goes to the job's log and to the sampler's `record` for the stage's stats."""
     engine = Engine.of(backend)
     name, why = _announce(engine)
+    if engine.resume is not None and engine.data_parallel > 1:
+        from graftlab.sample_chunks import ChunkedSampler, DataParallel, open_store
+
+        one = replace(engine, resume=None, data_parallel=1)
+        engines = DataParallel(str(model_dir), one, engine.data_parallel)
+        sampler = ChunkedSampler(None, open_store(engine.resume, model_dir), engines=engines)
+        sampler.record = engine.record(name, why)
+        return sampler
     sampler = VllmSampler(model_dir, engine) if name == "vllm" else HfSampler(model_dir)
     sampler.record = engine.record(name, why)
     if engine.resume is None:
@@ -475,3 +486,20 @@ def response_logits(model, prompts: list[list[int]], responses: list[list[int]])
         out[row, : len(r)] = logits[row, len(p) - 1 : len(p) + len(r) - 1]
         mask[row, : len(r)] = 1
     return out, mask
+
+
+def one_engine(spec: str) -> None:
+    """One engine process of a data-parallel sampling job (`graftlab.sample_chunks.DataParallel`): its engine
+    loaded, then its share of a call's chunks (the pickled `Share` at `spec`) sampled into the store."""
+    import pickle
+
+    with open(spec, "rb") as f:
+        share = pickle.load(f)
+    share.sample(load_sampler(share.model_dir, share.engine))
+
+
+if __name__ == "__main__":
+    # Through the module as imported, not this __main__ copy: the pickled engine is graftlab.sampling's Engine.
+    from graftlab.sampling import one_engine as main
+
+    main(sys.argv[1])

@@ -18,7 +18,9 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
 - Runtime: the job's work (`graftlab.planning.work`, the count the cost plan uses too): decoding at
   `SAMPLE_FLOPS` or, where slower, reading its KV cache at `SAMPLE_BANDWIDTH`, and whole-sequence passes
   at `TRAIN_FLOPS`, per GPU it shards over, plus `SETUP_MIN`; capped at `MAX_RUNTIME_MIN`, beyond which a
-  trainer resumes after SLURM requeues it. Every rate is 2.5x below `graftlab plan`'s default estimate
+  trainer resumes after SLURM requeues it. A sampling job that one engine would take beyond its limit runs
+  as many engines at once as bring it within, a node's GPUs at most (`graftlab.sample_chunks.DataParallel`).
+  Every rate is 2.5x below `graftlab plan`'s default estimate
   (0.1 and 0.3 of an H100's bf16 peak, half its memory bandwidth), so a first attempt rarely runs out of
   time.
 """
@@ -26,7 +28,7 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from graftlab import memory
 from graftlab.memory import Memory, Shape
@@ -185,15 +187,18 @@ def job_resources(
     host: float = 0.0,
     attempt: int = 1,
     cluster: Cluster = Cluster(),
+    capped: bool = True,
 ) -> dict:
     """The resources of one job of `rule` by a model of `params` parameters that decodes `generate` FLOPs
     reading `kv_read` bytes of KV cache, and passes `compute` FLOPs over whole sequences, holds `memory` on
     its GPUs and takes `batch` examples a step (`graftlab.planning.work.Work`; without `memory`,
     `nominal_memory`), and a CPU job `host` bytes of host memory beyond its base and `compute` FLOPs at
     `CPU_FLOPS`, at try `attempt`, on `cluster` (its partitions, GPU size and count a node, time limits, and
-    the GPU rules' model, constraint and QoS, each set only where the cluster names one)."""
+    the GPU rules' model, constraint and QoS, each set only where the cluster names one). Not `capped`:
+    its runtime as estimated, beyond its partition's limit."""
     gpu_memory_gb = cluster.gpu_memory_gb
     kind = classify(rule)
+    limit = cluster.gpu_max_runtime if kind == "gpu" else cluster.cpu_max_runtime
     grow = GROWTH ** (attempt - 1)
     gpus = 0
     host_bytes = HOST_BYTES_PER_PARAM.get(rule, 0)
@@ -205,16 +210,23 @@ def job_resources(
         # A sharded job's GPUs each run a process: each loads the whole model in fp32 before FSDP shards it
         # (commands/fsdp.yaml: fsdp_cpu_ram_efficient_loading off), and each does its share of the work.
         processes = gpus if need.sharded else 1
-        mem_mb = BASE_MEM_MB + params * max(4 * processes, host_bytes) / 1e6
         decode = max(generate / SAMPLE_FLOPS, kv_read / SAMPLE_BANDWIDTH)  # whichever bounds it
-        runtime = SETUP_MIN + streamed + (decode + compute / TRAIN_FLOPS) / processes / 60
+        work = (decode + compute / TRAIN_FLOPS) / 60
+        room = cluster.gpu_max_runtime - SETUP_MIN - streamed
+        if rule in CHUNKED and work > room > 0:
+            # A sampling job one engine would take longer than its limit over runs as many engines at once as
+            # bring it within (graftlab.sample_chunks.DataParallel), each on its own GPUs, a node's at most.
+            processes = min(cluster.gpus_per_node // gpus, math.ceil(work / room))
+            gpus *= processes
+        mem_mb = BASE_MEM_MB + params * max(4 * processes, host_bytes) / 1e6
+        runtime = SETUP_MIN + streamed + work / processes
     else:
         mem_mb = CPU_MEM_MB.get(rule, BASE_MEM_MB) + params * host_bytes / 1e6 + host / 1e6
         runtime = SETUP_MIN + streamed + compute / CPU_FLOPS / 60
     out = {
         "gpu": gpus,
         "mem_mb": math.ceil(mem_mb * grow),
-        "runtime": min(cluster.gpu_max_runtime if gpus else cluster.cpu_max_runtime, math.ceil(runtime * grow)),
+        "runtime": min(limit if capped else math.inf, math.ceil(runtime * grow)),
         "cpus_per_task": GPU_JOB_CPUS if gpus else 1,
         # Every job is one node's: a multi-GPU job starts its processes itself (accelerate, on a free port),
         # so SLURM must not spread its GPUs over nodes.
@@ -245,8 +257,7 @@ def overtime(rule: str, cluster: Cluster = Cluster(), attempts: int = 1, **sizes
     on each of its `attempts` (Snakemake's retries + 1), so it times out only beyond that many limits. SFT
     and GRPO resume on one GPU only: over several, their processes save no resume state."""
     cap = cluster.gpu_max_runtime if classify(rule) == "gpu" else cluster.cpu_max_runtime
-    uncapped = replace(cluster, gpu_max_runtime=10**9, cpu_max_runtime=10**9)
-    job = job_resources(rule, **sizes, cluster=uncapped)
+    job = job_resources(rule, **sizes, cluster=cluster, capped=False)
     resumes = rule in CHUNKED + OWN_LOOPS or (rule in RESUMES and job["gpu"] <= 1)
     hours = f"{rule}: needs about {job['runtime'] / 60:,.0f} hours, more than its partition's {cap / 60:g}"
     if job["runtime"] <= cap or (resumes and job["runtime"] <= cap * attempts):
