@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from graftlab.io.atomic import atomic_file
+from graftlab.io.atomic import atomic_file, remove_tree
 from graftlab.streams import stream_seed
 
 # Prompts a chunk: at 16 samples of 8k tokens a prompt, about 33M tokens, minutes on a GPU.
@@ -62,12 +62,7 @@ def open_store(store, model_dir) -> Path:
 
 def close_store(store) -> None:
     """Remove a finished job's store and the empty folders above it (a sweep's would pile up)."""
-    store = Path(store)
-    shutil.rmtree(store, ignore_errors=True)
-    for parent in store.parents:
-        if parent == Path(".") or not parent.is_dir() or any(parent.iterdir()):
-            break
-        parent.rmdir()
+    remove_tree(store)
 
 
 def chunk_seed(cfg, i: int) -> int:
@@ -168,13 +163,16 @@ class DataParallel:
         size; None for each where there is no CUDA."""
         import torch
 
+        from graftlab.errors import GraftlabError
+
         if not torch.cuda.is_available():
             return [None] * self.count
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         span = self.engine.tensor_parallel_size
         if len(ids) < span * self.count:
-            raise ValueError(f"{self.count} engines of {span} GPUs need {span * self.count}, {len(ids)} visible")
+            need = span * self.count
+            raise GraftlabError(f"sampling: {self.count} engines of {span} GPUs need {need}, {len(ids)} are visible")
         return [",".join(ids[rank * span : (rank + 1) * span]) for rank in range(self.count)]
 
 

@@ -298,7 +298,11 @@ class VllmSampler:
         return self.llm.generate(prompts, params)
 
     def __call__(self, prompts: list[str], cfg: SamplingConfig) -> list[list[str]]:
-        return [[c.text for c in o.outputs] for o in self._generate(prompts, cfg)]
+        # The ids decoded as HfSampler decodes them: vLLM's own `text` leaves the end of turn out, so the two
+        # backends' completions (and the token counts taken from them) would differ by it.
+        samples = self.sample_ids(prompts, cfg)  # the engine starts at its first call
+        decode = self.llm.get_tokenizer().decode
+        return [[decode(c, skip_special_tokens=False) for _, c in cs] for cs in samples]
 
     def sample_ids(self, prompts: list[str], cfg: SamplingConfig) -> list[list[Sample]]:
         outputs = self._generate(prompts, cfg)

@@ -93,3 +93,20 @@ def test_a_policys_weights_moved_into_the_running_engine_are_what_it_samples(mod
     expected = HfSampler.from_model(policy, AutoTokenizer.from_pretrained(model_dir)).sample_ids(PROMPTS, GREEDY)
     assert [[c for _, c in p] for p in after] == [[c for _, c in p] for p in expected]
     assert after != before
+
+
+def test_two_engine_processes_sample_what_one_engine_does(model_dir, tmp_path):
+    """A data-parallel sampling job (graftlab.sample_chunks.DataParallel) on the real engine: two processes,
+    each starting its own vLLM engine, are dealt the 3 chunks of a call; the job, holding no engine, reads
+    back the greedy samples of one engine (transformers', equal to vLLM's: the test above)."""
+    from dataclasses import replace
+
+    from graftlab.sampling import load_sampler
+
+    prompts = [*PROMPTS, "5+5=", "9-2="]
+    sampler = load_sampler(model_dir, replace(ENGINE, resume=str(tmp_path / "chunks"), data_parallel=2))
+    sampler.chunk = 2
+    got = sampler.sample_ids(prompts, GREEDY)
+    reference = HfSampler(model_dir).sample_ids(prompts, GREEDY)
+    assert sampler.inner is None and [[c for _, c in p] for p in got] == [[c for _, c in p] for p in reference]
+    assert sampler.record["backend"] == "vllm" and len(list((tmp_path / "chunks").glob("*-*.json"))) == 3

@@ -107,3 +107,17 @@ def write_table_with_stats(table, stats: dict, out: str | Path, stats_out: str |
     write_json(stats_out, stats)
     with atomic_file(out) as tmp:
         table.write_parquet(tmp)
+
+
+def remove_tree(path: str | Path) -> None:
+    """Remove a finished job's working tree (its resume state, its chunk store) and the folders above it that
+    this leaves empty, up to the working directory: a sweep's would pile up. Jobs finishing at once share
+    those folders, so one may be gone or filled again between two steps; either ends the walk."""
+    shutil.rmtree(path, ignore_errors=True)
+    for parent in Path(path).parents:
+        if parent == Path("."):
+            break
+        try:
+            parent.rmdir()  # an empty folder only
+        except OSError:  # not empty, or already removed by another job
+            break

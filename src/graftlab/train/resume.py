@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from graftlab.io.atomic import remove_tree
+
 ROOT = Path("resume")
 STATE = "state.pt"
 TRAINED = "trained.json"
@@ -69,12 +71,7 @@ class Resume:
         mark.write_text(text)
 
     def finish(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
-        # Empty parents left behind would pile up under resume/ over a sweep.
-        for parent in Path(self.dir).parents:
-            if parent == Path(".") or not parent.is_dir() or any(parent.iterdir()):
-                break
-            parent.rmdir()
+        remove_tree(self.dir)
 
 
 def fingerprint(cfg, **more) -> dict:
