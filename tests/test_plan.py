@@ -1,6 +1,7 @@
 """`graftlab plan`: the cost model against figures computed by hand, and the command on every config."""
 
 import copy
+import json
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -250,6 +251,12 @@ def test_hand_computed_continual_plan(tmp_path):
     # + 10 x 2 (algebra's held-out problems)
     # + 10 x 2 knowledge questions answered once, greedily.
     assert (c["evaluate"].jobs, c["evaluate"].flops) == (9, pytest.approx(9 * 2e9 * 140 * 1000))
+    # Once the post model's evaluation has measured b's answers at 100 tokens, each is charged 256 + 100.
+    metrics = tmp_path / "results/c/eval/post/metrics.json"
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(json.dumps({"benchmarks": {"b": {"response_tokens": 100}}}))
+    measured = estimate(config, a, root=tmp_path).costs["evaluate"]
+    assert measured.flops == pytest.approx(9 * 2e9 * (100 * 356 + 40 * 1000))
     # Drift embeds 4 answers per benchmark of post and the 6 models; KL samples 2 answers to 4 prompts of
     # each stage per chain, scored by the model and by post.
     embedded, sampled = 7 * 3 * 4, 3 * 2 * (4 + 4)

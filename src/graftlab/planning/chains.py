@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from graftlab.methods import METHODS, on_policy, sections
 from graftlab.methods.sdpo import parse_schedule
-from graftlab.planning.layout import POST, Experiment, kept_steps, run, section_of
+from graftlab.planning.layout import POST, Experiment, as_read, kept_steps, run, section_of
 
 # The methods of a continual experiment, in the order tables and plots list them.
 CHAIN_KINDS = tuple(m.name for m in METHODS.values() if m.chained)
@@ -287,7 +287,7 @@ class Continual:
         found = next((s[part] for s in self.stages if s["domain"] == domain), None)
         if found is None:
             raise ValueError(f"experiment {self.name} has no stage {domain!r} with {part}")
-        return found
+        return as_read(found)
 
     def stage_numbers(self) -> range:
         return range(1, len(self.stages) + 1)

@@ -262,6 +262,12 @@ def shows_takeover(x: dict) -> bool:
     return on_tiny_world(x) and x["data"] != "knowledge" and not x["problems"] and not x["benchmarks"]
 
 
+def as_read(source: dict) -> dict:
+    """A data set's config as its `dataset` job reads it: a benchmark's `response_tokens` sizes jobs only,
+    and changing it must not re-read the data set."""
+    return {key: value for key, value in source.items() if key != "response_tokens"}
+
+
 @dataclass(frozen=True)
 class Experiment:
     """One experiment's runs and paths: `x` its resolved config section, `world` its tiny world's."""
@@ -493,5 +499,4 @@ class Experiment:
             found = {"problems": self.x["problems"], "retention": self.x["fisher"]["prompts"]}.get(name)
         if found is None:
             raise ValueError(f"experiment {self.name} configures no data set {name!r}")
-        # A benchmark's `response_tokens` sizes jobs only: changing it must not re-read the data set.
-        return {key: value for key, value in found.items() if key != "response_tokens"}
+        return as_read(found)

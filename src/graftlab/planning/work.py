@@ -215,7 +215,9 @@ def response_tokens(layout, name: str, bound: int, root: Path) -> float:
     """Tokens a model's answer to benchmark `name` takes on average: its data set's `response_tokens`, else
     the mean the experiment's finished evaluation of the post model measured (`response_tokens` in its
     metrics.json under `root`), else the whole `bound` (max_new_tokens, an upper bound). At most `bound`."""
-    configured = ((layout.x["benchmarks"] or {}).get(name) or {}).get("response_tokens")
+    sources = dict(layout.x["benchmarks"] or {})  # the old benchmarks, then a continual stage's by its domain
+    sources |= {stage["domain"]: stage["benchmark"] for stage in layout.x["stages"] if stage["benchmark"]}
+    configured = (sources.get(name) or {}).get("response_tokens")
     if configured is None:
         try:
             metrics = json.loads((root / layout.root / "eval" / POST / "metrics.json").read_text())
