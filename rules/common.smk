@@ -309,8 +309,9 @@ def sized(rule_name):
                     if not work.memory.sharded:
                         raise WorkflowError(problem)
                     warn_once(rule_name, "gpus", problem)
-            # A job that resumes continues on each retry (the profile's `retries`).
-            attempts = workflow.execution_settings.retries + 1
+            # A job that resumes continues on each retry (the profile's `retries`); a report, which runs no
+            # job, has no execution settings.
+            attempts = getattr(workflow.execution_settings, "retries", 0) + 1
             if key == "runtime" and (
                 problem := overtime(rule_name, CLUSTER, attempts, **sizes)
             ):
