@@ -183,9 +183,9 @@ def test_qwen3_preset_resolves_under_the_slurm_profile(tmp_path):
     # answers of up to 32,768 tokens read 7.4e17 bytes of KV cache: 307 hours for one engine, 7 at once.
     assert seen["evaluate"] == (7, 4000 + 7 * 4 * 1720, 2641)
     # A graft job evaluates its model as an evaluation of a model that size does (the donor is the base
-    # model, as large as post), after streaming 16 bytes/param through host memory at 50 MB/s: 9.2 minutes
-    # more. It keeps no chunks, so it runs one engine and is held to the limit (the dry run warns).
-    assert seen["graft"] == (1, 4000 + 16 * 1720, 2880)
+    # model, as large as post), its chunks in its scratch, after streaming 16 bytes/param through host
+    # memory at 50 MB/s: 9.2 minutes more, and 7 engines as well.
+    assert seen["graft"] == (7, 4000 + 7 * 4 * 1720, 2650) and seen["graft"][2] - seen["evaluate"][2] == 9
     uncapped = Cluster(gpu_max_runtime=10**6)
     graft, evaluation = (job_resources(r, 1.72e9, kv_read=1e15, cluster=uncapped) for r in ("graft", "evaluate"))
     assert graft["runtime"] - evaluation["runtime"] in (9, 10)
@@ -326,11 +326,13 @@ def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():
         "mine: needs about 56 hours, more than its partition's 48 x 1 attempts (Snakemake's retries + 1), "
         "each continuing the last: raise retries"
     )
-    assert overtime("graft", generate=1.6e19, params=8e9) == (
-        "graft: needs about 112 hours, more than its partition's 48, and does not resume"  # + its weights streamed
+    # A graft job's evaluation splits too, but its chunks do not outlive the job (nor does its model): on
+    # nodes of 2 GPUs, 56 hours with its weights streamed, and no attempt continues the last.
+    assert overtime("graft", pair, attempts=3, generate=1.6e19, params=8e9) == (
+        "graft: needs about 56 hours, more than its partition's 48, and does not resume"
     )
-    assert overtime("graft", Cluster(gpu_max_runtime=7000), generate=1.6e19, params=8e9) is None
-    assert all(overtime(r, generate=1.6e19, params=8e9) is None for r in ("mine", "evaluate_run", "star"))
+    assert overtime("graft", Cluster(gpus_per_node=2, gpu_max_runtime=3500), generate=1.6e19, params=8e9) is None
+    assert all(overtime(r, generate=1.6e19, params=8e9) is None for r in ("mine", "evaluate_run", "star", "graft"))
     # A trainer on one GPU saves its state and resumes; over several SFT's and GRPO's processes save none,
     # our own loops' (OPSD, SDPO) a whole state. 4e19 FLOPs at 120e12/s: 93 hours.
     assert job_resources("sft", 1.7e9)["gpu"] == 1 and overtime("sft", attempts=3, compute=4e19, params=1.7e9) is None

@@ -19,7 +19,9 @@ from graftlab.graft import masked_graft
 from graftlab.io.atomic import write_json
 from graftlab.io.joblog import job_log, timed
 from graftlab.planning.disk import size_of
+from graftlab.sample_chunks import chunks_kept
 from graftlab.sampling import Engine, SamplingConfig
+from graftlab.train.shard import job_gpus_processes
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 tuned = f"{inp.tuned}/epoch~{p.epoch}"
@@ -33,17 +35,21 @@ with job_log(snakemake.log[0], snakemake.threads):
             masked_graft(inp.post, p.donor, tuned, float(p.lam), model, p.mask, inp.fisher, p.rho, **p.mask_settings)
         record["model_bytes"] = size_of(model)
         benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
-        evaluate(
-            model,
-            benchmarks,
-            SamplingConfig.from_config(p.sampling, p.seed),
-            Path(out.metrics).parent,
-            p.run,
-            Engine.of(p.backend, seed=p.seed),
-            validation=p.validation,
-            # Named by the directory of its record: the scratch directory is deleted, and random.
-            model_name=str(Path(out.seconds).parent),
-        )
+        # Sampled in chunks as an evaluation job samples (the same draws), kept in the scratch beside the model;
+        # a job one engine would take beyond its limit runs several at once, one a GPU group.
+        processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))
+        with chunks_kept(Engine.of(p.backend, seed=p.seed), scratch / "chunks", processes) as engine:
+            evaluate(
+                model,
+                benchmarks,
+                SamplingConfig.from_config(p.sampling, p.seed),
+                Path(out.metrics).parent,
+                p.run,
+                engine,
+                validation=p.validation,
+                # Named by the directory of its record: the scratch directory is deleted, and random.
+                model_name=str(Path(out.seconds).parent),
+            )
         write_update_sensitivity(inp.sensitivity_fisher, inp.post, p.run, model, out.share, top=p.top)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -97,6 +97,10 @@ OWN_LOOPS = tuple(dict.fromkeys(m.rule for m in on_policy() if m.spec.resumes_sh
 RESUMES = ("pedagogical_teacher", *trained_rules())
 CHUNKED = ("mine", "star", "stage_star", "teacher_traces", "pedagogical_traces", "rollouts", "chain_rollouts")
 CHUNKED += ("evaluate", "evaluate_run")
+# Jobs whose sampling splits over engines sampling at once (graftlab.sample_chunks.DataParallel): the sampling
+# jobs, and a graft job's evaluation, whose chunks live in its scratch beside the grafted model (it does not
+# resume: the model is gone with the job).
+SPLITS = (*CHUNKED, "graft")
 # Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
 NOMINAL_TOKENS = 2048
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
@@ -213,7 +217,7 @@ def job_resources(
         decode = max(generate / SAMPLE_FLOPS, kv_read / SAMPLE_BANDWIDTH)  # whichever bounds it
         work = (decode + compute / TRAIN_FLOPS) / 60
         room = cluster.gpu_max_runtime - SETUP_MIN - streamed
-        if rule in CHUNKED and work > room > 0:
+        if rule in SPLITS and work > room > 0:
             # A sampling job one engine would take longer than its limit over runs as many engines at once as
             # bring it within (graftlab.sample_chunks.DataParallel), each on its own GPUs, a node's at most.
             processes = min(cluster.gpus_per_node // gpus, math.ceil(work / room))
