@@ -273,14 +273,18 @@ class Plan:
         disk together at the worst moment."""
         return self.total.kept + self.temp_peak
 
+    @property
+    def cluster(self) -> Cluster:
+        """The cluster the run is sized for: GPUs of the assumed memory."""
+        return Cluster(gpu_memory_gb=self.assumptions.gpu_memory_gb)
+
     def unrunnable(self) -> str | None:
         """Why the run would fail on its GPUs, in one line: the first job that cannot shard and that no count
         of them holds (`misfit`: a sampling engine, the Pedagogical RL teacher); None when there is none. A
         sharded job no count holds is only listed: smaller micro-batches may still fit it."""
-        cluster = Cluster(gpu_memory_gb=self.assumptions.gpu_memory_gb)
         for rule, cost in self.costs.items():
             for need, batch in cost.needs.values():
-                if not need.sharded and (problem := misfit(sized_as(rule), need, cluster, batch)):
+                if not need.sharded and (problem := misfit(sized_as(rule), need, self.cluster, batch)):
                     return problem
         return None
 
@@ -422,7 +426,7 @@ def render(plan: Plan) -> str:
     # "kept" is what the rule's outputs use on disk after the run: `graftlab.planning.disk` measures the same per rule.
     head = "| rule | jobs | GPU-hours | disk written (GB) | kept (GB) | GPUs a job | GB a GPU |"
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
-    misfits, cluster = [], Cluster(gpu_memory_gb=a.gpu_memory_gb)
+    misfits, cluster = [], plan.cluster
     for rule in rules:
         c = plan.costs[rule]
         gpus, memory = "", ""
