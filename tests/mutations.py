@@ -159,15 +159,15 @@ MUTATIONS = [
     Mutation(
         "sdpo-loop-never-updates-teacher",
         "train/sdpo.py",
-        "            update_teacher(run.teacher, run.student, cfg.schedule, step, cfg.steps)\n",
-        "",
+        "                update_teacher(self.teacher, self.student, cfg.schedule, steps, cfg.steps)\n",
+        "                pass\n",
         (SCHEDULE,),
     ),
     Mutation(
-        "sdpo-loop-teacher-step-late",
+        "sdpo-loop-teacher-every-step",
         "train/sdpo.py",
-        "update_teacher(run.teacher, run.student, cfg.schedule, step, cfg.steps)",
-        "update_teacher(run.teacher, run.student, cfg.schedule, max(step - 1, 1), cfg.steps)",
+        "            if step == steps[-1]:\n",
+        "            if True:\n",
         (SCHEDULE,),
     ),
     Mutation(
@@ -180,8 +180,8 @@ MUTATIONS = [
     Mutation(
         "teacher-refresh-at-last-step",
         "train/teacher.py",
-        "or step >= total_steps",
-        "or step > total_steps",
+        "and step < total_steps",
+        "and step <= total_steps",
         (TEACHER,),
     ),
     Mutation(

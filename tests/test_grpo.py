@@ -126,6 +126,48 @@ def test_advantages_and_the_token_pooled_loss_match_a_hand_computation(world_pic
     assert not torch.equal(before, trainer.model.lm_head.weight)  # mixed groups do move the policy
 
 
+@pytest.mark.parametrize("updates, epochs", [(4, 1), (2, 2), (1, 1)])
+def test_each_optimizer_step_trains_on_its_own_share_of_one_sampled_batch(
+    world_pico, tmp_path, monkeypatch, updates, epochs
+):
+    """`updates_per_batch: U` is U optimizer steps a pass over a sampled batch, each on a distinct 1/U of its
+    completions, and `epochs_per_batch: E` passes: one generation per U x E steps. Each completion is tagged
+    when sampled and the tags every micro-batch's loss reads are gathered by optimizer step."""
+    graded_by(monkeypatch, parity)
+    steps, completions = 8, 8
+    cfg = GrpoConfig(
+        lr=1e-2, steps=steps, batch_size=2, generations=4, max_new_tokens=6, micro_batch_size=1,
+        updates_per_batch=updates, epochs_per_batch=epochs,
+    )  # fmt: skip
+    trainer = make_trainer(world_pico, problems(), cfg, tmp_path / "trainer")
+    sampled, trained = [], {}
+    generate, loss = trainer._generate_and_score_completions, trainer.compute_loss
+
+    def tagged(inputs):
+        out = generate(inputs)
+        out["tag"] = torch.arange(len(sampled) * completions, (len(sampled) + 1) * completions)
+        sampled.append(out["tag"].tolist())
+        return out
+
+    def read(model, inputs, *args, **kwargs):
+        trained.setdefault(trainer.state.global_step, []).extend(inputs["tag"].tolist())
+        return loss(model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_generate_and_score_completions", tagged)
+    monkeypatch.setattr(trainer, "compute_loss", read)
+    trainer.train()
+    per = updates * epochs
+    assert len(sampled) == steps // per  # one generation per U x E optimizer steps
+    assert sorted(trained) == list(range(steps))
+    for step, tags in trained.items():
+        batch = sampled[step // per]
+        assert len(tags) == completions // updates and set(tags) <= set(batch)
+        passing = range(step - step % updates, step - step % updates + updates)  # this pass's U steps
+        if step % updates == 0:  # a pass's shares: disjoint, together the whole batch
+            shares = [trained[s] for s in passing]
+            assert sorted(t for share in shares for t in share) == sorted(batch)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_reference_is_kept_in_bf16_where_the_run_computes_in_bf16(world_pico, tmp_path, precision):
     """The reference is only read: bf16 beside a bf16-autocast policy, whose master weights stay fp32."""

@@ -92,4 +92,4 @@ def test_our_own_loop_reports_every_step_record_to_tensorboard(world_pico, tmp_p
     # TensorBoard keeps float32: the step log's values to its precision.
     assert [step for step, _ in got["loss"]] == [r["step"] for r in logged]
     assert [value for _, value in got["loss"]] == pytest.approx([r["loss"] for r in logged], rel=1e-6)
-    assert set(got) == {"loss", "sample_s", "update_s", "response_tokens"}
+    assert set(got) == {"loss", "grad_norm", "sample_s", "update_s", "response_tokens"}

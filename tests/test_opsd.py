@@ -1,16 +1,21 @@
 """OPSD: the student learns from its own samples scored by a frozen teacher that reads the demonstration."""
 
+import itertools
 import json
+from types import SimpleNamespace
 
 import polars as pl
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.errors import GraftlabError
 from graftlab.sampling import response_logits
 from graftlab.synth.demonstrations import demonstration, opsd_examples
 from graftlab.tasks import arith, chat_completion, chat_prompt
+from graftlab.train.onpolicy import PairStep
 from graftlab.train.opsd import Opsd, OpsdConfig, teacher_text, train_opsd
 from graftlab.world import build
 from graftlab.world import knowledge as kn
@@ -76,7 +81,7 @@ def test_a_step_moves_the_student_only_and_gradients_never_reach_the_teacher(pos
     student, teacher = (AutoModelForCausalLM.from_pretrained(post) for _ in range(2))
     before = {k: v.clone() for k, v in teacher.state_dict().items()}
     run = Opsd(student, teacher, tok, OpsdConfig(alpha=0.5, lr=1e-2, steps=1, max_new_tokens=8))
-    record = run.step(examples(4), step=1)
+    record = next(run.steps(examples(4), range(1, 2)))
     assert record["sample_s"] > 0 and record["update_s"] > 0 and record["response_tokens"] > 0
     assert all(p.grad is None for p in teacher.parameters())
     assert all(torch.equal(v, before[k]) for k, v in teacher.state_dict().items())
@@ -158,9 +163,44 @@ def test_the_teacher_reads_the_demonstration_and_the_loss_is_the_teacher_topk_di
     teacher.register_forward_pre_hook(
         lambda module, args, kwargs: seen.append((kwargs["input_ids"], kwargs["attention_mask"])), with_kwargs=True
     )
-    record = run.step(batch, step=1)
+    record = next(run.steps(batch, range(1, 2)))
     [(ids, attn)] = seen
     assert [row[a == 1].tolist() for row, a in zip(ids, attn)] == [c + r for c, r in zip(contexts, responses)]
     assert record["response_tokens"] == len(tokens) == 25
     assert min(tokens) > 1e-4  # the demonstration changes what the teacher predicts at every token
     assert record["loss"] == pytest.approx(sum(tokens) / len(tokens), rel=1e-5)
+
+
+@given(steps=st.integers(1, 30), updates=st.integers(1, 4), epochs=st.integers(1, 3), share=st.integers(1, 3))
+@settings(max_examples=60, deadline=None)
+def test_a_sampled_batch_serves_u_x_e_steps_each_pass_dealing_it_out_whole(steps, updates, epochs, share):
+    """The one reading of `updates_per_batch` and `epochs_per_batch` in our loops (OPSD, SDPO): every step
+    once, in order, U x E to a batch; within each pass the U steps' shares are disjoint and make up the
+    batch in order."""
+    run = SimpleNamespace(cfg=SimpleNamespace(steps=steps, updates_per_batch=updates, epochs_per_batch=epochs))
+    batches = ([(k, i) for i in range(updates * share)] for k in itertools.count())
+    served = list(PairStep.serving(run, batches))
+    assert [s for _, r in served for s in r] == list(range(1, steps + 1))
+    assert all(len(r) == updates * epochs for _, r in served[:-1]) and len(served[-1][1]) <= updates * epochs
+    assert [batch[0][0] for batch, _ in served] == list(range(len(served)))  # a fresh batch each time
+    for batch, r in served:
+        for first in range(r[0], r[0] + updates * epochs, updates):
+            shares = [PairStep.share_of(run, batch, r, s, "test")[0] for s in range(first, first + updates)]
+            assert all(len(s) == share for s in shares) and [x for s in shares for x in s] == batch
+
+
+def test_a_batch_reused_over_updates_and_epochs_is_sampled_once_and_dealt_out_in_halves(post, monkeypatch):
+    cfg = OpsdConfig(alpha=0.5, lr=1e-2, steps=4, batch_size=4, updates_per_batch=2, epochs_per_batch=2)
+    student, teacher = (AutoModelForCausalLM.from_pretrained(post) for _ in range(2))
+    run = Opsd(student, teacher, AutoTokenizer.from_pretrained(post), cfg)
+    sampled, updated = [], []
+    sample, update = run.sample, run.update
+    monkeypatch.setattr(run, "sample", lambda problems, step: sampled.append(step) or sample(problems, step))
+    monkeypatch.setattr(run, "update", lambda s, texts: updated.append(texts) or update(s, texts))
+    [(batch, steps)] = list(run.rounds(examples(4)))
+    records = list(run.steps(batch, steps))
+    assert sampled == [1] and [r["step"] for r in records] == [1, 2, 3, 4]
+    texts = [teacher_text(cfg.template, b["prompt"], b["demonstration"]) for b in batch]
+    assert updated == [texts[:2], texts[2:], texts[:2], texts[2:]]
+    assert [r["sample_s"] > 0 for r in records] == [True, False, False, False]
+    assert all(r["grad_norm"] > 0 for r in records)

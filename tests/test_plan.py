@@ -128,7 +128,7 @@ def test_a_run_whose_unshardable_jobs_fit_no_gpu_is_refused_after_its_plan(capsy
     preset = "configs/qwen3-4b-sdpo.yaml"
     assert main(["plan", "--configfile", preset, "--disk-free", "1e6", "--gpu-memory-gb", "24"]) == 0
     listed = capsys.readouterr().out.split("Does not fit a 24 GB GPU")[1]
-    assert "- grpo: no count of up to 8 GPUs dividing its batch of 256" in listed and "cannot shard" not in listed
+    assert "- grpo: no count of up to 8 GPUs dividing its batch of 64" in listed and "cannot shard" not in listed
     assert main(["plan", "--configfile", preset, "--disk-free", "1e6", "--gpu-memory-gb", "8"]) == 2
     out, err = capsys.readouterr()
     assert "| **total** |" in out and err.count("\n") == 1

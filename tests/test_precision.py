@@ -155,7 +155,8 @@ def test_opsd_computes_its_logits_in_the_chosen_precision_over_fp32_weights(mode
     batch = opsd_examples(pl.DataFrame(rows).select("id", "task", "prompt", "completion"))
     student, teacher = (AutoModelForCausalLM.from_pretrained(model) for _ in range(2))
     cfg = OpsdConfig(alpha=0.5, lr=1e-3, steps=1, batch_size=2, max_new_tokens=4)
-    record = Opsd(student, teacher, AutoTokenizer.from_pretrained(model), cfg, Precision(name, "test")).step(batch, 1)
+    run = Opsd(student, teacher, AutoTokenizer.from_pretrained(model), cfg, Precision(name, "test"))
+    record = next(run.steps(batch, range(1, 2)))
     assert seen == [(dtype, dtype)] and record["loss"] == record["loss"]  # not NaN
     assert all(p.dtype == torch.float32 for p in student.parameters())
 

@@ -367,15 +367,17 @@ def test_each_rollouts_teacher_reads_its_first_successful_siblings_answer_never_
 
 
 @pytest.mark.parametrize(
-    ("schedule", "steps"),
-    [("ema:0.25", 3), ("refresh:0.5", 4)],  # frozen: test_the_teacher_gets_no_gradient_and_a_frozen_teacher_stays
+    ("schedule", "steps", "updates"),
+    # frozen: test_the_teacher_gets_no_gradient_and_a_frozen_teacher_stays
+    [("ema:0.25", 3, 1), ("ema:0.25", 4, 2), ("refresh:0.5", 4, 1), ("refresh:0.5:0.5", 4, 1), ("refresh:0.25", 4, 2)],
 )
 def test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps(
-    world_pico, tmp_path, monkeypatch, schedule, steps
+    world_pico, tmp_path, monkeypatch, schedule, steps, updates
 ):
-    """The teacher a run writes, by hand from the student's checkpoint after every step: ema:R,
-    theta_T <- (1 - R) theta_T + R theta_S after every step; refresh:G, the student after each step that is
-    a multiple of round(G x steps) below the last (step 2 of 4), frozen in between."""
+    """The teacher a run writes, by hand from the student's checkpoint after each sampled batch's last step
+    (U = `updates` steps a batch): ema:R, theta_T <- (1 - R) theta_T + R theta_S once a batch;
+    refresh:G(:gamma), theta_T <- gamma theta_S + (1 - gamma) theta_T after a batch holding a multiple of
+    round(G x steps) below the last step, frozen in between."""
     from safetensors.torch import load_file
 
     # Without a think block every rollout has a final answer, so every success can be a sibling's demonstration.
@@ -390,6 +392,7 @@ def test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps(
         batch_size=2,
         generations=4,
         max_new_tokens=12,
+        updates_per_batch=updates,
         save_steps=tuple(range(1, steps + 1)),
     )
     train_sdpo(world_pico, problems, cfg, tmp_path / "run", keep_teacher=True)
@@ -401,11 +404,15 @@ def test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps(
     for before, after in zip([post, *students], students):
         assert any(not torch.equal(before[k], after[k]) for k in post)
     teacher = dict(post)
+    gamma = float(schedule.split(":")[2]) if schedule.count(":") == 2 else 1.0
+    every = round(float(schedule.split(":")[1]) * steps)
     for step, student in enumerate(students, start=1):
+        if step % updates:
+            continue  # mid-batch: the teacher waits for the batch's last step
         if schedule.startswith("ema:"):
             teacher = {k: 0.75 * teacher[k] + 0.25 * student[k] for k in teacher}
-        elif schedule.startswith("refresh:") and step == 2:
-            teacher = dict(student)
+        elif any(s % every == 0 and s < steps for s in range(step - updates + 1, step + 1)):
+            teacher = {k: gamma * student[k] + (1 - gamma) * teacher[k] for k in teacher}
     got = weights(tmp_path / "run" / "teacher")
     assert got.keys() == post.keys()
     for k in post:

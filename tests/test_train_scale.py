@@ -104,7 +104,7 @@ def test_a_batch_of_8_as_4_micro_batches_of_2_gives_the_weights_of_one_pass(pico
     whole batch does; what differs is float summation order (measured: 3e-8 SFT, 6e-7 OPSD)."""
     whole = trainer(pico, tmp_path / "whole")
     micro = trainer(pico, tmp_path / "micro", micro_batch_size=2)
-    assert "batch: 8 = 2 x 4 accumulated" in capfd.readouterr().out
+    assert "8 = 2 x 4 accumulated" in capfd.readouterr().out
     assert_close(whole, micro, load_file(pico / "model.safetensors"), atol=1e-5)
 
 

@@ -32,8 +32,9 @@ class OpsdSpec(OnPolicySpec):
 
     def flops(self, section: dict, params: float, prompt: int, demonstration: int) -> tuple[float, float]:
         P = params
-        sampled, samples = prompt + section["max_new_tokens"], section["steps"] * section["batch_size"]
-        # Per sample: the student generates (2P); the teacher scores it with the demonstration in its
-        # prompt (2P) and the student trains on it (6P), both over whole sequences.
-        compute = samples * (2 * P * (sampled + demonstration) + 6 * P * sampled)
-        return 2 * P * samples * sampled, compute
+        sampled = prompt + section["max_new_tokens"]
+        drawn, trained = self.counts(section)
+        # Per sample drawn the student generates (2P); per pass the teacher scores it with the demonstration
+        # in its prompt (2P) and the student trains on it (6P), both over whole sequences.
+        compute = trained * (2 * P * (sampled + demonstration) + 6 * P * sampled)
+        return 2 * P * drawn * sampled, compute

@@ -32,22 +32,28 @@ TEMPLATE_HOLES = {
 class Schedule(NamedTuple):
     kind: str
     rate: float | None = None  # R of ema, G of refresh
+    gamma: float = 1.0  # a refresh's blend: teacher <- gamma student + (1 - gamma) teacher; 1 copies
 
 
 def parse_schedule(schedule: str) -> Schedule:
-    """`frozen`, `ema:R` or `refresh:G` with R, G in (0, 1]; anything else is an error naming it."""
+    """`frozen`, `ema:R`, `refresh:G` or `refresh:G:gamma` with R, G and gamma in (0, 1]; anything else is
+    an error naming it."""
     kind, sep, value = str(schedule).partition(":")
     if kind == "frozen" and not sep:
         return Schedule("frozen")
-    if kind not in ("ema", "refresh") or not sep:
-        raise GraftlabError(f"teacher schedule {schedule!r}: expected frozen, ema:R or refresh:G")
-    try:
-        rate = float(value)
-    except ValueError:
-        raise GraftlabError(f"teacher schedule {schedule!r}: {value!r} is not a number") from None
-    if not (0 < rate <= 1) or math.isnan(rate):
-        raise GraftlabError(f"teacher schedule {schedule!r}: {'R' if kind == 'ema' else 'G'} must lie in (0, 1]")
-    return Schedule(kind, rate)
+    values = value.split(":")
+    if kind not in ("ema", "refresh") or not sep or len(values) > (2 if kind == "refresh" else 1):
+        raise GraftlabError(f"teacher schedule {schedule!r}: expected frozen, ema:R, refresh:G or refresh:G:gamma")
+    numbers = []
+    for name, text in zip(("R" if kind == "ema" else "G", "gamma"), values):
+        try:
+            number = float(text)
+        except ValueError:
+            raise GraftlabError(f"teacher schedule {schedule!r}: {text!r} is not a number") from None
+        if not (0 < number <= 1) or math.isnan(number):
+            raise GraftlabError(f"teacher schedule {schedule!r}: {name} must lie in (0, 1]")
+        numbers.append(number)
+    return Schedule(kind, *numbers)
 
 
 class SdpoSpec(OnPolicySpec):
@@ -69,13 +75,8 @@ class SdpoSpec(OnPolicySpec):
     def keeps_teacher(self, keys: dict[str, str]) -> bool:
         return parse_schedule(keys["teacher"]).kind == "ema"
 
-    def batch(self, section: dict) -> int:
-        # A sampled batch's rollouts, shared equally by its updates.
-        return section["batch_size"] * section["generations"] // section["updates_per_batch"]
-
-    def split(self, section: dict) -> int:
-        # Each process samples an equal part of the problems and trains on one of every update's rollouts.
-        return math.gcd(section["batch_size"], self.batch(section))
+    def sampled(self, section: dict) -> int:
+        return section["batch_size"] * section["generations"]  # rollouts, each step's 1/U of them
 
     def scorer_bytes(self, section: dict) -> int:
         # A frozen teacher in bf16 on a GPU; a moving one in fp32, as it blends in the student's updates
@@ -85,13 +86,7 @@ class SdpoSpec(OnPolicySpec):
         return 2 if all(parse_schedule(s).kind == "frozen" for s in schedules) else 4
 
     def own(self, section: dict) -> list[str]:
-        problems = at_least(section, steps=1, batch_size=1, generations=2, updates_per_batch=1, top_k=1)
-        if not problems:
-            rollouts = section["batch_size"] * section["generations"]
-            if rollouts % section["updates_per_batch"]:
-                problems.append(
-                    f"updates_per_batch: {section['updates_per_batch']} does not divide the batch's {rollouts} rollouts"
-                )
+        problems = at_least(section, steps=1, batch_size=1, generations=2, top_k=1)
         # A config section lists each method's schedules; one run's settings hold its own `teacher`.
         schedules = [("teacher", section["teacher"])] if "teacher" in section else []
         schedules += [(f, s) for f in ("teachers", "cot_teachers") if f in section for s in section[f]]
@@ -104,13 +99,15 @@ class SdpoSpec(OnPolicySpec):
 
     def flops(self, section: dict, params: float, prompt: int, demonstration: int) -> tuple[float, float]:
         P, o = params, section
-        sampled, samples = prompt + o["max_new_tokens"], o["steps"] * o["batch_size"] * o["generations"]
-        sampled_rollouts = samples // o["updates_per_batch"]
-        # Per rollout: the student generates it (2P, once per sampled batch), the teacher scores it after a
-        # sibling's answer in its prompt (2P) and the student trains on it (6P); an EMA teacher's update is
-        # a pass over the weights, negligible beside them.
-        compute = samples * (2 * P * (sampled + o["max_new_tokens"]) + 6 * P * sampled)
-        return 2 * P * sampled_rollouts * sampled, compute
+        sampled = prompt + o["max_new_tokens"]
+        drawn, trained = self.counts(o)
+        # Per rollout drawn the student generates it (2P) and, when its batch serves more than one step,
+        # scores its sampled log-probs (2P, once); per pass the teacher scores it after a sibling's answer in
+        # its prompt (2P) and the student trains on it (6P). An EMA teacher's update is a pass over the
+        # weights, negligible beside them.
+        old = 2 * P * drawn * sampled if o["updates_per_batch"] * o["epochs_per_batch"] > 1 else 0
+        compute = old + trained * (2 * P * (sampled + o["max_new_tokens"]) + 6 * P * sampled)
+        return 2 * P * drawn * sampled, compute
 
 
 def _schedule(field: str, schedule: str) -> list[str]:

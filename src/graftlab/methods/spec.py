@@ -53,6 +53,9 @@ class TrainerSpec(Spec):
 
     def check(self, section: dict) -> list[str]:
         # The batch is only whole once the method's own fields are sound (SDPO's updates share its rollouts).
+        clip = section["max_grad_norm"]
+        if not (isinstance(clip, int | float) and not isinstance(clip, bool) and clip >= 0):
+            return [f"max_grad_norm: must be a number >= 0 (0: no clipping), got {clip!r}"]
         if problems := self.own(section):
             return problems
         micro, batch = section["micro_batch_size"], self.batch(section)
@@ -93,9 +96,34 @@ class OnPolicySpec(TrainerSpec):
         """Bytes a parameter of a scoring model takes on a GPU: fp32 unless the trainer keeps it in bf16."""
         return 4
 
+    def sampled(self, section: dict) -> int:
+        """Samples in a sampled batch: its problems (one sample each) unless the method samples a group."""
+        return section["batch_size"]
+
+    def batch(self, section: dict) -> int:
+        # Each optimizer step trains on its own 1/U of a sampled batch (`updates_per_batch`).
+        return self.sampled(section) // section["updates_per_batch"]
+
     def split(self, section: dict) -> int:
-        """What a sharded run's processes each take an equal part of: the batch of an optimizer step."""
-        return self.batch(section)
+        """What a sharded run's processes each take an equal part of: a sampled batch's problems (each
+        samples its part) and an optimizer step's samples (each trains on its part)."""
+        return math.gcd(section["batch_size"], self.batch(section))
+
+    def counts(self, section: dict) -> tuple[int, int]:
+        """(samples drawn, samples trained on, counting each pass) over a run: a sampled batch serves
+        `updates_per_batch` x `epochs_per_batch` optimizer steps, each on 1/U of it."""
+        reuse = section["updates_per_batch"] * section["epochs_per_batch"]
+        return -(-section["steps"] // reuse) * self.sampled(section), section["steps"] * self.batch(section)
+
+    def reuse_problems(self, section: dict) -> list[str]:
+        """The reuse keys at least 1, and U dividing a sampled batch."""
+        problems = at_least(section, updates_per_batch=1, epochs_per_batch=1)
+        if not problems and self.sampled(section) % section["updates_per_batch"]:
+            return [
+                f"updates_per_batch: {section['updates_per_batch']} does not divide the "
+                f"{self.sampled(section)} samples of a sampled batch"
+            ]
+        return problems
 
     def keeps_teacher(self, keys: dict[str, str]) -> bool:
         """Whether a continual stage of this run writes a teacher the next stage carries on with."""
@@ -107,7 +135,8 @@ class OnPolicySpec(TrainerSpec):
         raise NotImplementedError
 
     def check(self, section: dict) -> list[str]:
-        return self._kept(section) + super().check(section)
+        # The batch is only whole once U divides a sampled batch.
+        return self._kept(section) + (self.reuse_problems(section) or super().check(section))
 
     def _kept(self, section: dict) -> list[str]:
         """A section's `checkpoints` within its `steps`, or a run's `save_steps` within 1..steps."""

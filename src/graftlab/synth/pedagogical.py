@@ -210,6 +210,7 @@ class TeacherConfig(RunSettings):
     temperature: float = schema_default("pedagogical", "temperature")
     max_new_tokens: int = schema_default("pedagogical", "max_new_tokens")
     kl: float = schema_default("pedagogical", "kl")  # GRPO's k3 KL to the initial teacher; 0: no reference model
+    max_grad_norm: float = schema_default("pedagogical", "max_grad_norm")  # 0: no clipping
     reward: RewardConfig = field(default_factory=RewardConfig)
     # Completions per forward and backward pass; accumulation makes up prompts_per_step x group_size.
     micro_batch_size: int | str = schema_default("pedagogical", "micro_batch_size")

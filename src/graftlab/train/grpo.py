@@ -4,10 +4,11 @@ Each step the policy samples `generations` (G) completions of each of `batch_siz
 setting's SFT data (`graftlab.train.problems.rl_problems`) at `temperature`; the task's verifier rewards
 each 1 or 0 (`get_task(task).grade(task.turn(completion), answer)`; a knowledge question's pre-filled
 empty think block is part of its prompt, and its greedy decoding is not used: RL samples). The
-advantage of a completion is its reward minus its group's mean, divided by the group's reward std when
-`scale_rewards` is on; the loss is the clipped importance-ratio objective and, with `beta` > 0, beta
-times TRL's k3 estimate of the KL to the post model; `updates_per_batch` optimizer steps are taken on
-each sampled batch (TRL's num_iterations).
+advantage of a completion is its reward minus its group's mean (the second paper's baseline), divided by
+the group's reward std when `scale_rewards` is on; the loss is the clipped importance-ratio objective
+and, with `beta` > 0, beta times TRL's k3 estimate of the KL to the post model. A sampled batch serves
+`updates_per_batch` optimizer steps a pass, each on its own 1/U of the completions (TRL's
+`steps_per_generation` at U steps' accumulation), over `epochs_per_batch` passes (`num_iterations`).
 
 TRL 1.16's `GRPOTrainer` does all of that; what we set and measured on the CPU (tests/test_grpo.py):
 
@@ -29,8 +30,9 @@ TRL 1.16's `GRPOTrainer` does all of that; what we set and measured on the CPU (
   give (1 - exp(ref - logp)) grad logp, whose expectation is the gradient of the forward KL.
 - Defaults we change: a constant learning rate (TRL's is linear decay to 0), as OPSD and SDPO use
   plain AdamW; the prompt order fixed in advance (`graftlab.streams.passes`, `shuffle_dataset` off, as the
-  Pedagogical RL teacher does, so a resumed run reads the prompts an uninterrupted one did). Kept as TRL
-  has them: gradient clipping at norm 1, AdamW without weight decay, truncated completions trained on.
+  Pedagogical RL teacher does, so a resumed run reads the prompts an uninterrupted one did); gradient
+  clipping at `max_grad_norm` (TRL's default 1, the official code's). Kept as TRL has them: AdamW
+  without weight decay, truncated completions trained on.
 
 What TRL does not do, done here: sampling and update seconds apart (TRL logs only a `step_time` that
 includes generation). `_Trainer` times `_generate`, TRL's rollout (tokenising the prompts, generation,
@@ -63,7 +65,13 @@ from graftlab.train.settings import RunSettings
 # resume from its checkpoint) holds them beside TRL's own.
 PREFIX = "grpo/"
 # TRL metrics copied into the step log under our names, where TRL logged them.
-TRL_METRICS = {"loss": "loss", "entropy": "entropy", "kl": "kl", "clip_ratio/region_mean": "clipped"}
+TRL_METRICS = {
+    "loss": "loss",
+    "grad_norm": "grad_norm",  # before clipping (the Trainer's `_clip_grad_norm` returns it)
+    "entropy": "entropy",
+    "kl": "kl",
+    "clip_ratio/region_mean": "clipped",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +83,9 @@ class GrpoConfig(RunSettings):
     save_steps: tuple[int, ...] = ()  # checkpoints kept; empty: the last step only
     batch_size: int = schema_default("grpo", "batch_size")  # problems per sampled batch
     generations: int = schema_default("grpo", "generations")  # G, samples per problem: one group
-    updates_per_batch: int = schema_default("grpo", "updates_per_batch")  # TRL's num_iterations
+    updates_per_batch: int = schema_default("grpo", "updates_per_batch")  # steps a pass, each on 1/U of it
+    epochs_per_batch: int = schema_default("grpo", "epochs_per_batch")  # passes over a batch: num_iterations
+    max_grad_norm: float = schema_default("grpo", "max_grad_norm")  # 0: no clipping
     micro_batch_size: int | str = schema_default("grpo", "micro_batch_size")  # completions per pass
     beta: float = schema_default("grpo", "beta")  # k3 KL to the post model; 0: no reference model
     epsilon: float = schema_default("grpo", "epsilon")  # clip range of the importance ratio
@@ -88,8 +98,13 @@ class GrpoConfig(RunSettings):
 
     @property
     def completions(self) -> int:
-        """Completions a sampled batch holds: what micro-batches make up."""
+        """Completions a sampled batch holds."""
         return self.batch_size * self.generations
+
+    @property
+    def share(self) -> int:
+        """Completions an optimizer step trains on: what micro-batches make up."""
+        return self.completions // self.updates_per_batch
 
     def checkpoints(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.save_steps))) or (self.steps,)
@@ -190,7 +205,7 @@ def _checkpoint_callback(clock: _Clock, keep: set[int], save):
 def grpo_dataset(tokenizer, problems: list[dict], cfg: GrpoConfig):
     """The prompts of every sampled batch in order, each chat-formatted as its task formats it: the
     problems in fresh seeded orders, one pass after another, as many as `cfg.steps` optimizer steps read
-    (a batch serves `updates_per_batch` steps)."""
+    (a batch serves `updates_per_batch` x `epochs_per_batch` steps)."""
     from datasets import Dataset
 
     from graftlab.tasks import get_task
@@ -205,7 +220,7 @@ def grpo_dataset(tokenizer, problems: list[dict], cfg: GrpoConfig):
         }
         for p in problems
     ]
-    needed = math.ceil(cfg.steps / cfg.updates_per_batch) * cfg.batch_size
+    needed = math.ceil(cfg.steps / (cfg.updates_per_batch * cfg.epochs_per_batch)) * cfg.batch_size
     return Dataset.from_list([rows[i] for i in passes(len(rows), needed, "grpo-order", cfg.seed)])
 
 
@@ -245,12 +260,12 @@ def make_trainer(post_dir, problems: list[dict], cfg: GrpoConfig, work: Path, ca
 
 
 def per_process(cfg: GrpoConfig) -> int:
-    """The completions of a sampled batch each process samples and trains on (all of them outside a launch);
-    refused when they do not split evenly over the processes."""
+    """The completions of an optimizer step each process trains on (all of them outside a launch); refused
+    when they do not split evenly over the processes."""
     processes = shard.world()[1]
-    if cfg.completions % processes:
-        raise GraftlabError(f"GRPO: batch of {cfg.completions} completions does not split over {processes} processes")
-    return cfg.completions // processes
+    if cfg.share % processes:
+        raise GraftlabError(f"GRPO: a step's {cfg.share} completions do not split over {processes} processes")
+    return cfg.share // processes
 
 
 def micro(setting, batch: int, prompts: list[str], max_new_tokens: int, beta: float, tok, model) -> int:
@@ -273,13 +288,20 @@ def context(prompts: list[str], max_new_tokens: int, tok, model) -> tuple:
 
 
 def _grpo_args(cfg: GrpoConfig, work: Path, precision, share: int, micro: int, context: tuple | None = None):
-    """TRL's arguments of a process training on `share` completions of every batch, `micro` at a time."""
+    """TRL's arguments of a process training on `share` completions of every optimizer step, `micro` at a
+    time. TRL samples `steps_per_generation` micro-steps' worth at once, shuffles them and deals each
+    micro-step its slice: with it at U optimizer steps' accumulation, each step takes its own 1/U of the
+    batch (verl's mini-batches), and `num_iterations` passes over the batch (verl's ppo_epochs)."""
     from graftlab.train.precision import accumulation, checkpointing
     from graftlab.train.trl_args import grpo_args
 
     on = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
-    times = f" x {cfg.completions // share} processes" if share < cfg.completions else ""
-    batch = f"{cfg.completions} = {micro} x {accumulation(share, micro)} accumulated{times}"
+    accumulated = accumulation(share, micro)
+    times = f" x {cfg.share // share} processes" if share < cfg.share else ""
+    batch = (
+        f"{cfg.completions} completions, {cfg.updates_per_batch} update(s) of {cfg.share} = {micro} x "
+        f"{accumulated} accumulated{times}, {cfg.epochs_per_batch} pass(es)"
+    )
     print(f"batch: {batch}; gradient checkpointing {on}", flush=True)
     return grpo_args(
         cfg,
@@ -290,7 +312,8 @@ def _grpo_args(cfg: GrpoConfig, work: Path, precision, share: int, micro: int, c
         generations=cfg.generations,
         beta=cfg.beta,
         context=context,
-        num_iterations=cfg.updates_per_batch,
+        steps_per_generation=accumulated * cfg.updates_per_batch,
+        num_iterations=cfg.epochs_per_batch,
         lr_scheduler_type="constant",
         epsilon=cfg.epsilon,
         scale_rewards="group" if cfg.scale_rewards else "none",

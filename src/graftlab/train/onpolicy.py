@@ -184,6 +184,36 @@ class PairStep:
     def autocast(self):
         return self.precision.autocast(self.student.device.type)
 
+    def serving(self, batches: Iterator[list[dict]]) -> Iterator[tuple[list[dict], range]]:
+        """Each sampled batch of `batches` with the optimizer steps it serves: `updates_per_batch` a pass, each
+        on its own share (`share_of`), `epochs_per_batch` passes; fewer at the run's end."""
+        cfg = self.cfg
+        per = cfg.updates_per_batch * cfg.epochs_per_batch
+        for first, batch in zip(range(1, cfg.steps + 1, per), batches):
+            yield batch, range(first, min(first + per - 1, cfg.steps) + 1)
+
+    def share_of(self, items: list, steps: range, step: int, what: str) -> tuple[list, list]:
+        """The share of a sampled batch's `items` (every process's, in order) that optimizer step `step` of
+        the batch's `steps` trains on, and this process's part of it: the (step - first) mod U-th of U
+        equal slices, as verl deals a batch into mini-batches."""
+        from graftlab.train import shard
+
+        u = self.cfg.updates_per_batch
+        n, i = len(items) // u, (step - steps[0]) % u
+        share = items[i * n : (i + 1) * n]
+        return share, shard.part(share, what)
+
+    def optimizer_step(self) -> float:
+        """Clip the accumulated gradient to `max_grad_norm` (0: no clipping) and step; the global norm before
+        clipping, over every process's shards. torch's clip_grad_norm_, as HF's Trainer uses for SFT and GRPO:
+        over FSDP2's sharded parameters it reduces the norm across processes itself (a DTensor)."""
+        import torch
+
+        limit = self.cfg.max_grad_norm or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), limit)
+        self.optimizer.step()
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
 
 class StepFunction(Protocol):
     """A method on the on-policy run: its modules and optimizer, the batches it samples, and the optimizer

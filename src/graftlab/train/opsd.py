@@ -48,7 +48,10 @@ class OpsdConfig(RunSettings):
     lr: float
     steps: int
     save_steps: tuple[int, ...] = ()  # checkpoints kept; empty: the last step only
-    batch_size: int = schema_default("opsd", "batch_size")  # problems per step, one sample each
+    batch_size: int = schema_default("opsd", "batch_size")  # problems per sampled batch, one sample each
+    updates_per_batch: int = schema_default("opsd", "updates_per_batch")  # steps a pass, each on 1/U of it
+    epochs_per_batch: int = schema_default("opsd", "epochs_per_batch")  # passes over each sampled batch
+    max_grad_norm: float = schema_default("opsd", "max_grad_norm")  # 0: no clipping
     top_k: int = schema_default("opsd", "top_k")  # the teacher's support (clamped to the vocabulary)
     max_new_tokens: int = schema_default("opsd", "max_new_tokens")
     temperature: float = schema_default("opsd", "temperature")
@@ -57,6 +60,11 @@ class OpsdConfig(RunSettings):
 
     def __post_init__(self) -> None:
         refuse("OPSD", METHODS["opsd"].spec.check(vars(self)))  # the config's checks (graftlab.methods.opsd)
+
+    @property
+    def share(self) -> int:
+        """Problems per optimizer step."""
+        return self.batch_size // self.updates_per_batch
 
     def checkpoints(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.save_steps))) or (self.steps,)
@@ -73,7 +81,7 @@ class Opsd(PairStep):
     def __init__(
         self, student, teacher, tokenizer, cfg: OpsdConfig, precision: Precision | None = None, micro: int | None = None
     ) -> None:
-        super().__init__(student, teacher, tokenizer, cfg, cfg.batch_size, precision, micro)
+        super().__init__(student, teacher, tokenizer, cfg, cfg.share, precision, micro)
 
     def sample(self, problems: list[str], step: int) -> list[tuple[list[int], list[int]]]:
         from graftlab.sampling import SamplingConfig
@@ -90,7 +98,7 @@ class Opsd(PairStep):
             samples = self.sampler.sample_ids(prompts, scfg)
         return [s[0] for s in samples]
 
-    def update(self, samples, teacher_prompts: list[str]) -> float:
+    def update(self, samples, teacher_prompts: list[str]) -> tuple[float, float]:
         from graftlab.train.divergence import generalized_divergence
 
         enc = lambda t: self.tok(t, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -113,8 +121,7 @@ class Opsd(PairStep):
             share = mask.sum().item() / total if total else 1.0
             (loss * share * self.scale).backward()
             batch_loss += loss.item() * share
-        self.optimizer.step()
-        return shard.total(batch_loss)
+        return shard.total(batch_loss), self.optimizer_step()
 
     @classmethod
     def start(cls, tok, student, teacher, precision: Precision, cfg: OpsdConfig, examples: list[dict]) -> "Opsd":
@@ -122,21 +129,18 @@ class Opsd(PairStep):
         run = cls(student, teacher, tok, cfg, precision, _micro(cfg, examples, tok, student))
         recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
         processes = shard.world()[1]
-        accumulated = accumulation(cfg.batch_size // processes, run.micro)
+        accumulated = accumulation(cfg.share // processes, run.micro)
         print(
-            f"batch: {cfg.batch_size} = {run.micro} x {accumulated} accumulated x {processes} processes; "
+            f"batch: {cfg.batch_size} problems, {cfg.updates_per_batch} update(s) of {cfg.share} = {run.micro} x "
+            f"{accumulated} accumulated x {processes} processes, {cfg.epochs_per_batch} pass(es); "
             f"gradient checkpointing {recompute}",
             flush=True,
         )
         return run
 
     def rounds(self, examples: list[dict]):
-        """Each step's batch: one optimizer step per sampled batch."""
-        for step, batch in enumerate(batches(examples, self.cfg.batch_size, self.cfg.steps, self.cfg.seed), start=1):
-            yield batch, range(step, step + 1)
-
-    def steps(self, batch: list[dict], steps: range):
-        yield self.step(batch, steps[0])
+        """Each sampled batch with the optimizer steps it serves (`PairStep.serving`)."""
+        return self.serving(batches(examples, self.cfg))
 
     def state(self) -> dict:
         return {"model": self.student}
@@ -144,29 +148,36 @@ class Opsd(PairStep):
     def finals(self) -> dict:
         return {}
 
-    def step(self, batch: list[dict], step: int) -> dict:
-        """One optimizer step on `batch`: over several processes each samples and scores its share."""
-        batch = shard.part(batch, "OPSD: the problems of a batch")
+    def steps(self, batch: list[dict], steps: range):
+        """Sample the batch once (over several processes each its share of the problems), then one optimizer
+        step per step on its share of the samples: each update takes the same samples as one process would,
+        each process its part of them. A reused sample is distilled as it is: OPSD's loss is a divergence on
+        given tokens, with no importance weight."""
+        cfg = self.cfg
         start = time.perf_counter()
-        samples = self.sample([b["prompt"] for b in batch], step)
-        sampled = time.perf_counter()
-        texts = [teacher_text(self.cfg.template, b["prompt"], b["demonstration"]) for b in batch]
-        loss = self.update(samples, texts)
-        done = time.perf_counter()
-        tokens = int(shard.total(sum(len(r) for _, r in samples)))
-        return {
-            "step": step,
-            "loss": loss,
-            "sample_s": sampled - start,
-            "update_s": done - sampled,
-            "response_tokens": tokens,
-        }
+        mine = shard.part(batch, "OPSD: the problems of a batch")
+        samples = shard.everyone(self.sample([b["prompt"] for b in mine], steps[0]))
+        texts = [teacher_text(cfg.template, b["prompt"], b["demonstration"]) for b in batch]
+        sample_s = time.perf_counter() - start
+        for step in steps:
+            began = time.perf_counter()
+            share, own = self.share_of(samples, steps, step, "OPSD: the samples of an update")
+            loss, norm = self.update(own, self.share_of(texts, steps, step, "OPSD: the samples of an update")[1])
+            yield {
+                "step": step,
+                "loss": loss,
+                "grad_norm": norm,
+                "sample_s": sample_s if step == steps[0] else 0.0,
+                "update_s": time.perf_counter() - began,
+                "response_tokens": sum(len(r) for _, r in share),
+            }
 
 
-def batches(examples: list[dict], size: int, steps: int, seed: int):
-    """`steps` batches of `size`, passing over the examples in a fresh seeded order each epoch."""
-    order = passes(len(examples), size * steps, "opsd-order", seed)
-    for start in range(0, size * steps, size):
+def batches(examples: list[dict], cfg: OpsdConfig):
+    """The sampled batches of a run of `cfg`, passing over the examples in a fresh seeded order each epoch."""
+    size, count = cfg.batch_size, -(-cfg.steps // (cfg.updates_per_batch * cfg.epochs_per_batch))
+    order = passes(len(examples), size * count, "opsd-order", cfg.seed)
+    for start in range(0, size * count, size):
         yield [examples[i] for i in order[start : start + size]]
 
 
@@ -199,4 +210,4 @@ def _micro(cfg: OpsdConfig, examples: list[dict], tok, student) -> int:
         texts = [teacher_text(cfg.template, e["prompt"], e["demonstration"]) for e in examples]
         return max(map(enc, texts)) + cfg.max_new_tokens
 
-    return micro_batch(cfg.micro_batch_size, cfg.batch_size // shard.world()[1], longest, student)
+    return micro_batch(cfg.micro_batch_size, cfg.share // shard.world()[1], longest, student)

@@ -11,9 +11,11 @@ The loss is D_alpha (alpha 0.5: the Jensen-Shannon divergence) over the student'
 tail bucket (`graftlab.train.divergence`, "student_topk_tail"), pooled over the distilled tokens of the
 update: `sdpo` distils the answer tokens after `</think>`, `sdpo_cot` every response token (without a
 think block the two are the same; `answer_share` in the step log says how much of the response the
-answer is). A batch may serve `updates_per_batch` optimizer steps, each on an equal share of its
-rollouts; each token's loss is then weighted by pi_now / pi_sampled, clipped at `is_clip` (2), as the
-official code does for its off-policy mini-batches.
+answer is). A batch may serve `updates_per_batch` optimizer steps a pass, each on its own share of the
+rollouts, over `epochs_per_batch` passes; each token's loss is then weighted by pi_now / pi_sampled,
+clipped at `is_clip` (2), as the official code does for its off-policy mini-batches. The teacher follows
+its schedule once a batch's steps are done, as the official code's does; the gradient is clipped at
+`max_grad_norm` (1, the official code's).
 
 Our own loop rather than TRL 1.16's `trl.experimental.sdpo.SDPOTrainer`, measured on the CPU against the
 definitions above (pico Qwen3, custom verifier). Its top-k-plus-tail D_alpha agrees with ours (6.7e-8
@@ -66,7 +68,9 @@ class SdpoConfig(RunSettings):
     save_steps: tuple[int, ...] = ()  # checkpoints kept; empty: the last step only
     batch_size: int = schema_default("sdpo", "batch_size")  # problems per sampled batch
     generations: int = schema_default("sdpo", "generations")  # G, rollouts per problem
-    updates_per_batch: int = schema_default("sdpo", "updates_per_batch")
+    updates_per_batch: int = schema_default("sdpo", "updates_per_batch")  # steps a pass, each on 1/U of it
+    epochs_per_batch: int = schema_default("sdpo", "epochs_per_batch")  # passes over each sampled batch
+    max_grad_norm: float = schema_default("sdpo", "max_grad_norm")  # 0: no clipping
     alpha: float = schema_default("sdpo", "alpha")
     top_k: int = schema_default("sdpo", "top_k")  # the student's support, plus a tail bucket
     is_clip: float = schema_default("sdpo", "is_clip")
@@ -170,28 +174,34 @@ class Sdpo(PairStep):
         return run
 
     def rounds(self, problems: list[dict]):
-        """Each sampled batch with the `updates_per_batch` steps it serves (fewer at the run's end)."""
-        cfg, first = self.cfg, 1
-        for batch in batches(problems, cfg):
-            yield batch, range(first, min(first + cfg.updates_per_batch - 1, cfg.steps) + 1)
-            first += cfg.updates_per_batch
+        """Each sampled batch with the optimizer steps it serves (`PairStep.serving`)."""
+        return self.serving(batches(problems, self.cfg))
 
     def steps(self, batch: list[dict], steps: range):
-        """Sample the batch once, then one update per step on its equal share of the rollouts, the teacher
-        following its schedule after each. Over several processes each samples its share of the problems;
-        each update takes the same rollouts as one process would, each process its share of them."""
+        """Sample the batch once, then one update per step on its share of the rollouts (`PairStep.share_of`),
+        and the teacher following its schedule once the batch's steps are done, as the official code does.
+        Over several processes each samples its share of the problems; each update takes the same rollouts
+        as one process would, each process its part of them. A batch serving more than one step weights the
+        later ones by the importance ratio to the log-probs it was sampled at."""
         cfg = self.cfg
         start = time.perf_counter()
         rollouts = shard.everyone(self.sample(shard.part(batch, "SDPO: the problems of a batch"), steps[0]))
-        shares = [rollouts[i * cfg.share : (i + 1) * cfg.share] for i in range(len(steps))]
-        mine = [shard.part(share, "SDPO: the rollouts of an update") for share in shares]
-        old = self.sampled_logprobs([r for m in mine for r in m]) if cfg.updates_per_batch > 1 else None
+        what = "SDPO: the rollouts of an update"
+        reused = len(steps) > 1
+        old = None
+        if reused:
+            # This process's rollouts of every share, in share order: the log-probs the samples were drawn at.
+            shares = range(steps[0], steps[0] + cfg.updates_per_batch)
+            mine = [r for step in shares for r in self.share_of(rollouts, steps, step, what)[1]]
+            old = dict(zip(map(id, mine), self.sampled_logprobs(mine)))
         sample_s = time.perf_counter() - start
-        for i, step in enumerate(steps):
-            began, n = time.perf_counter(), len(mine[i])
-            update = self.update(mine[i], None if old is None else old[i * n : (i + 1) * n])
-            update_teacher(self.teacher, self.student, cfg.schedule, step, cfg.steps)
-            yield step_record(step, shares[i], update, sample_s if i == 0 else 0.0, time.perf_counter() - began)
+        for step in steps:
+            began = time.perf_counter()
+            share, own = self.share_of(rollouts, steps, step, what)
+            update = self.update(own, [old[id(r)] for r in own] if reused else None)
+            if step == steps[-1]:
+                update_teacher(self.teacher, self.student, cfg.schedule, steps, cfg.steps)
+            yield step_record(step, share, update, sample_s if step == steps[0] else 0.0, time.perf_counter() - began)
 
     def state(self) -> dict:
         return {"model": self.student, "teacher": self.teacher}  # an EMA or refreshed teacher is state too
@@ -263,11 +273,11 @@ class Sdpo(PairStep):
         for lo in range(0, len(rollouts), self.micro):
             part = rollouts[lo : lo + self.micro]
             self._micro_step(part, None if old is None else old[lo : lo + self.micro], total, stats)
-        if total:
-            self.optimizer.step()
+        norm = self.optimizer_step() if total else None
         stats = {key: shard.total(value) for key, value in stats.items()}
         return {
             "loss": stats["loss"],
+            "grad_norm": norm,
             "entropy": stats["entropy_sum"] / max(stats["tokens"], 1),
             "js": stats["js_sum"] / total if total else None,
             "distilled_tokens": total,
@@ -362,6 +372,7 @@ def step_record(step: int, rollouts: list[Rollout], update: dict, sample_s: floa
     return {
         "step": step,
         "loss": update["loss"],
+        "grad_norm": update["grad_norm"],  # before clipping; None where nothing was distilled (no step)
         "reward": sum(r.correct for r in rollouts) / len(rollouts),  # the verifier's 1/0
         "accuracy": sum(r.correct for r in rollouts) / len(rollouts),
         "masked_share": sum(r.teacher_prompt is None for r in rollouts) / len(rollouts),
@@ -379,7 +390,7 @@ def step_record(step: int, rollouts: list[Rollout], update: dict, sample_s: floa
 
 def batches(problems: list[dict], cfg: SdpoConfig):
     """The problems of each sampled batch, passing over them in a fresh seeded order each epoch."""
-    rounds = -(-cfg.steps // cfg.updates_per_batch)
+    rounds = -(-cfg.steps // (cfg.updates_per_batch * cfg.epochs_per_batch))
     order = passes(len(problems), cfg.batch_size * rounds, "sdpo-order", cfg.seed)
     for start in range(0, len(order), cfg.batch_size):
         yield [problems[i] for i in order[start : start + cfg.batch_size]]

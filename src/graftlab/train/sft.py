@@ -37,6 +37,7 @@ class TrainConfig(RunSettings):
     save_steps: tuple[int, ...] = ()
     warmup_ratio: float = 0.05
     weight_decay: float = 0.0
+    max_grad_norm: float = schema_default("sft", "max_grad_norm")  # 0: no clipping
     # batch_size is the effective batch: micro-batches of this size, their gradients accumulated.
     micro_batch_size: int | str = schema_default("sft", "micro_batch_size")
 
@@ -61,9 +62,9 @@ def encode_traces(tokenizer, prompts: list[str], completions: list[str]) -> list
 def step_timer(records: list[dict], keep: Path | None = None):
     """A TrainerCallback appending each optimizer step's epoch and wall seconds (forward, backward and
     update: SFT samples nothing) to `records`, for the latency comparison with OPSD, whose steps also
-    sample, and to charge a checkpoint `epoch~e` the steps it took; and the step's training `loss`, for
-    its curve (`training.png`). With `keep`, the records so far are written there at every checkpoint,
-    for a resumed run to start from."""
+    sample, and to charge a checkpoint `epoch~e` the steps it took; and the step's training `loss` and
+    gradient norm before clipping, for its curves (`training.png`). With `keep`, the records so far are
+    written there at every checkpoint, for a resumed run to start from."""
     import math
     import time
 
@@ -93,8 +94,9 @@ def step_timer(records: list[dict], keep: Path | None = None):
                 return
             for record in reversed(records):
                 if record["step"] == state.global_step:
-                    loss = float(logs["loss"])
-                    record["loss"] = loss if math.isfinite(loss) else None  # JSON has no NaN: null
+                    for key in ("loss", "grad_norm"):  # the norm before clipping (`max_grad_norm`)
+                        value = float(logs[key]) if key in logs else math.nan
+                        record[key] = value if math.isfinite(value) else None  # JSON has no NaN: null
                     break
 
         def on_save(self, args, state, control, **kwargs):

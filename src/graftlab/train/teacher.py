@@ -23,18 +23,21 @@ def refresh_interval(rate: float, total_steps: int) -> int:
 
 
 def update_teacher(
-    teacher: torch.nn.Module, student: torch.nn.Module, s: Schedule, step: int, total_steps: int
+    teacher: torch.nn.Module, student: torch.nn.Module, s: Schedule, steps: range, total_steps: int
 ) -> bool:
-    """Update `teacher` in place after optimizer step `step` (1-based) of `total_steps` under the schedule
-    `s`; True when its weights changed."""
-    if not 1 <= step <= total_steps:
-        raise GraftlabError(f"update_teacher: step {step} outside 1..{total_steps}")
+    """Update `teacher` in place once a sampled batch's optimizer `steps` (1-based, of `total_steps`) are
+    done, under the schedule `s`, as the official SDPO code does after each rollout batch's mini-batches
+    (verl's `_update_teacher` after `update_policy`); True when its weights changed. An EMA blends once
+    a batch; a refresh blends (gamma 1: copies) when one of the batch's steps is a refresh step."""
+    if not steps or not 1 <= steps[0] <= steps[-1] <= total_steps:
+        raise GraftlabError(f"update_teacher: steps {list(steps)} outside 1..{total_steps}")
     if s.kind == "frozen":
         return False
     if s.kind == "refresh":
-        if step % refresh_interval(s.rate, total_steps) or step >= total_steps:
+        every = refresh_interval(s.rate, total_steps)
+        if not any(step % every == 0 and step < total_steps for step in steps):
             return False
-        _blend(teacher, student, 1.0)
+        _blend(teacher, student, s.gamma)
         return True
     _blend(teacher, student, s.rate)
     return True

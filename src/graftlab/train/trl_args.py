@@ -19,6 +19,7 @@ def trl_args(kind, cfg, work: Path, batch: int, micro: int, precision, **own):
     return kind(
         output_dir=str(work),
         learning_rate=cfg.lr,
+        max_grad_norm=cfg.max_grad_norm,  # 0: none (the Trainer logs the norm before clipping either way)
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation(batch, micro),
         seed=cfg.seed,
