@@ -307,7 +307,8 @@ def test_sdpo_rows_carry_their_answer_share_and_say_when_sdpo_was_sdpo_cot(tmp_p
     summary = pl.DataFrame({"run": ["post", *runs], "method": ["post", "sdpo", "sdpo_cot", "sdpo"]})
     out = distillation_columns(summary, tmp_path)
     assert out["answer_share"].to_list() == [None, 1.0, 1.0, 0.25]
-    assert out["note"].to_list() == [None, "no think block: sdpo distilled every token, as sdpo_cot does", None, None]
+    same = "no think block: sdpo and sdpo_cot are the same"
+    assert out["note"].to_list() == [None, same, same, None]
 
 
 def test_the_pareto_figures_frontier_is_that_of_the_candidates_never_a_donors() -> None:

@@ -75,7 +75,7 @@ def run_opsd(model, tmp, clip, monkeypatch):
 def run_sdpo(model, tmp, clip, monkeypatch):
     from graftlab.train.sdpo import SdpoConfig, train_sdpo
 
-    cfg = SdpoConfig(lr=1e-2, steps=2, cot=True, batch_size=2, generations=4, max_grad_norm=clip)
+    cfg = SdpoConfig(lr=1e-2, steps=2, batch_size=2, generations=4, max_grad_norm=clip)
     return [s for s in train_sdpo(model, coin(monkeypatch), cfg, tmp / "run") if s["grad_norm"] is not None]
 
 

@@ -15,8 +15,9 @@ PRESETS = {
     "qwen3-1.7b-teacher.yaml": 132,
     "qwen3-8b-star.yaml": 75,
     "olmo3-7b-knowledge.yaml": 174,
-    "qwen3-4b-sdpo.yaml": 110,
-    "qwen3-4b-continual.yaml": 153,
+    "qwen3-4b-sdpo.yaml": 104,
+    "qwen3-4b-continual.yaml": 145,
+    "qwen3-4b-thinking.yaml": 143,
 }
 
 
@@ -77,6 +78,6 @@ def test_the_continual_preset_is_planned_stage_by_stage(tmp_path):
     ]
     jobs = {rule: cost.jobs for rule, cost in plan.costs.items() if cost.jobs}
     assert jobs == dag  # the plan counts the dry-run's jobs, rule by rule
-    # 4 stages x (GRPO, OPSD; SDPO under 3 teachers and SDPO-CoT; the post model's own traces each stage).
-    assert (jobs["chain_grpo"], jobs["chain_opsd"], jobs["chain_sdpo"], jobs["stage_star"]) == (4, 4, 16, 4)
+    # 4 stages x (GRPO, OPSD; SDPO under 3 teachers; the post model's own traces each stage).
+    assert (jobs["chain_grpo"], jobs["chain_opsd"], jobs["chain_sdpo"], jobs["stage_star"]) == (4, 4, 12, 4)
     assert 100 < plan.total_gpu_hours < 1000

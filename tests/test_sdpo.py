@@ -54,10 +54,10 @@ def test_the_answer_mask_covers_the_tokens_after_the_last_think_close():
     assert answer_mask([1, 2, 3], None) == [1, 1, 1]  # a task without a think block: all answer
 
 
-def group(pair, cfg_cot: bool, correct_texts: dict[int, str], feedback=False):
+def group(pair, tokens: str, correct_texts: dict[int, str], feedback=False, thinking="strip"):
     """The rollouts of one problem whose samples are given as texts (4 of them), through Sdpo._group."""
     tok, _ = pair
-    run = sdpo(pair, cot=cfg_cot, feedback=feedback)
+    run = sdpo(pair, tokens=tokens, thinking=thinking, feedback=feedback)
     texts = [chat_completion("1+1=2", str(i)) for i in range(4)]
     for i, t in correct_texts.items():
         texts[i] = t
@@ -69,7 +69,7 @@ def group(pair, cfg_cot: bool, correct_texts: dict[int, str], feedback=False):
 
 def test_group_masks_rollouts_without_a_successful_sibling_and_prompts_the_others(pair):
     tok, _ = pair
-    run, rollouts = group(pair, False, {2: chat_completion("2+3=5", "5")})
+    run, rollouts = group(pair, "answer", {2: chat_completion("2+3=5", "5")})
     assert [r.correct for r in rollouts] == [False, False, True, False]
     # The successful rollout has no successful sibling: masked out, zero tokens distilled.
     assert rollouts[2].teacher_prompt is None and sum(rollouts[2].mask) == 0
@@ -85,11 +85,43 @@ def test_group_masks_rollouts_without_a_successful_sibling_and_prompts_the_other
 
 def test_sdpo_cot_distils_every_token_and_feedback_names_the_answer(pair):
     tok, _ = pair
-    run, rollouts = group(pair, True, {0: chat_completion("2+3=5", "5")}, feedback=True)
+    run, rollouts = group(pair, "all", {0: chat_completion("2+3=5", "5")}, feedback=True)
     assert all(r.mask == [1] * len(r.response) for r in rollouts[1:])
     reprompt = tok.decode(rollouts[1].teacher_prompt)
     assert "Feedback on your answer: Your final answer 1 is incorrect." in reprompt
     assert feedback_message(None, False).startswith("Your response never closed")
+
+
+@pytest.mark.parametrize("tokens", ["answer", "all"])
+def test_keep_shows_the_siblings_thinking_and_strip_its_answer_alone(pair, tokens):
+    tok, _ = pair
+    sibling = chat_completion("2+3=5 carry 0", "5")
+    for thinking, shows in (("strip", False), ("keep", True)):
+        _, rollouts = group(pair, tokens, {2: sibling, 3: sibling}, thinking=thinking)
+        reprompt = tok.decode(rollouts[0].teacher_prompt)
+        assert "A correct solution:\n" in reprompt and ("carry 0" in reprompt) == shows, thinking
+        assert (THINK_CLOSE in reprompt.split("A correct solution:")[1]) == shows
+
+
+@pytest.mark.parametrize("tokens", ["answer", "all"])
+@pytest.mark.parametrize("thinking", ["strip", "keep"])
+def test_without_a_think_block_every_density_is_the_same(pair, tokens, thinking):
+    """A task without thinking (knowledge, an Instruct model) samples no think block: whatever the switches,
+    every response token is distilled and the teacher reads the same demonstration, so `sdpo` and
+    `sdpo_cot` are one method there (the paper's Instruct-model equivalence)."""
+    tok, _ = pair
+    plain = Task("plain", prompt=str, grade=lambda turn, answer: turn.endswith(answer), reference=str, thinking=False)
+    prompt = tok("2+3=", add_special_tokens=False)["input_ids"]
+    samples = [(prompt, tok(t, add_special_tokens=False)["input_ids"]) for t in ("4", "5", "5 ok", "6")]
+
+    def rollouts(**switches):
+        return sdpo(pair, **switches)._group({"prompt": "2+3=", "answer": "5"}, plain, samples)
+
+    got, reference = rollouts(tokens=tokens, thinking=thinking), rollouts(tokens="all", thinking="strip")
+    assert [r.mask for r in got] == [r.mask for r in reference]
+    assert [r.teacher_prompt for r in got] == [r.teacher_prompt for r in reference]
+    taught = [r for r in got if r.teacher_prompt is not None]
+    assert taught and all(r.mask == [1] * len(r.response) for r in taught)
 
 
 def rollouts_for(pair, n=4, masked=(1,)):
@@ -195,7 +227,6 @@ def test_a_run_writes_checkpoints_its_step_log_and_curves(world_pico, tmp_path, 
         lr=1e-3,
         steps=4,
         teacher="ema:0.5",
-        cot=True,
         batch_size=2,
         generations=4,
         updates_per_batch=2,
@@ -303,7 +334,7 @@ def test_a_killed_run_resumes_with_its_ema_teacher_and_ends_on_the_same_weights(
 
     from safetensors.torch import load_file
 
-    cfg = dict(lr=1e-2, steps=4, teacher="ema:0.5", cot=True, batch_size=2, generations=4, save_steps=[4])
+    cfg = dict(lr=1e-2, steps=4, teacher="ema:0.5", batch_size=2, generations=4, save_steps=[4])
     coin = Task("coin", prompt=str, grade=lambda c, a: len(c) % 2 == 0, reference=str)
     monkeypatch.setitem(TASKS, "coin", coin)
     problems = [{"prompt": f"{i}+{i}=", "answer": "0", "task": "coin"} for i in range(6)]
@@ -388,7 +419,6 @@ def test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps(
         lr=1e-2,
         steps=steps,
         teacher=schedule,
-        cot=True,
         batch_size=2,
         generations=4,
         max_new_tokens=12,

@@ -130,7 +130,7 @@ def test_sdpo_over_two_processes_when_one_has_nothing_to_distil_trains_as_one(po
     no successful rollout, has nothing to; it still meets the first's teacher forward and backward (FSDP's
     collectives would hang otherwise), and the run equals one process's."""
     data = [dict(p, answer=ANSWER) for p in problems(4)]
-    cfg = SdpoConfig(lr=1e-2, steps=2, batch_size=2, generations=4, updates_per_batch=1, cot=True, threads=1)
+    cfg = SdpoConfig(lr=1e-2, steps=2, batch_size=2, generations=4, updates_per_batch=1, threads=1)
 
     def run(out: Path, processes: int) -> list[dict]:
         start = functools.partial(OneRightSdpo.start, cfg=cfg, problems=data, post_dir=post)
@@ -149,7 +149,7 @@ def test_sdpo_over_two_processes_with_a_moving_teacher_trains_as_one(post, tmp_p
     cfg = SdpoConfig(
         lr=1e-2, steps=4, save_steps=(2, 4), batch_size=2, generations=4, updates_per_batch=2, teacher="ema:0.5"
     )
-    cfg = SdpoConfig(**(vars(cfg) | {"cot": True, "threads": 1}))
+    cfg = SdpoConfig(**(vars(cfg) | {"threads": 1}))
 
     def run(out: Path, processes: int) -> list[dict]:
         start = functools.partial(ScriptedSdpo.start, cfg=cfg, problems=data, post_dir=post, keep_teacher=True)

@@ -169,7 +169,8 @@ def test_knowledge_task_forgives_only_case_spacing_and_a_final_full_stop():
 
 
 def test_unknown_task_names_the_known_ones():
-    known = ["arith", "code_instruct", "knowledge", "math", "math_instruct", "mcq_instruct", "tooluse_instruct"]
+    known = ["arith", "code", "code_instruct", "knowledge", "math", "math_instruct", "mcq", "mcq_instruct", "tooluse"]
+    known += ["tooluse_instruct"]
     with pytest.raises(GraftlabError, match=r"unknown task 'maths'.*" + re.escape(str(known))):
         get_task("maths")
     assert set(TASKS) == set(known)

@@ -8,6 +8,7 @@ hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
 import polars as pl
 
 from graftlab.io.joblog import job_log
+from graftlab.methods.sdpo import run_density
 from graftlab.train.problems import rl_problems
 from graftlab.train.resume import Resume, resume_dir
 from graftlab.train.sdpo import SdpoConfig, train_sdpo
@@ -21,10 +22,9 @@ with job_log(snakemake.log[0], snakemake.threads):
     cfg = SdpoConfig(
         lr=p.lr,
         teacher=p.teacher,
-        cot=p.cot,
         save_steps=tuple(p.save_steps),
         **job_settings(snakemake),
-        **p.sdpo,
+        **run_density(p.sdpo, p.cot),  # sdpo's switches, or (cot) sdpo_cot's
     )
     problems = rl_problems(pl.read_parquet(inp.data))
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)

@@ -87,9 +87,10 @@ def data_columns(kind: str, sft_stats: str | Path, source_stats: str | Path | No
 
 def distillation_columns(summary: pl.DataFrame, root: str | Path) -> pl.DataFrame:
     """`answer_share` of every SDPO row (the mean share of its responses after `</think>`, over the steps
-    of its run under `root`, results/{exp}/), null on other rows, and a `note` on an `sdpo` row whose
-    responses were all answer: without a think block it distilled every token, as `sdpo_cot` does."""
-    cot = {m.name: m.spec.cot for m in on_policy() if isinstance(m.spec, SdpoSpec)}  # SDPO's methods
+    of its run under `root`, results/{exp}/), null on other rows, and a `note` on an SDPO row whose
+    responses were all answer: without a think block SDPO's switches (the answer-only loss, the stripped
+    thinking) change nothing, and `sdpo` is `sdpo_cot`."""
+    cot = [m.name for m in on_policy() if isinstance(m.spec, SdpoSpec)]  # SDPO's methods
     shares = {}
     for run in summary.filter(pl.col("method").is_in(list(cot)))["run"]:
         path = Path(root) / run.rsplit("/step~", 1)[0] / "steps.jsonl"
@@ -99,8 +100,8 @@ def distillation_columns(summary: pl.DataFrame, root: str | Path) -> pl.DataFram
         upto = steps.filter(pl.col("step") <= int(run.rsplit("~", 1)[1]))
         shares[run] = upto["answer_share"].mean() if "answer_share" in upto.columns else None
     share = pl.col("run").replace_strict(shares, default=None, return_dtype=pl.Float64)
-    same = pl.col("method").is_in([name for name, every in cot.items() if not every]) & (pl.col("answer_share") >= 1.0)
-    note = pl.when(same).then(pl.lit("no think block: sdpo distilled every token, as sdpo_cot does"))
+    same = pl.col("method").is_in(cot) & (pl.col("answer_share") >= 1.0)
+    note = pl.when(same).then(pl.lit("no think block: sdpo and sdpo_cot are the same"))
     return summary.with_columns(answer_share=share).with_columns(note=note.otherwise(None).cast(pl.String))
 
 

@@ -22,6 +22,21 @@ from graftlab.errors import GraftlabError
 from graftlab.methods.spec import OnPolicySpec, at_least, holes, positive, within_unit
 
 KINDS = ("frozen", "ema", "refresh")
+# SDPO's density, two orthogonal switches of a run: which response tokens carry the loss, and whether a
+# sibling's thinking stays in the demonstration. `sdpo` and `sdpo_cot` are named settings of them, read
+# from the section's keys below.
+TOKENS, THINKING = ("answer", "all"), ("strip", "keep")
+DENSITY_KEYS = {False: ("tokens", "thinking"), True: ("cot_tokens", "cot_thinking")}
+
+
+def run_density(section: dict, cot: bool) -> dict:
+    """The `sdpo` section as one run of `sdpo` (or, `cot`, `sdpo_cot`) takes it: its own `tokens` and
+    `thinking`, the other method's switches dropped."""
+    tokens, thinking = DENSITY_KEYS[cot]
+    rest = {k: v for k, v in section.items() if k not in (*DENSITY_KEYS[False], *DENSITY_KEYS[True])}
+    return rest | {"tokens": section[tokens], "thinking": section[thinking]}
+
+
 TEMPLATE_HOLES = {
     "template": ("{prompt}", "{solution}", "{feedback}"),
     "solution_template": ("{solution}",),
@@ -57,8 +72,8 @@ def parse_schedule(schedule: str) -> Schedule:
 
 
 class SdpoSpec(OnPolicySpec):
-    """`sdpo` distils the answer tokens, `sdpo_cot` every response token: one section, `sdpo`, whose
-    `teachers` and `cot_teachers` list each one's schedules."""
+    """`sdpo` and `sdpo_cot`, two named densities (`run_density`): one section, `sdpo`, whose `teachers` and
+    `cot_teachers` list each one's schedules."""
 
     section = "sdpo"
     models = 2  # the scheduled teacher beside the student
@@ -67,7 +82,7 @@ class SdpoSpec(OnPolicySpec):
 
     def __init__(self, teachers: str, cot: bool) -> None:
         self.teachers = teachers  # the section's field listing this method's schedules
-        self.cot = cot  # every response token distilled, not only the answer's
+        self.cot = cot  # sdpo_cot: its switches are the section's cot_tokens and cot_thinking
 
     def runs(self, section: dict) -> list[dict[str, str]]:
         return [{"teacher": t, "lr": lr} for t in section[self.teachers] for lr in section["lr"]]
@@ -92,6 +107,12 @@ class SdpoSpec(OnPolicySpec):
         schedules += [(f, s) for f in ("teachers", "cot_teachers") if f in section for s in section[f]]
         for field, schedule in schedules:
             problems += _schedule(field, schedule)
+        for fields, allowed in ((("tokens", "cot_tokens"), TOKENS), (("thinking", "cot_thinking"), THINKING)):
+            problems += [
+                f"{f}: must be one of {list(allowed)}, got {section[f]!r}"
+                for f in fields
+                if f in section and section[f] not in allowed
+            ]
         for field, needed in TEMPLATE_HOLES.items():
             if absent := holes(section[field], needed):
                 problems.append(f"{field}: lacks the placeholder(s) {absent}")

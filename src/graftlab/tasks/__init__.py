@@ -18,6 +18,8 @@ The instruct tasks of the second paper's continual chain (SDPO-CL), all posed wi
   multiset and the merged inputs as JSON (`graftlab.tasks.tooluse`);
 - `code_instruct`: the last fenced Python block, run against the problem's unit tests in a subprocess
   (`graftlab.tasks.code`).
+`mcq`, `tooluse` and `code` grade the same for a thinking model (Qwen3-4B-Thinking-2507), its own think
+block before the answer.
 
 Light to import (no torch, no polars at import time): the workflow parse imports the registry.
 """
@@ -121,6 +123,10 @@ TASKS: dict[str, Task] = {
     "code_instruct": Task(
         "code_instruct", prompt=code_prompt, grade=code_grade, reference=code_reference, thinking=False
     ),
+    # The same for a thinking model: every grader reads the text after the last </think> either way.
+    "mcq": Task("mcq", prompt=mcq_prompt, grade=mcq_grade, reference=mcq_reference),
+    "tooluse": Task("tooluse", prompt=tooluse_prompt, grade=tooluse_grade, reference=tooluse_reference),
+    "code": Task("code", prompt=code_prompt, grade=code_grade, reference=code_reference),
 }
 # The tiny world's problems name their operation; each is graded as arithmetic.
 ALIASES = dict.fromkeys(OLD_TASKS + NEW_TASKS + CHAIN_TASKS, "arith")

@@ -4,15 +4,17 @@
 Each sampled batch: G rollouts of every problem, graded by the problem's task verifier. A rollout's
 teacher is the same network under a teacher schedule (`graftlab.train.teacher`) reading the reprompt
 `{prompt}{solution}{feedback}\\n\\nCorrectly solve the original question.`: `solution` is the first
-successful *sibling* of the same problem (never the rollout itself; the official rule), as its final
-answer with the thinking stripped; `feedback` the verifier's message on the rollout's own answer
-(optional). A rollout with no successful sibling has no teacher and gets zero loss; its share is logged.
-The loss is D_alpha (alpha 0.5: the Jensen-Shannon divergence) over the student's top-k tokens plus a
-tail bucket (`graftlab.train.divergence`, "student_topk_tail"), pooled over the distilled tokens of the
-update: `sdpo` distils the answer tokens after `</think>`, `sdpo_cot` every response token (without a
-think block the two are the same; `answer_share` in the step log says how much of the response the
-answer is). A batch may serve `updates_per_batch` optimizer steps a pass, each on its own share of the
-rollouts, over `epochs_per_batch` passes; each token's loss is then weighted by pi_now / pi_sampled,
+successful *sibling* of the same problem (never the rollout itself; the official rule), its thinking
+stripped (`thinking: strip`, the official code's) or kept; `feedback` the verifier's message on the
+rollout's own answer (optional). A rollout with no successful sibling has no teacher and gets zero loss;
+its share is logged. The loss is D_alpha (alpha 0.5: the Jensen-Shannon divergence) over the student's
+top-k tokens plus a tail bucket (`graftlab.train.divergence`, "student_topk_tail"), pooled over the
+distilled tokens of the update: every response token (`tokens: all`, the official code's) or the answer
+tokens after `</think>` (`tokens: answer`). `sdpo` and `sdpo_cot` are named settings of the two switches
+(`graftlab.methods.sdpo.run_density`); without a think block every setting is the same
+(`answer_share` in the step log says how much of the response the answer is). A batch may serve
+`updates_per_batch` optimizer steps a pass, each on its own share of the rollouts, over
+`epochs_per_batch` passes; each token's loss is then weighted by pi_now / pi_sampled,
 clipped at `is_clip` (2), as the official code does for its off-policy mini-batches. The teacher follows
 its schedule once a batch's steps are done, as the official code's does; the gradient is clipped at
 `max_grad_norm` (1, the official code's).
@@ -64,7 +66,8 @@ class SdpoConfig(RunSettings):
     lr: float
     steps: int
     teacher: str = "frozen"  # a schedule of graftlab.train.teacher
-    cot: bool = False  # sdpo_cot: distil every response token, not only the answer's
+    tokens: str = "all"  # which response tokens carry the loss: all, or the answer's after </think>
+    thinking: str = "strip"  # whether a sibling's thinking stays in the demonstration: strip or keep
     save_steps: tuple[int, ...] = ()  # checkpoints kept; empty: the last step only
     batch_size: int = schema_default("sdpo", "batch_size")  # problems per sampled batch
     generations: int = schema_default("sdpo", "generations")  # G, rollouts per problem
@@ -157,15 +160,15 @@ class Sdpo(PairStep):
         continual stage's): rollouts per pass sized, the answer-only mask checked against the tokenizer."""
         run = cls(student, teacher, tok, cfg, precision, _micro(cfg, student, tok, problems))
         run.keep_teacher = keep_teacher
-        if not cfg.cot and run.close_id is None:
+        if cfg.tokens == "answer" and run.close_id is None:
             raise GraftlabError(
                 f"SDPO: the tokenizer of {post_dir} has no single {THINK_CLOSE} token, so the answer "
-                "tokens cannot be told apart; distil every token (sdpo_cot) instead"
+                "tokens cannot be told apart; distil every token (tokens: all) instead"
             )
         recompute = "on" if checkpointing(cfg.gradient_checkpointing) else "off"
         processes = shard.world()[1]
         print(
-            f"SDPO {'cot' if cfg.cot else 'answer tokens'}, teacher {cfg.teacher}: {cfg.batch_size} problems x "
+            f"SDPO on {cfg.tokens} tokens, thinking {cfg.thinking}, teacher {cfg.teacher}: {cfg.batch_size} problems x "
             f"{cfg.generations} rollouts, {cfg.updates_per_batch} update(s) of {cfg.share} = {run.micro} x "
             f"{accumulation(cfg.share // processes, run.micro)} accumulated x {processes} processes; "
             f"gradient checkpointing {recompute}",
@@ -225,13 +228,15 @@ class Sdpo(PairStep):
         return [r for p, t, g in zip(problems, tasks, groups) for r in self._group(p, t, g)]
 
     def _group(self, problem: dict, task, samples) -> list[Rollout]:
-        texts = [task.turn(self.tok.decode(r, skip_special_tokens=False)) for _, r in samples]
+        sampled = [self.tok.decode(r, skip_special_tokens=False) for _, r in samples]
+        texts = [task.turn(s) for s in sampled]
         correct = [bool(task.grade(t, problem["answer"])) for t in texts]
         answers = [_final_answer(t) for t in texts]
+        shown = answers if self.cfg.thinking == "strip" else [_whole(s) for s in sampled]
         close = self.close_id if task.thinking else None
         rollouts = []
         for (prompt, response), text, ok, demo, own in zip(
-            samples, texts, correct, demonstrations(answers, correct), answers
+            samples, texts, correct, demonstrations(shown, correct), answers
         ):
             answer = answer_mask(list(response), close)
             if demo is None:
@@ -243,7 +248,7 @@ class Sdpo(PairStep):
                 c.template, prompt=problem["prompt"], solution=fill(c.solution_template, solution=demo), feedback=said
             )
             ids = self.tok(task.chat_prompt(self.tok, reprompt), add_special_tokens=False)["input_ids"]
-            mask = [1] * len(response) if c.cot else answer
+            mask = answer if c.tokens == "answer" else [1] * len(response)
             rollouts.append(Rollout(list(prompt), list(response), text, ok, ids, mask, sum(answer)))
         return rollouts
 
@@ -336,9 +341,17 @@ def _close_id(tok) -> int | None:
 
 
 def _final_answer(turn: str) -> str | None:
-    """A rollout's final answer, thinking stripped: what a sibling shows as its solution."""
+    """A rollout's final answer, thinking stripped (all after its last </think>, as the official code's
+    remove_thinking_from_demonstration leaves): what a sibling shows as its solution under `strip`."""
     answer = extract_answer(turn)
     return answer if answer else None
+
+
+def _whole(sampled: str) -> str | None:
+    """A rollout's sampled text, its thinking kept: what a sibling shows under `keep` (a task without a think
+    block samples none, and its pre-filled empty one is not shown)."""
+    text = sampled.replace("<|im_end|>", "").strip()
+    return text or None
 
 
 def _mask(rollouts: list[Rollout], like: torch.Tensor) -> torch.Tensor:
