@@ -111,6 +111,13 @@ def assert_same_weights(a: Path, b: Path, atol: float | None = None) -> None:
         assert same, (a, b, name, (x[name] - y[name]).abs().max())
 
 
+def dead_pid() -> int:
+    """The pid of a process that has just ended: dead on this host (pids are reused only after wrapping)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
 def snakemake_cmd(workdir: Path, *args: str, configs: tuple[Path, ...] = (SMOKE,)) -> list[str]:
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "--directory", str(workdir)]
     cmd += ["--configfile", *map(str, configs)] if configs else []

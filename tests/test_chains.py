@@ -146,3 +146,19 @@ def test_a_data_set_stage_needs_written_solutions():
     stage = {"domain": "gsm", "problems": {"source": "d.parquet", "columns": {"prompt": "q", "answer": "a"}}}
     with pytest.raises(ConfigError, match="solution"):
         resolve({"experiments": {"c": {"stages": [stage]}}})
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_each_stage_drifts_from_where_its_chain_stood_before_it(stages):
+    """Every chain at every stage is paired with the post model and with its stage's start: for stage k > 1
+    the model the same chain left after stage k - 1 (never its first), for stage 1 its starting model."""
+    c = continual(stages=STAGES[:stages])
+    pairs = c.drift_pairs()
+    model = {(p["chain"], p["stage"]): p["model"] for p in pairs}
+    for chain in c.chains():
+        first = c.stage_model(chain, 0)[1]
+        for k in range(1, stages + 1):
+            mine = {p["against"]: p["base"] for p in pairs if p["chain"] == chain.key and p["stage"] == k}
+            assert mine == {"stage_start": model[chain.key, k - 1] if k > 1 else first, "post": c.post_dir}
+            assert model[chain.key, k] == c.stage_model(chain, k)[1]
+    assert len(pairs) == 2 * stages * len(c.chains())

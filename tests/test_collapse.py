@@ -4,9 +4,13 @@ falling to zero, and whole chains of evaluated models written by hand."""
 
 import json
 import random
+import statistics
+from unittest import mock
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from graftlab.analysis.collapse import (
     RESULT_KEYS,
@@ -192,3 +196,53 @@ def test_mismatched_chains_are_refused(tmp_path):
         detect([d], ["alg", "geo"])
     with pytest.raises(ValueError, match="own benchmark 'ghost'"):
         detect([d], ["ghost"])
+
+
+ENTROPIES = st.lists(st.floats(0.01, 6.0, allow_nan=False), min_size=1, max_size=12)
+
+
+@given(entropies=ENTROPIES)
+@settings(max_examples=200, deadline=None)
+def test_an_entropy_spike_is_the_first_step_past_3x_the_median_of_all_earlier_steps(entropies):
+    """Against the definition written out with statistics.median (an even count's median is the mean of
+    its two middle values), for any entropy curve."""
+    from graftlab.analysis.collapse import ENTROPY_FACTOR, ENTROPY_FLOOR, ENTROPY_WARMUP, entropy_spike
+
+    log = [{"step": 10 * (i + 1), "entropy": e} for i, e in enumerate(entropies)]
+    expected = next(
+        (
+            10 * (i + 1)
+            for i, e in enumerate(entropies)
+            if i >= ENTROPY_WARMUP and e > ENTROPY_FACTOR * statistics.median(entropies[:i]) and e > ENTROPY_FLOOR
+        ),
+        None,
+    )
+    assert entropy_spike(log) == expected
+
+
+@given(
+    accs=st.integers(1, 5).flatmap(
+        lambda n: st.lists(
+            st.lists(st.sampled_from([0.0, 0.03, 0.05, 0.1, 0.2, 0.5]), min_size=n, max_size=n), min_size=n, max_size=n
+        )
+    )
+)
+@settings(max_examples=200, deadline=None)
+def test_a_domain_collapses_only_after_its_own_stage_learnt_it(accs):
+    """accs[i][j]: stage model i's accuracy on stage j's own benchmark. A chain collapses at the first model
+    i where some domain j <= i, at the peak in one of models j..i-1, is at the floor: a domain is followed
+    from its own stage on, never from models trained before it (the chain's first)."""
+    from graftlab.analysis import collapse
+
+    n = len(accs)
+    expected = min(
+        (
+            i
+            for j in range(n)
+            for i in range(j, n)
+            if accs[i][j] <= collapse.ACC_FLOOR and any(accs[k][j] >= collapse.ACC_PEAK for k in range(j, i))
+        ),
+        default=None,
+    )
+    with mock.patch.object(collapse, "_own_accuracy", lambda d, bench: accs[d][int(bench)]):
+        assert collapse.domain_collapse(list(range(n)), [str(j) for j in range(n)]) == expected

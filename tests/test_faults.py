@@ -25,7 +25,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import torch
-from conftest import WHOLE_RUN, graft_args, snakemake, snakemake_cmd
+from conftest import WHOLE_RUN, dead_pid, graft_args, snakemake, snakemake_cmd
 from safetensors.torch import load_file
 
 from graftlab.commands import cli
@@ -144,8 +144,9 @@ def test_graft_killed_mid_write_leaves_the_old_output_and_the_rerun_writes_the_u
     assert {f.name: f.read_bytes() for f in out.iterdir()} == old, "the killed graft touched the old output"
     killed = leftovers(runs)
     assert killed, "the kill left its temporary sibling (what the rerun must clear)"
-    # Copies the rerun cannot know dead: a live process's on this host (this one), another host's.
-    alive, elsewhere = runs / f".graft.tmp-{HOST}-{os.getpid()}", runs / ".graft.tmp-another-host-1"
+    # Copies the rerun cannot know dead: a live process's on this host (this one), another host's (whose pid
+    # is dead here: only the host tells them apart).
+    alive, elsewhere = runs / f".graft.tmp-{HOST}-{os.getpid()}", runs / f".graft.tmp-another-host-{dead_pid()}"
     alive.mkdir()
     elsewhere.mkdir()
 

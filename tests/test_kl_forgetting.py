@@ -9,6 +9,8 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from graftlab.analysis.kl_forgetting import fit_kl_forgetting, mc_kl, plot_kl_forgetting
@@ -140,3 +142,24 @@ def test_importing_the_module_leaves_torch_and_matplotlib_out():
     code = f"import sys, graftlab.analysis.kl_forgetting; print(sorted({heavy} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+@given(
+    rows=st.lists(
+        st.tuples(st.floats(0, 5, allow_nan=False), st.floats(-1, 1, allow_nan=False)), min_size=2, max_size=12
+    ).filter(lambda rows: len({round(k, 6) for k, _ in rows}) >= 2)
+)
+@settings(max_examples=100, deadline=None)
+def test_the_fit_is_closed_form_least_squares_and_a_residual_is_forgetting_above_the_line(rows):
+    """For any rows: b = cov(kl, forgetting) / var(kl), a = mean(forgetting) - b mean(kl), and each residual
+    is forgetting minus the line (positive: forgets more than its KL predicts)."""
+    kl, forgetting = (np.array(v, dtype=np.float64) for v in zip(*rows))
+    frame = pl.DataFrame(
+        {"method": ["m"] * len(rows), "stage": list(range(len(rows))), "kl": kl, "forgetting": forgetting}
+    )
+    fit = fit_kl_forgetting(frame)
+    b = ((kl - kl.mean()) * (forgetting - forgetting.mean())).sum() / ((kl - kl.mean()) ** 2).sum()
+    a = forgetting.mean() - b * kl.mean()
+    assert fit["b"] == pytest.approx(b, rel=1e-6, abs=1e-6) and fit["a"] == pytest.approx(a, rel=1e-6, abs=1e-6)
+    expected = forgetting - (a + b * kl)
+    assert fit["frame"]["residual"].to_numpy() == pytest.approx(expected, rel=1e-6, abs=1e-6)

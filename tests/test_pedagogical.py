@@ -10,6 +10,8 @@ import statistics
 import polars as pl
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from graftlab.errors import GraftlabError
 from graftlab.synth import pedagogical as ped
@@ -268,3 +270,54 @@ def test_teacher_traces_keep_the_problem_prompt_and_drop_reference_mentions():
     assert traces["attempts"].to_list() == [3] * 4 and stats["solve_rate"] == 1.0
     with pytest.raises(GraftlabError, match="verified none"):
         ped.teacher_traces(sampler, TOK, problems, StarConfig(attempts=2, attempts_per_round=2))
+
+
+@given(
+    plans=st.lists(
+        st.lists(st.sampled_from(["right", "wrong", "leak", "empty"]), min_size=1, max_size=4),
+        min_size=len(PROBLEMS),
+        max_size=len(PROBLEMS),
+    ),
+    per_round=st.integers(1, 3),
+)
+@settings(max_examples=40, deadline=None)
+def test_the_teacher_keeps_a_problems_first_sample_that_verifies_thinks_and_never_names_the_reference(plans, per_round):
+    """Whatever the teacher samples (right; wrong; right but naming the reference; right with an empty
+    thought), a problem's trace is its first right sample and its attempts count up to it; a problem with
+    none has no trace, and a run with none at all is an error."""
+    problems = pl.DataFrame(PROBLEMS)
+    plan = dict(zip(problems["prompt"], plans))
+    seen: dict[str, int] = {}
+
+    def sampler(prompts, cfg):
+        out = []
+        for p in prompts:
+            problem = p.split("user\n")[1].split("\n")[0]
+            thinking, answer = arith.solve("mul", problem)
+            samples = []
+            for _ in range(cfg.n):
+                k = seen[problem] = seen.get(problem, -1) + 1
+                outcome = plan[problem][k] if k < len(plan[problem]) else "wrong"
+                samples.append(
+                    {
+                        "right": chat_completion(thinking, answer),
+                        "wrong": chat_completion(thinking, "0"),
+                        "leak": chat_completion("the reference says " + answer, answer),
+                        "empty": chat_completion("", answer),
+                    }[outcome]
+                )
+            out.append(samples)
+        return out
+
+    cfg = StarConfig(attempts=max(map(len, plans)), attempts_per_round=per_round)
+    first = {p: outcomes.index("right") for p, outcomes in plan.items() if "right" in outcomes}
+    if not first:
+        with pytest.raises(GraftlabError, match="verified none"):
+            ped.teacher_traces(sampler, TOK, problems, cfg)
+        return
+    traces, stats = ped.teacher_traces(sampler, TOK, problems, cfg)
+    assert sorted(traces["prompt"]) == sorted(first)
+    for p, c, attempts in zip(traces["prompt"], traces["completion"], traces["attempts"]):
+        thinking, answer = arith.solve("mul", p)
+        assert c == chat_completion(thinking, answer) and attempts == first[p] + 1
+    assert stats["solve_rate"] == len(first) / len(plan)

@@ -192,6 +192,40 @@ def test_the_importance_weight_is_clipped_on_reused_batches(pair):
     assert half == pytest.approx(0.5 * base, rel=1e-5)
 
 
+@pytest.mark.parametrize("shift", [-0.3, 0.0, 0.4])  # sampled less likely, as likely, more likely than now
+def test_the_importance_weight_scales_the_gradient_but_is_not_differentiated(pair, shift):
+    """On a reused batch the per-token loss is w d, w = pi_now / pi_sampled clipped: the gradient must be
+    w grad d with w a constant, as the official code detaches it (differentiating w too gives the same loss
+    value and another gradient). Checked against autograd on the formula with w computed apart."""
+    from graftlab.train.divergence import token_divergence
+
+    run = sdpo(pair)
+    rollouts = rollouts_for(pair, masked=())
+    sampled = [lp + shift for lp in run.sampled_logprobs(rollouts)]
+    total = sum(sum(r.mask) for r in rollouts)
+    run.student.zero_grad(set_to_none=True)
+    run._micro_step(rollouts, sampled, total, {"loss": 0.0, "entropy_sum": 0.0, "tokens": 0, "js_sum": 0.0})
+    got = [p.grad.clone() for p in run.student.parameters()]
+
+    s_logits, _ = response_logits(run.student, [r.prompt for r in rollouts], [r.response for r in rollouts])
+    with torch.no_grad():
+        t_logits, _ = response_logits(run.teacher, [r.teacher_prompt for r in rollouts], [r.response for r in rollouts])
+        width = t_logits.shape[1]
+        logp = torch.log_softmax(s_logits[:, :width].float(), -1)
+        weight = torch.zeros(len(rollouts), width)
+        mask = torch.zeros(len(rollouts), width)
+        for i, r in enumerate(rollouts):
+            n = len(r.response)
+            now = logp[i, torch.arange(n), torch.tensor(r.response)]
+            weight[i, :n] = torch.exp(now - sampled[i][:n]).clamp(max=run.cfg.is_clip)
+            mask[i, :n] = torch.tensor(r.mask, dtype=torch.float)
+    d = token_divergence(s_logits[:, :width], t_logits, run.cfg.alpha, "student_topk_tail", run.k)
+    expected = torch.autograd.grad((d * weight * mask).sum() / total, list(run.student.parameters()), allow_unused=True)
+    assert not torch.allclose(weight[mask.bool()], torch.ones(int(mask.sum()))) or shift == 0.0
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, torch.zeros_like(g) if e is None else e, rtol=1e-4, atol=1e-7)
+
+
 def test_the_teacher_gets_no_gradient_and_a_frozen_teacher_stays(pair):
     run = sdpo(pair)
     before = {k: v.clone() for k, v in run.teacher.state_dict().items()}

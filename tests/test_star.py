@@ -7,6 +7,8 @@ from collections import Counter
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from graftlab.errors import GraftlabError
 from graftlab.streams import stream_seed
@@ -202,3 +204,35 @@ def test_a_round_keeps_its_first_verified_sample_not_its_first_sample():
     got = dict(zip(traces["prompt"], zip(traces["completion"], traces["attempts"])))
     assert got == {p: (right(p, thinking=f"sample {at}"), at + 1) for p, at in solved.items()}
     assert stats["attempts_histogram"] == {"1": 1, "2": 1, "3": 1, "4": 1, "6": 1}
+
+
+OUTCOMES = st.lists(st.sampled_from(["right", "wrong", "leak"]), min_size=1, max_size=4)
+
+
+@given(plans=st.lists(OUTCOMES, min_size=len(PROBLEMS), max_size=len(PROBLEMS)), per_round=st.integers(1, 3))
+@settings(max_examples=40, deadline=None)
+def test_rationalization_keeps_a_problems_first_hinted_sample_that_verifies_and_never_leaks(plans, per_round):
+    """Whatever the hinted samples are (right, wrong, or right but echoing the hint), a problem's kept
+    completion is its first right one and its attempts count the hinted samples up to it; a problem with
+    none stays unsolved. Unhinted samples are all wrong here, so every trace is rationalized."""
+    plan = dict(zip(PROBLEMS["prompt"], plans))
+
+    def policy(user, k):
+        if "Hint" not in user:
+            return wrong(user)
+        problem = user.split("\n")[0]
+        outcome = plan[problem][k] if k < len(plan[problem]) else "wrong"
+        return {"right": right(user), "wrong": wrong(user), "leak": right(user, thinking=user.split("\n")[1])}[outcome]
+
+    rounds = max(map(len, plans))
+    cfg = StarConfig(attempts=1, attempts_per_round=per_round, rationalize=True, rationalize_attempts=rounds)
+    first = {p: outcomes.index("right") for p, outcomes in plan.items() if "right" in outcomes}
+    if not first:
+        with pytest.raises(GraftlabError, match="nor by rationalization"):
+            star_traces(Scripted(policy), TOK, PROBLEMS, cfg)
+        return
+    traces, stats = star_traces(Scripted(policy), TOK, PROBLEMS, cfg)
+    assert sorted(traces["prompt"]) == sorted(first) and traces["rationalized"].all()
+    for p, c, attempts in zip(traces["prompt"], traces["completion"], traces["attempts"]):
+        assert c == right(star.hint_prompt(p, ANSWERS[p])) and attempts == first[p] + 1
+    assert stats["solved_by_rationalization"] == len(first) and stats["unsolved"] == len(plan) - len(first)

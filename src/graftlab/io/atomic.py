@@ -39,9 +39,11 @@ def clean_stale(out: str | Path) -> list[Path]:
     out = Path(out)
     stale = []
     for kind in KINDS:
-        for path in out.parent.glob(glob.escape(f".{out.name}.{kind}-{HOST}-") + "*"):
-            pid = path.name.rsplit("-", 1)[1]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        prefix = f".{out.name}.{kind}-"
+        for path in out.parent.glob(glob.escape(prefix) + "*"):
+            # Exactly this host's: a host whose name extends ours (`node1-b` beside `node1`) matches the glob.
+            host, _, pid = path.name[len(prefix) :].rpartition("-")
+            if host == HOST and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
                 stale.append(path)
                 if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path, ignore_errors=True)
