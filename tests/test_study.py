@@ -153,3 +153,6 @@ def test_a_merge_is_judged_beside_the_grafts(tmp_path):
     row = pl.read_parquet(out / "study.parquet").row(0, named=True)
     assert row["merge_margin"] == pytest.approx(0.3) and row["merge_margin_val"] == pytest.approx(0.3)
     assert groups["merge_margin"].item() == pytest.approx(0.3)
+    # The graft (0.6, 0.8) held to the merge (0.55, 0.6): 0.75 - 0.65; no OPSD run, no margin over it.
+    assert row["margin_merge"] == pytest.approx(0.1) and row["margin_merge_val"] == pytest.approx(0.1)
+    assert row["margin_opsd"] is None and groups["margin_merge"].item() == pytest.approx(0.1)

@@ -64,7 +64,7 @@ def test_a_graft_off_the_frontier_does_not_reproduce_however_far_above_sft():
     # The graft beats SFT's epoch 1 by far, but a merge is better on both axes.
     points = BASE | {graft("0.5"): (0.3, 0.75, 0.01), MERGE: (0.35, 0.8, 0.01)}
     verdict = reproduces(summary(points))
-    assert verdict == {"reproduces": False, "qualifying": [], "frontier_grafts": []}
+    assert verdict == {"reproduces": False, "qualifying": [], "beats": {"opsd": [], "merge": []}, "frontier_grafts": []}
     # Dominated by OPSD likewise; a donor, as it is or after its own SFT, is no candidate and dominates nothing.
     assert reproduces(summary(points | {MERGE: (0.1, 0.5, 0.01), OPSD: (0.3, 0.76, 0.01)}))["frontier_grafts"] == []
     assert reproduces(summary(points | {MERGE: (0.1, 0.5, 0.01), DONOR_SFT: (0.9, 0.9, 0.01)}))["reproduces"]
@@ -153,3 +153,27 @@ def test_a_baseline_is_judged_by_the_grafts_yardstick_off_the_frontier_too():
         judge_runs(summary(points), "donor")
     with pytest.raises(ValueError, match=f"without intervals.*{OPSD}"):
         judge_runs(summary(points | {OPSD: (0.0, 0.5, None)}), "opsd")
+
+
+def test_each_graft_is_held_to_opsd_and_the_merge_beyond_the_intervals_too():
+    """The families table's case: a graft that learns a little (new 0.06 [0.01, 0.11]) and keeps the old tasks
+    (0.69 [0.64, 0.74]) against OPSD, which learned nothing and forgot (0.00, old 0.42 [0.37, 0.47]): beyond
+    it by 0.64 - 0.47; a merge of no more new-task accuracy whose old-task interval overlaps the graft's is
+    not beaten. SFT of post forgets first, so the rule's own verdict is decided apart."""
+    points = {
+        "post": (0.0, 0.9, 0.005),
+        sft(1): (0.3, 0.3, 0.05),
+        graft("1"): (0.06, 0.69, 0.05),
+        OPSD: (0.0, 0.42, 0.05),
+        MERGE: (0.04, 0.72, 0.05),
+    }
+    verdict = reproduces(summary(points))
+    (row,) = [r for r in verdict["frontier_grafts"] if r["run"] == graft("1")]
+    assert row["learned"] and row["closest_opsd"] == OPSD and row["margin_opsd"] == pytest.approx(0.64 - 0.47)
+    assert row["beats_opsd"] and verdict["beats"]["opsd"] == [graft("1")]
+    assert row["closest_merge"] == MERGE and row["margin_merge"] == pytest.approx(0.64 - 0.77)
+    assert not row["beats_merge"] and verdict["beats"]["merge"] == []
+    assert row["sft_compared"] == 0 and not row["reproduces"]  # no SFT point at or below its new-task score
+    # A graft that learned nothing beyond the post model beats no baseline, however far above it lies.
+    (row,) = judge_runs(summary(points | {graft("1"): (0.02, 0.69, 0.05)}), "graft")
+    assert row["margin_opsd"] > 0 and not row["learned"] and not row["beats_opsd"]

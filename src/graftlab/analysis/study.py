@@ -7,7 +7,9 @@ verdict of `graftlab.analysis.verdict` on the validation split and on the test s
 reproduces the paper's result, and the best margin of a frontier graft that learned the new task (its
 old-task lower bound minus the upper bound of the SFT points it must beat; > 0 reproduces; None when no
 frontier graft learned), and the best margin of a merge that learned, judged by the same yardstick
-(`merge_margin`: does interpolating toward the post model's own SFT update do what grafting should?).
+(`merge_margin`: does interpolating toward the post model's own SFT update do what grafting should?), and
+the best margin of a learned frontier graft over OPSD's and over the merge's points of no more new-task
+accuracy (`margin_opsd`, `margin_merge`: > 0 beats that baseline beyond the intervals).
 Beside them, where a `moe` config is given, the prediction of the grafting paper's §3 model
 (`graftlab.analysis.moe.graft_condition`) at the experiment's measured routing (eps_D, eps_P): whether a
 graft beats SFT of post near the post model (`moe_wins_small`) and at every new-task loss up to its best
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 SPLITS = {"validation": "_val", "test": ""}
+# The verdict's columns, each once per split (suffixed `_val` for validation).
+VERDICT_COLUMNS = ("reproduces", "margin", "merge_margin", "margin_opsd", "margin_merge")
 
 
 def _verdict_columns(summary: pl.DataFrame) -> dict:
@@ -42,18 +46,25 @@ def _verdict_columns(summary: pl.DataFrame) -> dict:
             verdict = reproduces(summary, split=split)
         except ValueError as err:
             if split == "validation" and "no validation scores" in str(err):
-                out |= {f"reproduces{suffix}": None, f"margin{suffix}": None, f"merge_margin{suffix}": None}
+                out |= dict.fromkeys(f"{c}{suffix}" for c in VERDICT_COLUMNS)
                 continue
             raise
         # Only a graft that learned the new task can win; another's margin (a graft that kept the old
         # tasks by learning nothing, beside SFT points that forgot first) would read as a near miss.
         margins = [g["margin"] for g in verdict["frontier_grafts"] if g["learned"] and g["margin"] is not None]
         merges = [m["margin"] for m in judge_runs(summary, "merge", split) if m["learned"] and m["margin"] is not None]
+        learned = [g for g in verdict["frontier_grafts"] if g["learned"]]
+        over = {
+            f"margin_{b}{suffix}": max(
+                (g[f"margin_{b}"] for g in learned if g[f"margin_{b}"] is not None), default=None
+            )
+            for b in ("opsd", "merge")
+        }
         out |= {
             f"reproduces{suffix}": verdict["reproduces"],
             f"margin{suffix}": max(margins, default=None),
             f"merge_margin{suffix}": max(merges, default=None),
-        }
+        } | over
     return out
 
 
@@ -143,6 +154,10 @@ def study_tables(experiments: list[dict], moe: MoeConfig | None = None) -> tuple
             "margin",
             "merge_margin_val",
             "merge_margin",
+            "margin_opsd_val",
+            "margin_opsd",
+            "margin_merge_val",
+            "margin_merge",
             "sft_best_new",
             "graft_best_new",
         )

@@ -20,6 +20,11 @@ is that grafting keeps more old-task accuracy than SFT
 no SFT point to be compared with, and a graft barely moved from the post model (small lambda) would
 otherwise "reproduce" by forgetting nothing because it learned nothing. Such a graft is reported with
 no margin and does not qualify; a sweep that wants it judged needs an earlier or gentler SFT point.
+
+The same yardstick (conditions 3-4) also holds each frontier graft to the other baselines a reader compares
+it with, OPSD and the merge (`BASELINES`): `margin_opsd` and `margin_merge` over their points of no more
+new-task accuracy, and `beats_opsd`, `beats_merge` when it learned and that margin is > 0. Only the
+comparison with SFT decides `reproduces`: it is the paper's claim.
 """
 
 import polars as pl
@@ -30,6 +35,9 @@ from graftlab.methods import METHODS
 # Every method a single-domain summary holds that is not an ingredient of grafts.
 CANDIDATES = tuple(m.name for m in METHODS.values() if not (m.ingredient or m.chain_only))
 NEEDED = ("run", "method", "new", "old", "old_lo", "old_hi", "new_lo", "new_hi")
+# The methods a graft is held to, each beyond the intervals: SFT of the post model (the rule), then the
+# on-policy baseline and the post model's own update (grafting from the post model itself).
+BASELINES = ("sft", "opsd", "merge")
 
 
 def _scored(summary: pl.DataFrame) -> pl.DataFrame:
@@ -46,7 +54,7 @@ def _scored(summary: pl.DataFrame) -> pl.DataFrame:
     )
     # Without intervals a graft or SFT point cannot be judged "beyond the intervals"; calling it a
     # loss would hide the missing evaluation, so it is refused by name.
-    judged = scored.filter(pl.col("method").is_in(["graft", "sft"]))
+    judged = scored.filter(pl.col("method").is_in(["graft", *BASELINES]))
     blind = judged.filter(pl.col("old_lo").is_null() | pl.col("old_hi").is_null())["run"].to_list()
     blind += judged.filter((pl.col("method") == "graft") & pl.col("new_lo").is_null())["run"].to_list()
     if blind:
@@ -62,24 +70,36 @@ def _post_new_bound(scored: pl.DataFrame) -> float:
     return post["new_hi"] if post["new_hi"] is not None else post["new"]
 
 
-def _judge(graft: dict, sft: pl.DataFrame, post_new: float) -> dict:
-    """The graft's verdict: did it learn beyond the post model, and against the SFT points of new-task
-    accuracy <= its own, by how much does it keep more of the old tasks."""
-    compared = sft.filter(pl.col("new") <= graft["new"])
+def _versus(graft: dict, points: pl.DataFrame) -> tuple[int, dict | None, float | None]:
+    """(how many of `points` have new-task accuracy <= the graft's, the binding one, the graft's margin
+    over it): the point with the highest old-task upper bound binds, as beating it beats them all."""
+    compared = points.filter(pl.col("new") <= graft["new"])
+    if compared.height == 0:
+        return 0, None, None
+    closest = compared.sort("old_hi", descending=True).row(0, named=True)
+    return compared.height, closest, graft["old_lo"] - closest["old_hi"]
+
+
+def _judge(graft: dict, baselines: dict[str, pl.DataFrame], post_new: float) -> dict:
+    """The graft's verdict: did it learn beyond the post model, and against each baseline's points of
+    new-task accuracy <= its own (`baselines`, by method: SFT's decide), by how much does it keep more of
+    the old tasks."""
     learned = graft["new_lo"] > post_new
     out = {k: graft[k] for k in ("run", "new", "old", "old_lo", "old_hi")} | {"learned": learned}
-    if compared.height == 0:
-        return out | {"sft_compared": 0, "closest_sft": None, "sft_old_hi": None, "margin": None, "reproduces": False}
-    # The binding comparison is the SFT point with the highest upper bound: beating it beats them all.
-    closest = compared.sort("old_hi", descending=True).row(0, named=True)
-    margin = graft["old_lo"] - closest["old_hi"]
-    return out | {
-        "sft_compared": compared.height,
-        "closest_sft": closest["run"],
-        "sft_old_hi": closest["old_hi"],
+    count, closest, margin = _versus(graft, baselines["sft"])
+    out |= {
+        "sft_compared": count,
+        "closest_sft": closest and closest["run"],
+        "sft_old_hi": closest and closest["old_hi"],
         "margin": margin,
-        "reproduces": learned and margin > 0,
+        "reproduces": learned and margin is not None and margin > 0,
     }
+    for name, points in baselines.items():
+        if name != "sft":
+            _, closest, margin = _versus(graft, points)
+            beats = learned and margin is not None and margin > 0
+            out |= {f"closest_{name}": closest and closest["run"], f"margin_{name}": margin, f"beats_{name}": beats}
+    return out
 
 
 def on_split(summary: pl.DataFrame, split: str) -> pl.DataFrame:
@@ -101,23 +121,30 @@ def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:
     """The verdict of one experiment's summary (module docstring: the rule).
 
     Returns `reproduces` (whether any graft qualifies), `qualifying` (their runs, by margin, largest
-    first) and `frontier_grafts`: per graft on the frontier, its run, `new`, `old`, `old_lo`, `old_hi`,
-    whether it `learned` the new task beyond the post model,
-    how many SFT points it was compared with (`sft_compared`), the binding one (`closest_sft`, its
-    `sft_old_hi`), `margin` (`old_lo - sft_old_hi`, None without a comparable SFT point; > 0 qualifies)
-    and its own `reproduces`, so a near miss shows how near it was. `split`: `test` (the reported
+    first), `beats` (per other baseline, the frontier grafts beyond it) and `frontier_grafts`: per graft on
+    the frontier, its run, `new`, `old`, `old_lo`, `old_hi`, whether it `learned` the new task beyond the
+    post model, how many SFT points it was compared with (`sft_compared`), the binding one
+    (`closest_sft`, its `sft_old_hi`), `margin` (`old_lo - sft_old_hi`, None without a comparable SFT
+    point; > 0 qualifies) and its own `reproduces`, so a near miss shows how near it was; and against
+    OPSD and the merge, `closest_X`, `margin_X` and `beats_X`. `split`: `test` (the reported
     scores) or `validation` (the scores a choice of world or setting may be made on; `on_split`).
     """
     if not isinstance(summary, pl.DataFrame):
         raise TypeError(f"reproduces: expected a polars DataFrame, got {type(summary).__name__}")
     scored = _scored(on_split(summary, split))
     front = pareto_front(scored).filter("on_front")
-    sft = scored.filter(method="sft")
+    baselines = {name: scored.filter(method=name) for name in BASELINES}
     grafts = front.filter(method="graft").sort("new", "run")
     post_new = _post_new_bound(scored)
-    verdicts = [_judge(g, sft, post_new) for g in grafts.iter_rows(named=True)]
+    verdicts = [_judge(g, baselines, post_new) for g in grafts.iter_rows(named=True)]
     winners = sorted((v for v in verdicts if v["reproduces"]), key=lambda v: -v["margin"])
-    return {"reproduces": bool(winners), "qualifying": [v["run"] for v in winners], "frontier_grafts": verdicts}
+    beats = {name: [v["run"] for v in verdicts if v[f"beats_{name}"]] for name in BASELINES if name != "sft"}
+    return {
+        "reproduces": bool(winners),
+        "qualifying": [v["run"] for v in winners],
+        "beats": beats,
+        "frontier_grafts": verdicts,
+    }
 
 
 def judge_runs(summary: pl.DataFrame, method: str, split: str = "test") -> list[dict]:
@@ -132,5 +159,5 @@ def judge_runs(summary: pl.DataFrame, method: str, split: str = "test") -> list[
     blind = runs.filter(pl.col("old_lo").is_null() | pl.col("new_lo").is_null())["run"].to_list()
     if blind:
         raise ValueError(f"judge_runs: run(s) without intervals (re-evaluate them): {blind}")
-    sft, post_new = scored.filter(method="sft"), _post_new_bound(scored)
-    return [_judge(r, sft, post_new) for r in runs.iter_rows(named=True)]
+    baselines, post_new = {name: scored.filter(method=name) for name in BASELINES}, _post_new_bound(scored)
+    return [_judge(r, baselines, post_new) for r in runs.iter_rows(named=True)]
