@@ -2,6 +2,7 @@
 a token-by-token loop and against the exact KL of one next-token distribution; the line fit of forgetting
 on KL; its figure."""
 
+import json
 import subprocess
 import sys
 
@@ -83,6 +84,28 @@ def test_one_token_responses_approach_the_exact_kl_of_the_next_token_distributio
     assert abs(result["kl"] - exact) < 3 * result["kl_se"], (result, exact)
 
 
+def test_each_model_is_tabled_with_both_directions_of_its_kl(world_pico, perturbed, tmp_path):
+    """kl_frame's reverse KL is the model's own samples' (mc_kl(model, post)); its forward KL the post model's
+    samples' (mc_kl(post, model)): the same draws, so equal to the last digit; and they differ."""
+    from graftlab.analysis.continual_probes import kl_frame
+
+    for name, acc in (("post", 0.8), ("sft", 0.6)):
+        (tmp_path / name).mkdir()
+        bench = {"add": {"role": "old", "acc@n": acc}}
+        (tmp_path / name / "metrics.json").write_text(json.dumps({"benchmarks": bench}))
+    model = {"method": "sft", "stage": 1, "step": None, "eval_dir": str(tmp_path / "sft"), "model": str(perturbed)}
+    cfg = {"samples": 3, "max_new_tokens": 6, "seed": 1, "post_eval_dir": str(tmp_path / "post")}
+    frame = kl_frame(str(world_pico), [model], {1: (PROMPTS, "add")}, cfg)
+    post, row = frame.row(0, named=True), frame.row(1, named=True)
+    assert post["kl_reverse"] == post["kl_forward"] == 0.0 and post["forgetting"] == 0.0
+    reverse = mc_kl(perturbed, world_pico, PROMPTS, "add", samples=3, max_new_tokens=6, seed=1)
+    forward = mc_kl(world_pico, perturbed, PROMPTS, "add", samples=3, max_new_tokens=6, seed=1)
+    assert (row["kl_reverse"], row["kl_reverse_se"]) == pytest.approx((reverse["kl"], reverse["kl_se"]), rel=1e-9)
+    assert (row["kl_forward"], row["kl_forward_se"]) == pytest.approx((forward["kl"], forward["kl_se"]), rel=1e-9)
+    assert row["kl_forward"] > 0 and abs(row["kl_forward"] - row["kl_reverse"]) > 1e-3
+    assert row["forgetting"] == pytest.approx(0.25)
+
+
 def test_bad_arguments_are_refused(world_pico):
     with pytest.raises(GraftlabError, match="max_new_tokens >= 1"):
         mc_kl(world_pico, world_pico, PROMPTS, "add", samples=2, max_new_tokens=0, seed=0)
@@ -130,8 +153,13 @@ def test_a_fit_needs_two_distinct_kl_values():
 def test_the_figure_is_written(tmp_path):
     frame = line_frame().with_columns(forgetting=pl.col("forgetting") + 0.01 * pl.col("stage"))
     fit = fit_kl_forgetting(frame)
-    plot_kl_forgetting(fit["frame"], fit, tmp_path / "kl.png")
-    plot_kl_forgetting(frame, fit, tmp_path / "again.png")  # residuals computed from the fit
+    plot_kl_forgetting(fit["frame"], [fit], tmp_path / "kl.png")
+    plot_kl_forgetting(frame, [fit], tmp_path / "again.png")  # residuals computed from the fit
+    both = frame.rename({"kl": "kl_reverse"}).with_columns(kl_forward=2 * pl.col("kl_reverse"))
+    fits = [fit_kl_forgetting(both, d) for d in ("reverse", "forward")]
+    plot_kl_forgetting(both, fits, tmp_path / "both.png")
+    assert {"fitted_reverse", "residual_reverse"} <= set(fits[0]["frame"].columns)
+    assert fits[1]["b"] == pytest.approx(fits[0]["b"] / 2)
     assert (tmp_path / "kl.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "again.png").stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -257,11 +257,13 @@ def test_hand_computed_continual_plan(tmp_path):
     metrics.write_text(json.dumps({"benchmarks": {"b": {"response_tokens": 100}}}))
     measured = estimate(config, a, root=tmp_path).costs["evaluate"]
     assert measured.flops == pytest.approx(9 * 2e9 * (100 * 356 + 40 * 1000))
-    # Drift embeds 4 answers per benchmark of post and the 6 models; KL samples 2 answers to 4 prompts of
-    # each stage per chain, scored by the model and by post.
-    embedded, sampled = 7 * 3 * 4, 3 * 2 * (4 + 4)
-    assert c["response_kl"].generate == pytest.approx(2e9 * sampled * 1000)
-    assert c["response_kl"].compute == pytest.approx(2e9 * (embedded + 2 * sampled) * 1000)
+    # Drift embeds 4 answers per benchmark of post and the 6 models; the reverse KL samples 2 answers to 4
+    # prompts of each stage per chain, scored by the model and by post; the forward KL samples as many from
+    # post once a stage, each scored by post and by each chain's model.
+    embedded, post_sampled = 7 * 3 * 4, 2 * (4 + 4)
+    sampled = 3 * post_sampled
+    assert c["response_kl"].generate == pytest.approx(2e9 * (sampled + post_sampled) * 1000)
+    assert c["response_kl"].compute == pytest.approx(2e9 * (embedded + 2 * sampled + 2 * 3 * post_sampled) * 1000)
     # b and the algebra problems; no masked graft, so no retention prompts, rollouts nor Fisher.
     assert c["dataset"].jobs == 2 and c["stage_data"].jobs == 2 and "rollouts" not in c and "fisher" not in c
     assert not {"sft", "graft", "summary", "pareto", "sensitivity", "drift", "takeover"} & set(c)

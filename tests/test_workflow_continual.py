@@ -69,7 +69,9 @@ def test_drift_tables_cover_every_model(smoke):
     responses = pl.read_parquet(root / "response_drift.parquet")
     assert {r.split("@")[0] for r in responses["run"]} == METHODS
     kl = pl.read_parquet(root / "kl_forgetting.parquet")
-    assert kl.filter(pl.col("method") == "post")["kl"].to_list() == [0.0]
+    assert kl.filter(pl.col("method") == "post").select("kl_reverse", "kl_forward").row(0) == (0.0, 0.0)
+    assert kl.filter(pl.col("method") == "sft")["kl_forward"].min() > 0  # SFT moved: both directions see it
+    assert {"residual_reverse", "residual_forward"} <= set(kl.columns)
     # The post model, every chain after each stage, and OPSD's first of two checkpoints in each stage.
     assert kl.height == 1 + len(METHODS) * 2 + 2 and kl.filter(pl.col("step").is_not_null())[
         "method"

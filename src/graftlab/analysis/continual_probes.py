@@ -7,10 +7,12 @@ and KL from the starting model set against forgetting.
     results/{exp}/response_quantiles.parquet  its mean and 5% / 10% quantiles per run and benchmark
     results/{exp}/response_drift.png       their distributions, a violin per run
     results/{exp}/kl_forgetting.parquet    per model and kept checkpoint (`step`: an earlier one of an on-policy
-                                           stage): KL(model || post) on its stage's new-task prompts (Monte Carlo
-                                           from its own samples), its mean old-task forgetting, and the residual
-                                           of the fit forgetting = a + b KL (`graftlab.analysis.kl_forgetting`)
-    results/{exp}/kl_forgetting.png        forgetting against KL with the fit, and the residuals
+                                           stage): on its stage's new-task prompts, `kl_reverse` = KL(model ||
+                                           post) from its own samples and `kl_forward` = KL(post || model) from
+                                           the post model's (Monte Carlo, each with its `_se`), its mean old-task
+                                           forgetting, and per direction the fit forgetting = a + b KL and its
+                                           residual (`graftlab.analysis.kl_forgetting`)
+    results/{exp}/kl_forgetting.png        forgetting against each KL with its fit, and the residuals
 
 A run is `method@stage` (`sdpo:frozen@2`). The post model itself enters the fit at KL 0 and no forgetting.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.analysis.continual_results import method_names
-from graftlab.analysis.kl_forgetting import fit_kl_forgetting, mc_kl, plot_kl_forgetting
+from graftlab.analysis.kl_forgetting import DIRECTIONS, draw, fit_kl_forgetting, kl_on, load_fp32, plot_kl_forgetting
 from graftlab.analysis.response_drift import plot_similarity, response_similarity, similarity_quantiles
 from graftlab.io.atomic import atomic_file
 
@@ -43,17 +45,27 @@ def old_forgetting(metrics: dict, base: dict) -> float | None:
 
 
 def kl_frame(post_dir: str, models: list[dict], prompts: dict[int, tuple[list[str], str]], cfg: dict) -> pl.DataFrame:
-    """KL(model || post) of each model on its stage's prompts ({stage: (prompts, task)}) beside its old-task
-    forgetting; cfg: samples, max_new_tokens, seed."""
+    """Both KLs of each model against the post model on its stage's prompts ({stage: (prompts, task)}) beside
+    its old-task forgetting: `kl_reverse` from the model's own samples, `kl_forward` from the post model's
+    (drawn once a stage, the same for every model); cfg: samples, max_new_tokens, seed."""
     base = json.loads((Path(cfg["post_eval_dir"]) / "metrics.json").read_text())["benchmarks"]
-    rows = [{"method": "post", "stage": 0, "step": None, "kl": 0.0, "kl_se": 0.0, "forgetting": 0.0}]
+    zero = {f"kl_{d}{end}": 0.0 for d in DIRECTIONS for end in ("", "_se")}
+    rows = [{"method": "post", "stage": 0, "step": None, "forgetting": 0.0} | zero]
+    args = lambda stage: (*prompts[stage], cfg["samples"], cfg["max_new_tokens"], cfg["seed"])  # noqa: E731
+    post, post_drawn = None, {}
     for m in models:
-        texts, task = prompts[m["stage"]]
-        kl = mc_kl(m["model"], post_dir, texts, task, cfg["samples"], cfg["max_new_tokens"], cfg["seed"])
+        model, drawn = draw(m["model"], *args(m["stage"]))
+        if post is None:
+            post = load_fp32(post_dir, next(model.parameters()).device)
+        if m["stage"] not in post_drawn:
+            post_drawn[m["stage"]] = draw(post_dir, *args(m["stage"]))[1]
+        kl = {"reverse": kl_on(model, post, drawn), "forward": kl_on(post, model, post_drawn[m["stage"]])}
         metrics = json.loads((Path(m["eval_dir"]) / "metrics.json").read_text())
         keys = {k: m[k] for k in ("method", "stage", "step")}
-        rows.append(keys | {"kl": kl["kl"], "kl_se": kl["kl_se"], "forgetting": old_forgetting(metrics, base)})
-        print(f"KL {m['method']} stage {m['stage']} step {m['step']}: {kl['kl']:.4f} +- {kl['kl_se']:.4f}", flush=True)
+        values = {f"kl_{d}{end}": kl[d][f"kl{end}"] for d in DIRECTIONS for end in ("", "_se")}
+        rows.append(keys | values | {"forgetting": old_forgetting(metrics, base)})
+        said = ", ".join(f"{d} {kl[d]['kl']:.4f} +- {kl[d]['kl_se']:.4f}" for d in DIRECTIONS)
+        print(f"KL {m['method']} stage {m['stage']} step {m['step']}: {said}", flush=True)
     return pl.DataFrame(rows, schema_overrides={"step": pl.Int64, "forgetting": pl.Float64})
 
 
@@ -88,6 +100,9 @@ def write_probes(
         if b["stage"] is not None
     }
     scored = models + [{"method": names[c["chain"]]} | c for c in checkpoints]
-    fit = fit_kl_forgetting(kl_frame(post_dir, scored, prompts, cfg | {"post_eval_dir": post_eval_dir}))
-    _write(fit["frame"], out["kl"])
-    plot_kl_forgetting(fit["frame"], fit, out["kl_png"])
+    frame, fits = kl_frame(post_dir, scored, prompts, cfg | {"post_eval_dir": post_eval_dir}), []
+    for direction in DIRECTIONS:
+        fits.append(fit_kl_forgetting(frame, direction))
+        frame = fits[-1]["frame"]
+    _write(frame, out["kl"])
+    plot_kl_forgetting(frame, fits, out["kl_png"])

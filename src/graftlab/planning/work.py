@@ -536,8 +536,10 @@ def param_drift_work(config: dict, layout, root: Path = Path(".")) -> Work:
 def response_kl_work(config: dict, layout, a: Assumptions, root: Path = Path(".")) -> Work:
     """Response drift and KL (`graftlab.analysis.continual_probes`) over every chain's model after every stage.
     Drift: the post model embeds the first `response_prompts` answers of each benchmark of the post model and
-    of each model (2P per token). KL: each model samples `kl_samples` answers to the first `kl_prompts`
-    problems of its stage's benchmark (2P per token, decoded), scored by itself and by the post model (2 x 2P)."""
+    of each model (2P per token). KL both ways: each model samples `kl_samples` answers to the first
+    `kl_prompts` problems of its stage's benchmark (2P per token, decoded), scored by itself and by the post
+    model (2 x 2P); the post model samples as many once a stage, each scored by it and by every model of
+    the stage (2 x 2P a model)."""
     post = model_of(config, layout.stage_view(1), POST, root)
     c, P = layout.x["continual"], post.params
     tokens = a.prompt_tokens + layout.x["eval"]["max_new_tokens"]
@@ -545,7 +547,8 @@ def response_kl_work(config: dict, layout, a: Assumptions, root: Path = Path("."
     models = chains * len(layout.stages)  # every chain's model after every stage
     embedded = (models + 1) * sum(min(c["response_prompts"], n) for _, n, _ in benchmarks)
     new = benchmarks[len(benchmarks) - len(layout.stages) :]  # each stage's, whose models sample on it
-    sampled = chains * c["kl_samples"] * sum(min(c["kl_prompts"], n) for _, n, _ in new)
-    compute = 2 * P * (embedded + 2 * sampled) * tokens
-    decoded = decoding(post, sampled, a.prompt_tokens, layout.x["eval"]["max_new_tokens"])
+    post_sampled = c["kl_samples"] * sum(min(c["kl_prompts"], n) for _, n, _ in new)
+    sampled = chains * post_sampled
+    compute = 2 * P * (embedded + 2 * sampled + 2 * chains * post_sampled) * tokens
+    decoded = decoding(post, sampled + post_sampled, a.prompt_tokens, layout.x["eval"]["max_new_tokens"])
     return Work(post, **decoded, compute=compute, memory=sampler_memory(config, post, tokens))
