@@ -65,6 +65,8 @@ COMPARISONS = {
     ("analysis/study.py", ("donor_sft", "graft", "sft")),
     # the grafting paper's claim: a graft keeps more old-task accuracy than SFT at no less new-task accuracy
     ("analysis/verdict.py", ("graft", "sft")),
+    # the baselines both papers hold a graft to: SFT of post, the on-policy OPSD, the post model's own update
+    ("analysis/verdict.py", ("merge", "opsd", "sft")),
 }
 
 

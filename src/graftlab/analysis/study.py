@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from graftlab.analysis.moe import MoeConfig, graft_condition, tasks
-from graftlab.analysis.verdict import judge_runs, reproduces
+from graftlab.analysis.verdict import BASELINES, judge_runs, reproduces
 from graftlab.io.atomic import atomic_file
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 SPLITS = {"validation": "_val", "test": ""}
 # The verdict's columns, each once per split (suffixed `_val` for validation).
-VERDICT_COLUMNS = ("reproduces", "margin", "merge_margin", "margin_opsd", "margin_merge")
+OVER = tuple(f"margin_{b}" for b in BASELINES if b != "sft")  # a graft's margins over the other baselines
+VERDICT_COLUMNS = ("reproduces", "margin", "merge_margin", *OVER)
 
 
 def _verdict_columns(summary: pl.DataFrame) -> dict:
@@ -54,12 +55,7 @@ def _verdict_columns(summary: pl.DataFrame) -> dict:
         margins = [g["margin"] for g in verdict["frontier_grafts"] if g["learned"] and g["margin"] is not None]
         merges = [m["margin"] for m in judge_runs(summary, "merge", split) if m["learned"] and m["margin"] is not None]
         learned = [g for g in verdict["frontier_grafts"] if g["learned"]]
-        over = {
-            f"margin_{b}{suffix}": max(
-                (g[f"margin_{b}"] for g in learned if g[f"margin_{b}"] is not None), default=None
-            )
-            for b in ("opsd", "merge")
-        }
+        over = {f"{c}{suffix}": max((g[c] for g in learned if g[c] is not None), default=None) for c in OVER}
         out |= {
             f"reproduces{suffix}": verdict["reproduces"],
             f"margin{suffix}": max(margins, default=None),
@@ -154,10 +150,7 @@ def study_tables(experiments: list[dict], moe: MoeConfig | None = None) -> tuple
             "margin",
             "merge_margin_val",
             "merge_margin",
-            "margin_opsd_val",
-            "margin_opsd",
-            "margin_merge_val",
-            "margin_merge",
+            *(f"{c}{suffix}" for c in OVER for suffix in ("_val", "")),
             "sft_best_new",
             "graft_best_new",
         )
