@@ -207,6 +207,83 @@ MUTATIONS = [
         (GRPO_ADV,),
     ),
     Mutation("grpo-sequence-mean-loss", "train/grpo.py", 'loss_type="dapo",', 'loss_type="grpo",', (GRPO_ADV,)),
+    # Issue 32: the official code's optimizer step, and the properties item 10 of its findings named.
+    Mutation(
+        "grpo-updates-as-passes",
+        "train/grpo.py",
+        "steps_per_generation=accumulated * cfg.updates_per_batch,\n        num_iterations=cfg.epochs_per_batch,",
+        "steps_per_generation=accumulated,\n        num_iterations=cfg.epochs_per_batch * cfg.updates_per_batch,",
+        (f"{GRPO}::test_each_optimizer_step_trains_on_its_own_share_of_one_sampled_batch",),
+    ),
+    Mutation(
+        "our-loops-never-clip",
+        "train/onpolicy.py",
+        'limit = self.cfg.max_grad_norm or float("inf")',
+        'limit = float("inf")',
+        ("tests/test_clipping.py",),
+    ),
+    Mutation(
+        "star-rationalization-unverified",
+        "synth/star.py",
+        'return grade(completion, str(rows[unsolved[j]]["answer"])) and not mentions_hint(completion)',
+        "return not mentions_hint(completion)",
+        (f"{STAR}::test_rationalization_keeps_a_problems_first_hinted_sample_that_verifies_and_never_leaks",),
+    ),
+    Mutation(
+        "teacher-traces-unverified",
+        "synth/pedagogical.py",
+        'return grade(completion, str(rows[i]["answer"])) and well_formed(completion, 0, 0) and not leaks',
+        "return well_formed(completion, 0, 0) and not leaks",
+        (
+            "tests/test_pedagogical.py::"
+            "test_the_teacher_keeps_a_problems_first_sample_that_verifies_thinks_and_never_names_the_reference",
+        ),
+    ),
+    Mutation(
+        "sdpo-importance-weight-differentiated",
+        "train/sdpo.py",
+        "torch.exp(now.detach() - sampled)",
+        "torch.exp(now - sampled)",
+        (f"{SDPO}::test_the_importance_weight_scales_the_gradient_but_is_not_differentiated",),
+    ),
+    Mutation(
+        "collapse-even-median-upper",
+        "analysis/collapse.py",
+        "median = earlier[n // 2] if n % 2 else (earlier[n // 2 - 1] + earlier[n // 2]) / 2",
+        "median = earlier[n // 2]",
+        ("tests/test_collapse.py::test_an_entropy_spike_is_the_first_step_past_3x_the_median_of_all_earlier_steps",),
+    ),
+    Mutation(
+        "collapse-domain-from-the-chain-start",
+        "analysis/collapse.py",
+        "for d in eval_dirs[j:]], floor, peak)",
+        "for d in eval_dirs], floor, peak)",
+        ("tests/test_collapse.py::test_a_domain_collapses_only_after_its_own_stage_learnt_it",),
+    ),
+    Mutation(
+        "kl-residual-sign",
+        "analysis/kl_forgetting.py",
+        "residual = np.where(used, y - fitted, math.nan)",
+        "residual = np.where(used, fitted - y, math.nan)",
+        (
+            "tests/test_kl_forgetting.py::"
+            "test_the_fit_is_closed_form_least_squares_and_a_residual_is_forgetting_above_the_line",
+        ),
+    ),
+    Mutation(
+        "drift-pairs-from-the-chain-start",
+        "planning/chains.py",
+        '("stage_start", self.stage_model(c, k - 1)[1])',
+        '("stage_start", self.stage_model(c, 0)[1])',
+        ("tests/test_chains.py::test_each_stage_drifts_from_where_its_chain_stood_before_it",),
+    ),
+    Mutation(
+        "clean-stale-host-prefix",
+        "io/atomic.py",
+        "if host == HOST and pid.isdigit()",
+        "if host.startswith(HOST) and pid.isdigit()",
+        ("tests/test_atomic.py",),
+    ),
 ]
 
 

@@ -179,7 +179,8 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(p
 
 # GRPO: TRL's trainer under accelerate over two processes (on a host without CUDA accelerate runs the FSDP
 # config as data parallel over gloo), each sampling and training on its half of every batch.
-GRPO = dict(lr=1e-2, steps=1, batch_size=3, generations=4, max_new_tokens=8, seed=1, threads=1)
+# Std-scaled advantages (not the default): a group split across processes must be scaled by its whole std.
+GRPO = dict(lr=1e-2, steps=1, batch_size=3, generations=4, max_new_tokens=8, seed=1, threads=1, scale_rewards=True)
 
 
 def parity(turn, answer):
@@ -210,7 +211,7 @@ def test_grpo_over_two_processes_groups_and_pools_the_whole_batch(post, tmp_path
     from graftlab.train.shard import FSDP_CONFIG, launch
 
     launch(2, _grpo_trained_by_parity, post, GrpoConfig(**GRPO), tmp_path, accelerate=FSDP_CONFIG)
-    assert capfd.readouterr().out.count("batch: 12 = 6 x 1 accumulated x 2 processes") == 2
+    assert capfd.readouterr().out.count("update(s) of 12 = 6 x 1 accumulated x 2 processes") == 2
     run = json.loads((tmp_path / "run.json").read_text())
     [batch] = run["batches"]
     rewards = torch.tensor(batch["rewards"], dtype=torch.float64).view(3, 4)
