@@ -213,7 +213,8 @@ class Continual:
     def teacher_start(self, chain: Chain, k: int) -> str | None:
         """The model an SDPO stage's teacher starts from: frozen, the post model all along; EMA, the teacher the
         previous stage left (`teacher/`); refresh (StableSDPO, S-SDPO with refresh:1), None: the student at the
-        stage's start, since a refresh point falls at every stage start."""
+        stage's start, since a refresh point falls at every stage start (a hard one, whatever a soft refresh's
+        gamma: its blend applies within a stage)."""
         kind = parse_schedule(chain.keys["teacher"]).kind
         if kind == "refresh":
             return None
