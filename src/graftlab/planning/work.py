@@ -393,8 +393,7 @@ def job_work(
             shards=spec.shards,
         )
         written = len(kept_steps(s)) * P * a.checkpoint_bytes
-        # The spec counts 2P a token of every answer it samples, each of p + max_new_tokens.
-        kv_read = decoding(post, generate / (2 * P * (p + s["max_new_tokens"])), p, s["max_new_tokens"])["kv_read"]
+        kv_read = decoding(post, spec.counts(s)[0], p, s["max_new_tokens"])["kv_read"]  # every answer it samples
         return Work(post, generate, compute, written, memory=mem, batch=spec.split(s), kv_read=kv_read)
     if rule in ("rollouts", "fisher"):
         f = x["fisher"]
