@@ -23,7 +23,7 @@ from pathlib import Path
 import polars as pl
 
 from graftlab.analysis.continual_results import method_names
-from graftlab.analysis.kl_forgetting import DIRECTIONS, draw, fit_kl_forgetting, kl_on, load_fp32, plot_kl_forgetting
+from graftlab.analysis.kl_forgetting import DIRECTIONS, draw, fit_kl_forgetting, kl_on, plot_kl_forgetting
 from graftlab.analysis.response_drift import plot_similarity, response_similarity, similarity_quantiles
 from graftlab.io.atomic import atomic_file
 
@@ -55,10 +55,10 @@ def kl_frame(post_dir: str, models: list[dict], prompts: dict[int, tuple[list[st
     post, post_drawn = None, {}
     for m in models:
         model, drawn = draw(m["model"], *args(m["stage"]))
-        if post is None:
-            post = load_fp32(post_dir, next(model.parameters()).device)
         if m["stage"] not in post_drawn:
-            post_drawn[m["stage"]] = draw(post_dir, *args(m["stage"]))[1]
+            # The post model as its first draw loaded it (float32, on the device the models sample on).
+            loaded, post_drawn[m["stage"]] = draw(post_dir, *args(m["stage"]))
+            post = loaded if post is None else post
         kl = {"reverse": kl_on(model, post, drawn), "forward": kl_on(post, model, post_drawn[m["stage"]])}
         metrics = json.loads((Path(m["eval_dir"]) / "metrics.json").read_text())
         keys = {k: m[k] for k in ("method", "stage", "step")}

@@ -65,7 +65,7 @@ def log_ratios(model, start, samples: list[tuple[list[int], list[int]]], batch_s
     return np.concatenate(out)
 
 
-def load_fp32(model_dir, device):
+def _load_fp32(model_dir, device):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -103,7 +103,7 @@ def draw(
     drawn = [s for per_prompt in sampler.sample_ids(posed, cfg) for s in per_prompt]
     # transformers' sampler holds the model already: scored in float32, it needs no second copy.
     held = getattr(sampler, "model", None)
-    return (held.float() if held is not None else load_fp32(model_dir, "cuda")), drawn
+    return (held.float() if held is not None else _load_fp32(model_dir, "cuda")), drawn
 
 
 def kl_on(sampler, other, drawn, batch_size: int = 32) -> dict:
@@ -139,7 +139,7 @@ def mc_kl(
     """KL(model ‖ start) over `prompts` from `samples` responses per prompt drawn from `model_dir` (`draw`;
     the forward direction is the same call with the two swapped): as `kl_on` returns it."""
     model, drawn = draw(model_dir, prompts, task, samples, max_new_tokens, seed, batch_size, backend)
-    return kl_on(model, load_fp32(start_dir, next(model.parameters()).device), drawn, batch_size)
+    return kl_on(model, _load_fp32(start_dir, next(model.parameters()).device), drawn, batch_size)
 
 
 def fit_kl_forgetting(frame: pl.DataFrame, direction: str | None = None) -> dict:
