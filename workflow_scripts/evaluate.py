@@ -18,7 +18,7 @@ p = snakemake.params
 benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
 with job_log(snakemake.log[0], snakemake.threads):
     # Engines sampling at once, one a GPU group: a job one engine would take beyond its limit has several.
-    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))
+    processes = job_gpus_processes(snakemake.resources)
     for run, model, metrics in zip(p.runs, p.models, snakemake.output, strict=True):
         # Each model's finished chunks kept until it is scored: a killed job's rerun samples only the rest.
         with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(metrics), processes) as engine:

@@ -16,5 +16,5 @@ config = snakemake.config
 sharing = retention_homes(config)[w.home] if hasattr(w, "home") else [Experiment.of(config, w.exp)]
 batch_size = min(x.x["fisher"]["batch_size"] for x in sharing)
 with job_log(snakemake.log[0], snakemake.threads):
-    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # sharded over several (diag)
+    processes = job_gpus_processes(snakemake.resources)  # sharded over several (diag)
     write_fisher(p.kind, inp.model, inp.rollouts, snakemake.output[0], batch_size, processes, **p.options)

@@ -37,7 +37,7 @@ with job_log(snakemake.log[0], snakemake.threads):
         benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
         # Sampled in chunks as an evaluation job samples (the same draws), kept in the scratch beside the model;
         # a job one engine would take beyond its limit runs several at once, one a GPU group.
-        processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))
+        processes = job_gpus_processes(snakemake.resources)
         with chunks_kept(Engine.of(p.backend, seed=p.seed), scratch / "chunks", processes) as engine:
             evaluate(
                 model,

@@ -26,6 +26,6 @@ with job_log(snakemake.log[0], snakemake.threads):
     )
     problems = rl_problems(pl.read_parquet(inp.data))
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
-    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # sharded over several
+    processes = job_gpus_processes(snakemake.resources)  # sharded over several
     inputs = {"post": model, "data": inp.data}
     train_grpo(model, problems, cfg, snakemake.output[0], inputs, resume, processes=processes)

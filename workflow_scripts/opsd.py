@@ -28,6 +28,6 @@ with job_log(snakemake.log[0], snakemake.threads):
     facts = pl.read_parquet(inp.facts) if inp.facts else None
     examples = opsd_examples(pl.read_parquet(inp.data), facts)
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
-    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # sharded over several
+    processes = job_gpus_processes(snakemake.resources)  # sharded over several
     inputs = {"post": model, "data": inp.data}
     train_opsd(model, examples, cfg, snakemake.output[0], inputs, resume, processes=processes)

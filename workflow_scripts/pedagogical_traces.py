@@ -17,7 +17,7 @@ p, inp, out = snakemake.params, snakemake.input, snakemake.output
 with job_log(snakemake.log[0], snakemake.threads):
     # Finished chunks of samples kept until the job is done: a killed job's rerun samples only the rest;
     # a job one engine would take beyond its limit runs several at once, one a GPU group.
-    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))
+    processes = job_gpus_processes(snakemake.resources)
     with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(out.sft), processes) as engine:
         cfg = StarConfig(**p.sampling, seed=p.seed)
         write_teacher_traces(inp.model, inp.problems, cfg, out.sft, out.stats, engine, p.task)

@@ -16,7 +16,7 @@ p, inp = snakemake.params, snakemake.input
 with job_log(snakemake.log[0], snakemake.threads):
     # Finished chunks of samples kept until the job is done: a killed job's rerun samples only the rest;
     # a job one engine would take beyond its limit runs several at once, one a GPU group.
-    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))
+    processes = job_gpus_processes(snakemake.resources)
     with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(snakemake.output.rollouts), processes) as engine:
         write_rollouts(
             inp.model,

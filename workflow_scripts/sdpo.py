@@ -29,6 +29,6 @@ with job_log(snakemake.log[0], snakemake.threads):
     problems = rl_problems(pl.read_parquet(inp.data))
     resume = Resume(resume_dir(snakemake.output[0]), p.resume_minutes)
     teacher = {"teacher_dir": p.get("teacher_dir"), "keep_teacher": bool(p.get("keep_teacher"))}
-    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # sharded over several
+    processes = job_gpus_processes(snakemake.resources)  # sharded over several
     inputs = {"post": model, "data": inp.data}
     train_sdpo(model, problems, cfg, snakemake.output[0], inputs, resume, **teacher, processes=processes)

@@ -28,7 +28,7 @@ with job_log(snakemake.log[0], snakemake.threads):
     # As `graftlab sft` does: a NaN or Inf in the start model trains a model of NaN without a word.
     refuse_nonfinite(p.model, "SFT start model")
 
-    processes = job_gpus_processes(getattr(snakemake.resources, "gpu", 0))  # FSDP over several
+    processes = job_gpus_processes(snakemake.resources)  # FSDP over several
     if processes > 1:
         launch_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), processes)
     else:

@@ -67,11 +67,11 @@ def job_processes(gpus: int) -> tuple[int, str]:
     return min(gpus, given), f"no CUDA; {given} GPUs given by SLURM, each a CPU process (gloo)"
 
 
-def job_gpus_processes(gpus) -> int:
-    """The processes a workflow job given `gpus` GPUs (its `resources.gpu`) trains in, at least one; said in
-    its log when more. More than one GPU is asked for only when the model does not fit one
-    (graftlab.planning.resources)."""
-    processes, why = job_processes(int(gpus or 0))
+def job_gpus_processes(resources) -> int:
+    """The processes a workflow job trains or samples in, given its `snakemake.resources` (their `gpu`, none
+    on a CPU rule), at least one; said in its log when more. More than one GPU is asked for only when the
+    model does not fit one or one engine would run past the time limit (graftlab.planning.resources)."""
+    processes, why = job_processes(int(getattr(resources, "gpu", 0) or 0))
     if processes > 1:
         print(f"processes: {processes} ({why})", flush=True)
     return max(1, processes)
