@@ -148,7 +148,7 @@ def experiments_with(*kinds):
 wildcard_constraints:
     exp="|".join(EXPERIMENTS + CONTINUAL),
     world="|".join(WORLDS),
-    donor="|".join(["post", "step~[0-9]+"] + list(MODELS)),
+    donor="|".join(["post", "step~[0-9]+", "post~[0-9]+"] + list(MODELS)),
     lr="[^/]+",
     epoch="[0-9]+",
     lam="[^/]+",

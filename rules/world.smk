@@ -1,5 +1,6 @@
 # The tiny world: a character tokenizer, arithmetic benchmarks, a pretraining corpus, a Qwen3-style model
-# pretrained from scratch (its checkpoints are the donor ladder) and post-trained on the old tasks.
+# pretrained from scratch (its checkpoints are the donor ladder) and post-trained on the old tasks (with
+# checkpoints of its own, `post~N`, where posttrain.ladder asks).
 # `{world}` is the world's directory under results/: `world` (the main section) or `worlds/{name}`
 # (a variant); each rule reads its settings and seed from that world's section.
 
@@ -120,7 +121,10 @@ rule world_posttrain:
             task=wcfg(w, "old_tasks"),
         ),
     output:
-        directory("results/{world}/post"),
+        post=directory("results/{world}/post"),
+        # Its checkpoints `post~N` at posttrain.ladder's steps (none by default), donors from within
+        # post-training.
+        ladder=directory("results/{world}/post_ladder"),
     log:
         "logs/{world}/posttrain.log",
     benchmark:

@@ -98,7 +98,30 @@ def test_shipped_configs_validate(name):
         ),
         (
             {"experiments": {"x": {"donors": ["qwen"]}}},
-            "config key experiments.x.donors: qwen is neither on world.pretrain.ladder",
+            "config key experiments.x.donors: qwen is no checkpoint of world (step~100, step~200, step~300, step~400)",
+        ),
+        # Post-training's checkpoints: on its ladder, before its last step, by their one spelling.
+        (
+            {"world": {"posttrain": {"ladder": [450]}}, "experiments": {"x": {"donors": ["post~900"]}}},
+            "config key experiments.x.donors: post~900 is no checkpoint of world (step~100, step~200, step~300, "
+            "step~400, post~450)",
+        ),
+        (
+            {"world": {"posttrain": {"ladder": [450]}}, "experiments": {"x": {"donors": ["post~0450"]}}},
+            "config key experiments.x.donors: post~0450 is no checkpoint of world",
+        ),
+        (
+            {"world": {"posttrain": {"ladder": [1350]}}},
+            "config key world.posttrain.ladder: must increase and stay below post-training's 1350 steps",
+        ),
+        (
+            {"world": {"posttrain": {"ladder": [900, 450]}}},
+            "config key world.posttrain.ladder: must increase",
+        ),
+        (
+            {"experiments": {"x": {"data": "teacher", "teacher": {"model": "post~450"}}}},
+            "config key experiments.x.teacher.model: 'post~450' must name the teacher of data: teacher: `post`, a "
+            "checkpoint of world (step~100, step~200, step~300, step~400)",
         ),
         (
             {"experiments": {"x": {"post": "qwen"}}},
@@ -170,7 +193,7 @@ def test_shipped_configs_validate(name):
                 "worlds": {"short": {"pretrain": {"steps": 50, "ladder": [50]}}},
                 "experiments": {"x": {"world": "short"}},
             },
-            "config key experiments.x.donors: step~100 is neither on worlds.short.pretrain.ladder [50]",
+            "config key experiments.x.donors: step~100 is no checkpoint of worlds.short (step~50)",
         ),
         (
             {"worlds": {"few": {"candidates": 100}}, "experiments": {"x": {"world": "few"}}},

@@ -27,6 +27,7 @@ from graftlab.planning.layout import (
     retention_homes,
     run,
     study_experiments,
+    world_checkpoint,
     worlds,
 )
 
@@ -96,7 +97,20 @@ def test_the_smoke_expert_evaluates_every_method(smoke):
 def test_donors_as_they_are_and_their_sft_are_evaluated_only_with_donor_sft(smoke):
     knowledge = Experiment.of(smoke, "knowledge").runs()
     assert not [k for k in knowledge if k.startswith(("donor/", "sft/step~"))]
-    assert "graft/step~50/lr~1e-3/epoch~2/lam~1/mask~none/rho~0" in knowledge
+    assert "graft/post~48/lr~1e-3/epoch~2/lam~1/mask~none/rho~0" in knowledge
+
+
+def test_world_checkpoints_are_read_from_their_ladders(smoke):
+    xp = Experiment.of(smoke, "knowledge")
+    assert (xp.model_input("post~48"), xp.model_dir("post~48")) == (
+        "results/world/post_ladder",
+        "results/world/post_ladder/post~48",
+    )
+    pretrained = ("results/world/ladder", "results/world/ladder/step~50")
+    assert (xp.model_input("step~50"), xp.model_dir("step~50")) == pretrained
+    # Only canonical step numbers name a world checkpoint: `post~048` would be a second path for post~48.
+    assert [world_checkpoint(n) for n in ("post~048", "post~", "post~4a", "poster~4", "post")] == [None] * 5
+    assert world_checkpoint("post~48") == ("posttrain", "post_ladder", 48)
 
 
 def test_opsd_keeps_evenly_spaced_checkpoints(smoke):

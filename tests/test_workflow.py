@@ -97,7 +97,9 @@ def test_smoke_run_writes_summary_and_plot(smoke):
 def test_models_load_in_transformers_and_grafts_are_temporary(smoke):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    for model in ["results/world/ladder/step~50", "results/world/post", "results/expert/sft/post/lr~1e-3/epoch~2"]:
+    # The knowledge setting's donor is a post-training checkpoint, kept beside the post model.
+    models = ["results/world/ladder/step~50", "results/world/post_ladder/post~48", "results/world/post"]
+    for model in models + ["results/expert/sft/post/lr~1e-3/epoch~2", "results/knowledge/sft/post~48/lr~1e-3/epoch~2"]:
         AutoModelForCausalLM.from_pretrained(smoke / model)
         assert AutoTokenizer.from_pretrained(smoke / model).eos_token == "<|im_end|>"
     assert not list((smoke / "results").rglob("graft/**/model.safetensors"))
@@ -452,7 +454,10 @@ def test_graft_epochs_choose_which_sft_checkpoints_are_grafted(tmp_path):
     [
         ({"grafts": {"lam": ["1"]}}, "config key experiments.expert: Additional properties are not allowed ('grafts'"),
         ({"graft": {"lam": ["-1"]}}, "config key experiments.expert.graft.lam.0: '-1' is invalid: A non-negative"),
-        ({"donors": ["step~7"]}, "config key experiments.expert.donors: step~7 is neither on world.pretrain.ladder"),
+        (
+            {"donors": ["step~7"]},
+            "config key experiments.expert.donors: step~7 is no checkpoint of world (step~50, step~150, post~48)",
+        ),
         (
             {"graft": {"masks": {"rho": ["1.5"]}}},
             "config key experiments.expert.graft.masks.rho: ['1.5'] outside [0, 1]",

@@ -125,3 +125,41 @@ def test_pretraining_keeps_the_initialisation_beside_the_ladder(tmp_path):
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "ladder" / "step~2").state_dict()
     assert not torch.equal(base["model.embed_tokens.weight"], init["model.embed_tokens.weight"])  # trained
     assert not list(tmp_path.glob(".*"))  # no temporary sibling left behind
+
+
+def test_posttraining_keeps_its_ladder_without_changing_the_post_model(tmp_path):
+    """Checkpoints kept along post-training (`post~N`, the §5.3 donors) leave the post model bit-identical
+    to a run that keeps none, and lie on its trajectory: distinct from the post model and from each other."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from graftlab.world.build import make_benchmarks, make_corpus, posttrain, pretrain
+
+    save_tokenizer(tmp_path / "tok")
+    make_corpus(["add"], 40, 4, 0, tmp_path / "corpus.parquet")
+    make_benchmarks(["add"], 4, 0, tmp_path / "bench")
+    arch = {"hidden_size": 16, "intermediate_size": 32, "layers": 1, "heads": 2, "kv_heads": 1, "max_positions": 64}
+    pre = {"steps": 1, "batch_size": 4, "lr": 1e-2, "ladder": [1], "block": 32}
+    pretrain(tmp_path / "tok", tmp_path / "corpus.parquet", arch, pre, tmp_path / "ladder", tmp_path / "init", 3, 1)
+    base = tmp_path / "ladder" / "step~1"
+    # 4 steps, the first of them warm-up at learning rate 0: the rungs are kept after steps 2 and 3.
+    post = {"examples_per_task": 16, "epochs": 1, "batch_size": 4, "lr": 1e-2}
+
+    def weights(path):
+        return AutoModelForCausalLM.from_pretrained(path).state_dict()
+
+    def same(a, b):
+        return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    for name, ladder in (("plain", []), ("kept", [2, 3])):
+        out = tmp_path / name
+        posttrain(base, tmp_path / "bench", ["add"], post | {"ladder": ladder}, out / "post", out / "rungs", 0, 1)
+        assert sorted(p.name for p in (out / "rungs").iterdir()) == [f"post~{s}" for s in ladder]
+    final = weights(tmp_path / "plain" / "post")
+    assert same(final, weights(tmp_path / "kept" / "post"))
+    rungs = [weights(tmp_path / "kept" / "rungs" / f"post~{s}") for s in (2, 3)]
+    assert not same(rungs[0], rungs[1]) and not same(rungs[1], final) and not same(rungs[0], weights(base))
+
+    with pytest.raises(ValueError, match=r"posttrain.ladder: steps \[4\]"):
+        posttrain(base, tmp_path / "bench", ["add"], post | {"ladder": [4]}, tmp_path / "x/p", tmp_path / "x/r", 0, 1)
+    assert not (tmp_path / "x").exists()

@@ -11,6 +11,7 @@ import math
 from jsonschema import Draft202012Validator, validators
 
 from graftlab.methods import METHODS, on_policy, sections, specs
+from graftlab.planning.layout import WORLD_LADDERS, world_checkpoint
 from graftlab.schema import load_schema
 
 
@@ -127,14 +128,21 @@ def _duplicate_models(models: dict) -> list[tuple[bool, str, str]]:
 
 def _world_checks(world: dict, key: str) -> list[tuple[bool, str, str]]:
     from graftlab.tasks.arith import distinct_problems
+    from graftlab.world import posttrain_steps
 
     ladder, steps = world["pretrain"]["ladder"], world["pretrain"]["steps"]
+    post_ladder, post_steps = world["posttrain"]["ladder"], posttrain_steps(world)
     model, distinct = world["model"], distinct_problems(world["new_task"])
     checks = [
         (
             ladder == sorted(ladder) and ladder[-1] == steps,
             f"{key}.pretrain.ladder",
             f"must increase and end at step {steps} (the base model)",
+        ),
+        (
+            post_ladder == sorted(post_ladder) and all(s < post_steps for s in post_ladder),
+            f"{key}.posttrain.ladder",
+            f"must increase and stay below post-training's {post_steps} steps (the post model itself is `post`)",
         ),
         (
             model["heads"] % model["kv_heads"] == 0,
@@ -210,9 +218,20 @@ def _world_of(config: dict, exp: dict, key: str) -> tuple[dict, str]:
     return config["worlds"][name], f"worlds.{name}"
 
 
+def _world_checkpoint(world: dict, name: str) -> bool:
+    """Whether `name` is a checkpoint the world keeps: `step~N` on its pretraining ladder, `post~N` on its
+    post-training ladder (`graftlab.planning.layout.WORLD_LADDERS`)."""
+    checkpoint = world_checkpoint(name)
+    return checkpoint is not None and checkpoint.step in world[checkpoint.section]["ladder"]
+
+
+def _checkpoints(world: dict) -> str:
+    names = [f"{prefix}~{s}" for prefix, (section, _) in WORLD_LADDERS.items() for s in world[section]["ladder"]]
+    return ", ".join(names)
+
+
 def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, str, str]]:
     (world, wkey), models = _world_of(config, exp, key), set(config["models"])
-    ladder = world["pretrain"]["ladder"]
     checks = []
     if exp["data"] != "knowledge" and exp["problems"] is None and not exp["stages"]:
         checks.append(
@@ -229,12 +248,11 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
             late = [e for e in epochs or [] if e > exp["sft"]["epochs"]]
             checks.append((not late, f"{key}.{where}.epochs", f"{late} exceed sft.epochs = {exp['sft']['epochs']}"))
     for donor in exp["donors"]:
-        on_ladder = donor.startswith("step~") and int(donor.split("~")[1]) in ladder
         checks.append(
             (
-                on_ladder or donor in models,
+                _world_checkpoint(world, donor) or donor in models,
                 f"{key}.donors",
-                f"{donor} is neither on {wkey}.pretrain.ladder {ladder} nor a name in models {sorted(models)}",
+                f"{donor} is no checkpoint of {wkey} ({_checkpoints(world)}) nor a name in models {sorted(models)}",
             )
         )
     checks.append(
@@ -246,14 +264,13 @@ def _experiment_checks(config: dict, exp: dict, key: str) -> list[tuple[bool, st
     )
     teacher = exp["teacher"]["model"]
     if exp["data"] == "teacher":
-        known = teacher is not None and (
-            teacher in ("post", *models) or (teacher.startswith("step~") and int(teacher.split("~")[1]) in ladder)
-        )
+        known = teacher is not None and (teacher in ("post", *models) or _world_checkpoint(world, teacher))
         checks.append(
             (
                 known,
                 f"{key}.teacher.model",
-                f"{teacher!r} must name the teacher of data: teacher: `post`, a ladder step or a name in models",
+                f"{teacher!r} must name the teacher of data: teacher: `post`, a checkpoint of {wkey} "
+                f"({_checkpoints(world)}) or a name in models",
             )
         )
     if exp["data"] == "knowledge":

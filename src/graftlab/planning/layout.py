@@ -5,6 +5,7 @@ method, its base model (`post` or a donor such as `step~400`), then `name~value`
 
     post                                            the post-trained model, the reference
     donor/step~400                                  a donor as it is, before SFT     -> "donor"
+                                                    (`post~N`: a post-training checkpoint)
     sft/post/lr~1e-3/epoch~2                        SFT of the post model           -> "sft"
     sft/step~400/lr~1e-3/epoch~1                    SFT of a donor                  -> "donor_sft"
     graft/step~400/lr~.../lam~.../mask~.../rho~...  a donor's update added to post  -> "graft"
@@ -30,6 +31,10 @@ from typing import NamedTuple
 from graftlab.methods import METHODS, on_policy
 
 POST = "post"
+# A tiny world's own checkpoints, named `prefix~N`: by prefix, the world section whose `ladder` lists the
+# steps N kept and the directory of the world they are kept in. `step~N` of pretraining (the donor ladder),
+# `post~N` of post-training (the grafting paper's §5.3 donors).
+WORLD_LADDERS = {"step": ("pretrain", "ladder"), "post": ("posttrain", "post_ladder")}
 KEY_COLUMNS = METHODS["graft"].keys  # lr, epoch, lam, mask, rho: a column each in every summary
 # The on-policy trainers of the post model: each run keeps checkpoints by step (`kept_steps`).
 ON_POLICY = {m.name: m.keys for m in on_policy()}
@@ -126,6 +131,21 @@ def eval_root(metrics: str, key: str) -> str:
     if not metrics.endswith(suffix):
         raise ValueError(f"{metrics} is not the metrics.json of run {key!r}")
     return metrics[: -len(suffix)]
+
+
+class WorldCheckpoint(NamedTuple):
+    section: str  # the world's config section listing the kept steps in its `ladder`
+    directory: str  # the directory under the world's results holding them
+    step: int
+
+
+def world_checkpoint(name: str) -> WorldCheckpoint | None:
+    """What the world checkpoint `name` (`step~N`, `post~N`) is, or None when `name` names none."""
+    prefix, sep, step = name.partition("~")
+    canonical = step.isdigit() and str(int(step)) == step  # `step~0100` would be a second path for step 100
+    if not (sep and canonical and prefix in WORLD_LADDERS):
+        return None
+    return WorldCheckpoint(*WORLD_LADDERS[prefix], int(step))
 
 
 def method_of(donor: str) -> str:
@@ -253,7 +273,7 @@ def study_experiments(config: dict) -> list[dict]:
 def on_tiny_world(x: dict) -> bool:
     """Whether the experiment's post model and donors are its tiny world's own: the drift ratio needs the
     world's initialisation, which a real model does not come with."""
-    return x["post"] == POST and all(d.startswith("step~") for d in x["donors"])
+    return x["post"] == POST and all(world_checkpoint(d) for d in x["donors"])
 
 
 def shows_takeover(x: dict) -> bool:
@@ -291,22 +311,23 @@ class Experiment:
 
     def model_dir(self, name: str) -> str:
         """Directory of a named model: `post` (the experiment's post model, its world's by default), a
-        ladder checkpoint `step~N` of its world, or a name from `models`, fetched into resources/models/.
+        checkpoint of its world (`step~N`, `post~N`), or a name from `models`, fetched into resources/models/.
         """
         if name == POST:
             name = self.x["post"]
             if name == POST:
                 return f"{self.world_dir}/post"
-        if name.startswith("step~"):
-            return f"{self.world_dir}/ladder/{name}"
+        if checkpoint := world_checkpoint(name):
+            return f"{self.world_dir}/{checkpoint.directory}/{name}"
         return f"resources/models/{name}"
 
     def model_input(self, name: str) -> str:
         """The input that model `name` is read from (a rule's params carry model_dir): its directory, or
-        for a ladder checkpoint the whole ladder. One pretraining job writes the ladder, and since its
-        length differs between worlds it is one directory output, inside which Snakemake sees no
-        checkpoint."""
-        return f"{self.world_dir}/ladder" if name.startswith("step~") else self.model_dir(name)
+        for a world checkpoint its whole ladder. One pretraining (post-training) job writes the ladder, and
+        since its length differs between worlds it is one directory output, inside which Snakemake sees
+        no checkpoint."""
+        checkpoint = world_checkpoint(name)
+        return f"{self.world_dir}/{checkpoint.directory}" if checkpoint else self.model_dir(name)
 
     @property
     def post_dir(self) -> str:

@@ -33,6 +33,7 @@ from graftlab.planning.layout import (
     Experiment,
     checkpoint_rule,
     study_experiments,
+    world_checkpoint,
     world_key,
 )
 from graftlab.planning.resources import GPU_MEMORY_GB, TEMP_GRAFTS, Cluster, misfit
@@ -216,7 +217,7 @@ def continual_jobs(c: Continual) -> list[tuple[str, dict]]:
 def _world(costs: dict, world: dict, uses: list[dict]) -> None:
     """The tiny world's jobs, for the parts its experiments use: pretraining (the ladder) and
     post-training when one runs on its models, its benchmarks, its mining candidates."""
-    models = any(x["post"] == POST or any(d.startswith("step~") for d in x["donors"]) for x in uses)
+    models = any(x["post"] == POST or any(world_checkpoint(d) for d in x["donors"]) for x in uses)
     benchmarks = models or any(not x["benchmarks"] for x in uses)
     if benchmarks:
         costs["world_benchmarks"].add(jobs=len(world["old_tasks"]))

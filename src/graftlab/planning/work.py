@@ -29,7 +29,7 @@ from graftlab import memory
 from graftlab.memory import Memory, Shape
 from graftlab.methods import METHODS, on_policy
 from graftlab.planning.chains import KNOWLEDGE, Chain
-from graftlab.planning.layout import POST, Experiment, fisher_options, kept_steps, parse_run
+from graftlab.planning.layout import POST, Experiment, fisher_options, kept_steps, parse_run, world_checkpoint
 from graftlab.tasks import get_task
 
 # The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
@@ -147,12 +147,12 @@ def size_in_name(name: str) -> float | None:
 
 
 def model_of(config: dict, layout: Experiment, name: str, root: Path = Path(".")) -> Model:
-    """The model `name` (`post`, `step~N` or a name from `models`) of an experiment: from its fetched
-    config.json when present, else its configured `params`, else the size in its hub id; the tiny
-    world's from the world's architecture."""
+    """The model `name` (`post`, a world checkpoint `step~N` or `post~N`, or a name from `models`) of an
+    experiment: from its fetched config.json when present, else its configured `params`, else the size in
+    its hub id; the tiny world's from the world's architecture."""
     if name == POST:
         name = layout.x["post"]
-    if name == POST or name.startswith("step~"):
+    if name == POST or world_checkpoint(name):
         return world_model(layout.world)
     local = root / layout.model_dir(name) / "config.json"
     if local.is_file():
@@ -284,7 +284,8 @@ def world_work(rule: str, world: dict) -> Work:
     if rule == "world_posttrain":
         post = world["posttrain"]
         examples = post["examples_per_task"] * len(world["old_tasks"]) * post["epochs"]
-        return Work(model, compute=6 * model.params * examples * block, written=model.bytes)
+        written = (1 + len(post["ladder"])) * model.bytes  # the post model and its kept checkpoints
+        return Work(model, compute=6 * model.params * examples * block, written=written)
     return Work(model)
 
 

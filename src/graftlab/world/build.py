@@ -199,26 +199,35 @@ def posttrain(
     tasks: list[str],
     cfg: dict,
     out: Path,
+    ladder_dir: Path,
     seed: int,
     threads: int,
     precision: str = "auto",
 ) -> None:
-    """SFT of the base model on the old tasks, with thinking traces, in the chat format."""
+    """SFT of the base model on the old tasks, with thinking traces, in the chat format: the post model at
+    `out`, and in `ladder_dir` a checkpoint `post~N` at each step N of `cfg["ladder"]` (the directory is
+    written whole, empty when the ladder is)."""
     from transformers import AutoTokenizer
 
+    from graftlab.io.atomic import atomic_dir
     from graftlab.train.sft import TrainConfig, finetune
 
     tok = AutoTokenizer.from_pretrained(base_dir)
     rows = sft_rows(tok, posttrain_problems(tasks, cfg["examples_per_task"], seed, benchmark_dir))
-    # A fixed step count (whole epochs) with one save at the end: only the final model is wanted.
+    # A fixed step count (whole epochs); the ladder's checkpoints along the way, the post model at the end.
     steps = cfg["epochs"] * math.ceil(len(rows) / cfg["batch_size"])
+    late = [s for s in cfg["ladder"] if s >= steps]
+    if late:
+        raise ValueError(f"posttrain.ladder: steps {late} are not before post-training's last step {steps}")
     train_cfg = TrainConfig(
         lr=cfg["lr"],
         batch_size=cfg["batch_size"],
         steps=steps,
-        save_steps=(steps,),
+        save_steps=(*cfg["ladder"], steps),
         seed=seed,
         threads=threads,
         precision=precision,
     )
-    finetune(base_dir, rows, train_cfg, [out], data=f"old tasks {tasks}")
+    with atomic_dir(ladder_dir) as tmp:
+        targets = [tmp / f"post~{s}" for s in cfg["ladder"]] + [out]
+        finetune(base_dir, rows, train_cfg, targets, data=f"old tasks {tasks}")
