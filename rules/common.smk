@@ -11,7 +11,14 @@ from graftlab.planning.config import ConfigError, resolve
 from graftlab.io import warm
 from graftlab.io.fetch import hub_offline, looks_local
 from graftlab.fisher import KINDS as FISHER_KINDS
-from graftlab.planning.chains import Chain, Continual, is_continual, stage_data_kind
+from graftlab.planning.chains import (
+    GRAFT_FORMS,
+    MERGE_CHAIN,
+    Chain,
+    Continual,
+    is_continual,
+    stage_data_kind,
+)
 from graftlab.planning.layout import (
     ROLLOUT_KEYS,
     TRAINED_KINDS,

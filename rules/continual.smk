@@ -7,7 +7,7 @@
 wildcard_constraints:
     k="[0-9]+",
     tune="sft|tune",
-    form="graft_chain|graft_cumulative",
+    form="|".join(GRAFT_FORMS.values()),
 
 
 rule stage_data:
@@ -131,6 +131,36 @@ rule chain_sft:
         "../workflow_scripts/sft.py"
 
 
+# A merge chain's SFT at stage k: from the chain's own model after stage k-1 (the post model at stage 1),
+# which differs with the chain's lam and mask, so it lies inside the chain's stage directory. Sized as SFT.
+use rule chain_sft as chain_merge_sft with:
+    input:
+        model=lambda w: previous(w, MERGE_CHAIN)[0],
+        data=lambda w: chains(w).sft_data(stage_of(w)),
+    output:
+        report(
+            directory(
+                "results/{exp}/chain/merge_chain/post/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/sft"
+            ),
+            patterns=["{curves,training}.png"],
+            caption="../report/training.rst",
+            category="{exp}",
+            subcategory="Training curves",
+            labels={
+                "method": "merge_chain",
+                "run": "lr~{lr} lam~{lam} mask~{mask} rho~{rho}",
+                "stage": "{k}",
+            },
+        ),
+    log:
+        "logs/{exp}/chain/merge_chain/post/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/sft.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/chain/merge_chain/post/lr~{lr}/lam~{lam}/mask~{mask}/rho~{rho}/stage~{k}/sft.tsv"
+    # chain_sft's other params stand: Snakemake merges params by name (inputs it replaces whole).
+    params:
+        model=lambda w: previous(w, MERGE_CHAIN)[1],
+
+
 rule chain_graft:
     input:
         unpack(graft_inputs),
@@ -156,10 +186,13 @@ rule chain_graft:
         lam=lambda w: w.lam,
         mask=lambda w: w.mask,
         rho=lambda w: w.rho,
+        # The masks of the chain's section: `graft` for the graft chains, `merge` for the merge chains.
         mask_settings=lambda w: (
             {}
             if w.mask == "none"
-            else {k: xcfg(w, "graft", "masks", k) for k in ("scope", "score")}
+            else {
+                k: xcfg(w, section_of(w.form), "masks", k) for k in ("scope", "score")
+            }
         ),
     script:
         "../workflow_scripts/chain_graft.py"

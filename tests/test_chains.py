@@ -19,6 +19,7 @@ def continual(**experiment) -> Continual:
         "donors": ["step~100"],
         "sft": {"lr": ["1e-3"], "epochs": 4},
         "graft": {"lam": ["1"], "masks": {"kinds": ["diag"], "rho": ["0.1"]}},
+        "merge": {"lam": ["0.5"], "masks": {"kinds": ["diag"], "rho": ["0.1"]}},
         "opsd": {"alpha": ["0.5"], "steps": 8},
         "grpo": {"lr": ["1e-4"], "steps": 8},
         "sdpo": {"teachers": ["frozen", "ema:0.05", "refresh:1"], "cot_teachers": ["ema:0.05"], "steps": 8},
@@ -32,6 +33,7 @@ def test_every_method_is_one_chain_per_setting():
         "sft",
         *["graft_chain"] * 2,  # unmasked and diag-masked
         *["graft_cumulative"] * 2,
+        *["merge_chain"] * 2,  # the merge section's lam, unmasked and masked
         "opsd",
         "grpo",
         "sdpo:frozen",
@@ -76,6 +78,29 @@ def test_graft_chain_adds_the_fixed_donors_update_and_cumulative_only_the_new_pa
     assert c.stage_model(fixed, 2)[1] == c.stage_dir(fixed, 2) + "/model"
 
 
+def test_a_merge_chain_adds_its_own_models_update_on_each_stage():
+    """merge_chain's donor is the chain's current model: at stage k its update is (SFT of the chain's stage
+    k-1 model on stage k) - (that model), taken at merge.lam, so the graft is M + lam (SFT(M) - M)."""
+    c = continual()
+    merges = [ch for ch in c.chains() if ch.kind == "merge_chain"]
+    assert [(ch.base, ch.keys["lam"], ch.keys["mask"]) for ch in merges] == [
+        ("post", "0.5", "none"),
+        ("post", "0.5", "diag"),
+    ]
+    for chain in merges:
+        for k in c.stage_numbers():
+            before, after = c.donor_pair(chain, k)
+            assert before == c.stage_model(chain, k - 1)  # the post model at stage 1
+            assert after == (f"{c.stage_dir(chain, k)}/sft", f"{c.stage_dir(chain, k)}/sft/epoch~{c.epochs(k)}")
+    assert c.donor_pair(merges[0], 1)[0] == ("results/world/post", "results/world/post")
+    assert (
+        c.stage_model(merges[0], 1)[1]
+        == "results/c/chain/merge_chain/post/lr~1e-3/lam~0.5/mask~none/rho~0/stage~1/model"
+    )
+    # Without the form in continual.graft_forms, no merge chain.
+    assert not [ch for ch in continual(continual={"graft_forms": ["chain"]}).chains() if ch.kind == "merge_chain"]
+
+
 def test_sdpo_teachers_carry_over_as_the_paper_runs_them():
     c = continual()
     chain = {t: Chain("sdpo", "post", {"teacher": t, "lr": "1e-4"}) for t in ("frozen", "ema:0.05", "refresh:1")}
@@ -91,7 +116,7 @@ def test_sdpo_teachers_carry_over_as_the_paper_runs_them():
 def test_evaluations_cover_every_chain_after_every_stage_on_every_benchmark():
     c = continual()
     keys = c.eval_keys()
-    assert keys[0] == "post" and len(keys) == 1 + 11 * 3
+    assert keys[0] == "post" and len(keys) == 1 + 13 * 3
     chain, stage = parse_chain(keys[-1])
     assert (chain.label, stage) == ("sdpo_cot:ema:0.05", 3)
     assert c.eval_model(keys[-1]) == c.stage_model(chain, 3)

@@ -16,8 +16,8 @@ PRESETS = {
     "qwen3-8b-star.yaml": 75,
     "olmo3-7b-knowledge.yaml": 174,
     "qwen3-4b-sdpo.yaml": 104,
-    "qwen3-4b-continual.yaml": 145,
-    "qwen3-4b-thinking.yaml": 143,
+    "qwen3-4b-continual.yaml": 157,
+    "qwen3-4b-thinking.yaml": 155,
 }
 
 

@@ -15,6 +15,7 @@ METHODS = {
     "sft",
     "graft_chain",
     "graft_cumulative",
+    "merge_chain",
     "opsd",
     "grpo",
     "sdpo:frozen",
@@ -81,6 +82,26 @@ def test_drift_tables_cover_every_model(smoke):
         assert (root / f"{png}.png").stat().st_size > 10_000
 
 
+def test_the_merge_chain_adds_half_its_own_update_at_each_stage(smoke):
+    """merge_chain at lam 0.5 (configs/smoke.yaml): after stage k the model is M + 0.5 (SFT(M) - M), M the
+    chain's model after stage k-1 (the post model before stage 1) and SFT(M) its SFT on stage k, tensor by
+    tensor, recomputed here from the files."""
+    import torch
+    from safetensors.torch import load_file
+
+    chain = smoke / "results/continual/chain/merge_chain/post/lr~1e-3/lam~0.5/mask~none/rho~0"
+    start = smoke / "results/world/post"
+    for k in (1, 2):
+        stage = chain / f"stage~{k}"
+        m, tuned = load_file(start / "model.safetensors"), load_file(stage / "sft/epoch~1/model.safetensors")
+        merged = load_file(stage / "model/model.safetensors")
+        assert merged.keys() == m.keys() and any(not torch.equal(tuned[n], m[n]) for n in m)
+        for name, w in m.items():
+            expected = (w.double() + 0.5 * (tuned[name].double() - w.double())).to(w.dtype)
+            assert torch.allclose(merged[name], expected, atol=1e-6), (k, name)
+        start = stage / "model"
+
+
 def test_a_change_to_stage_2_reruns_stage_2_and_nothing_before(smoke, tmp_path):
     def longer(stages):
         stages[1]["steps"] = 3
@@ -98,5 +119,6 @@ def test_a_change_to_stage_1_reruns_its_chains_from_stage_1_on(smoke, tmp_path):
     jobs = planned_jobs(smoke, stages_overlay(tmp_path, "epochs", longer))
     # SFT from stage 1 on; the donor's tuning on stage 1 and its cumulative chain from stage 1 on; both
     # graft chains from stage 1 on. Stage 2's lone tuning and every on-policy chain stay.
-    expected = {"chain_sft": 2 + 1 + 2, "chain_graft": 4, "evaluate": 6}
+    # The merge chain from stage 1 on: its SFT of its own model, and its merge, at each stage.
+    expected = {"chain_sft": 2 + 1 + 2, "chain_merge_sft": 2, "chain_graft": 6, "evaluate": 8}
     assert jobs == expected | CONTINUAL_ANALYSES

@@ -58,6 +58,7 @@ class Method:
     ingredient: bool = False  # a graft's ingredient (a donor before and after SFT), not a frontier candidate
     chained: bool = False  # a continual experiment trains it as a chain of stages
     kind: str | None = None  # its runs' key paths' first segment, where not its name (a merge is a graft)
+    form: str | None = None  # a graft chain's name in `continual.graft_forms`
     run_keys: tuple[str, ...] = ()  # the fields of its runs' keys, an on-policy method's from its spec
 
     @property
@@ -156,6 +157,7 @@ METHODS: dict[str, Method] = {
             chain_rule="chain_graft",
             chain_wildcard="form",
             chained=True,
+            form="chain",
         ),
         Method(
             "graft_cumulative",
@@ -165,6 +167,19 @@ METHODS: dict[str, Method] = {
             chain_rule="chain_graft",
             chain_wildcard="form",
             chained=True,
+            form="cumulative",
+        ),
+        # The merge chained: each stage adds the current model's own SFT update on the stage, scaled by the
+        # merge section's lam, to the current model (the single-domain merge, stage after stage).
+        Method(
+            "merge_chain",
+            "merge, the current model's own update",
+            "merge_chain",
+            section="merge",
+            chain_rule="chain_graft",
+            chain_wildcard="form",
+            chained=True,
+            form="merge",
         ),
         Method(
             "opsd",

@@ -13,6 +13,8 @@ model), so changing stage k's settings re-runs stages k and later of every chain
     results/{exp}/chain/tune/{donor}/lr~L/stage~{k}/        the fixed donor tuned on stage k alone (graft_chain)
     results/{exp}/chain/graft_chain/{donor}/lr~L/lam~../mask~../rho~../stage~{k}/model
     results/{exp}/chain/graft_cumulative/.../stage~{k}/model
+    results/{exp}/chain/merge_chain/post/lr~L/lam~../mask~../rho~../stage~{k}/model
+    results/{exp}/chain/merge_chain/.../stage~{k}/sft/      the merge chain's SFT from its own stage k-1 model
     results/{exp}/chain/opsd/post/alpha~A/lr~L/stage~{k}/   on-policy chains, `step~S` inside; an EMA
     results/{exp}/chain/grpo/post/lr~L/stage~{k}/           SDPO teacher is kept beside, in `teacher/`,
     results/{exp}/chain/sdpo/post/teacher~T/lr~L/stage~{k}/ for the next stage to carry on with
@@ -36,8 +38,9 @@ from graftlab.planning.layout import POST, Experiment, as_read, kept_steps, run,
 
 # The methods of a continual experiment, in the order tables and plots list them.
 CHAIN_KINDS = tuple(m.name for m in METHODS.values() if m.chained)
-# The graft forms (`continual.graft_forms`) by the name their chains carry.
-GRAFT_FORMS = {m.name.removeprefix("graft_"): m.name for m in METHODS.values() if m.chain_only}
+# The graft forms (`continual.graft_forms`), each the name of its chains' method.
+GRAFT_FORMS = {m.form: m.name for m in METHODS.values() if m.form}
+MERGE_CHAIN = "merge_chain"  # the form whose donor is the chain's own current model
 ON_POLICY = tuple(m.name for m in on_policy())
 KNOWLEDGE = "knowledge"
 
@@ -161,18 +164,19 @@ class Continual:
         lrs = x["sft"]["lr"]
         sft = [Chain("sft", POST, {"lr": lr}) for lr in lrs]
         grafts = [
-            Chain(GRAFT_FORMS[form], d, {"lr": lr, "lam": lam, "mask": mask, "rho": rho})
-            for form in x["continual"]["graft_forms"]
-            for d in x["donors"]
+            Chain(kind, d, {"lr": lr, "lam": lam, "mask": mask, "rho": rho})
+            for kind in (GRAFT_FORMS[form] for form in x["continual"]["graft_forms"])
+            for d in ([POST] if kind == MERGE_CHAIN else x["donors"])
             for lr in lrs
-            for lam, mask, rho in self.graft_settings()
+            for lam, mask, rho in self.graft_settings(METHODS[kind].section)
         ]
         trained = [Chain(m.name, POST, keys) for m in on_policy() for keys in m.spec.runs(x[m.section])]
         return sft + grafts + trained
 
-    def graft_settings(self) -> list[tuple[str, str, str]]:
-        """(lam, mask, rho) of the graft chains: every lam unmasked, then every mask kind x rho x lam."""
-        g, masks = self.x["graft"], self.x["graft"]["masks"]
+    def graft_settings(self, section: str = "graft") -> list[tuple[str, str, str]]:
+        """(lam, mask, rho) of the graft chains (the merge chains: `section` merge): every lam unmasked, then
+        every mask kind x rho x lam."""
+        g, masks = self.x[section], self.x[section]["masks"]
         plain = [(lam, "none", "0") for lam in g["lam"]]
         return plain + [
             (lam, kind, rho) for kind in masks["kinds"] for rho in masks["rho"] for lam in masks["lam"] or g["lam"]
@@ -198,15 +202,23 @@ class Continual:
         """The fixed donor tuned on stage k's data alone: graft_chain's update at stage k."""
         return f"{self.root}/chain/tune/{donor}/lr~{lr}/stage~{k}"
 
+    def merge_sft_dir(self, chain: Chain, k: int) -> str:
+        """A merge chain's SFT at stage k, from its own model after stage k-1 (`epoch~e` inside)."""
+        return f"{self.stage_dir(chain, k)}/sft"
+
     def donor_pair(self, chain: Chain, k: int) -> tuple[tuple[str, str], tuple[str, str]]:
         """((input, model) of the donor before, (input, model) after) the update a graft chain adds at stage k.
         graft_chain: the fixed donor and its tuning on stage k alone. graft_cumulative: the donor's own SFT
-        chain at stages k-1 and k, so only the new part of its update is added."""
+        chain at stages k-1 and k, so only the new part of its update is added. merge_chain: the chain's own
+        model after stage k-1 and its SFT on stage k."""
         lr, donor = chain.keys["lr"], chain.base
         last = f"epoch~{self.epochs(k)}"
         if chain.kind == "graft_chain":
             tuned = self.tune_dir(donor, lr, k)
             return (self.model_input(donor), self.model_dir(donor)), (tuned, f"{tuned}/{last}")
+        if chain.kind == MERGE_CHAIN:
+            tuned = self.merge_sft_dir(chain, k)
+            return self.stage_model(chain, k - 1), (tuned, f"{tuned}/{last}")
         donor_chain = Chain("sft", donor, {"lr": lr})
         return self.stage_model(donor_chain, k - 1), self.stage_model(donor_chain, k)
 

@@ -19,6 +19,7 @@ from graftlab.methods import METHODS
 from graftlab.planning import work
 from graftlab.planning.chains import (
     GRAFT_FORMS,
+    MERGE_CHAIN,
     ON_POLICY,
     Chain,
     Continual,
@@ -135,7 +136,7 @@ def retention_jobs(layout: Experiment, kinds: list[str]) -> list[tuple[str, dict
 
 # The rule each continual rule is sized as: its `sized(...)` in rules/continual.smk (tests/test_plan.py
 # reads them there). A rule not listed is sized under its own name.
-SIZED_AS = {"chain_rollouts": "rollouts", "chain_fisher": "fisher", "stage_star": "star"}
+SIZED_AS = {"chain_rollouts": "rollouts", "chain_fisher": "fisher", "stage_star": "star", "chain_merge_sft": "sft"}
 SIZED_AS |= {m.chain_rule: m.rule for m in METHODS.values() if m.chain_rule and m.rule}
 
 
@@ -169,7 +170,7 @@ def _sft_stages(c: Continual) -> list[tuple[Chain, int]]:
     dirs += [
         side[0]
         for ch in c.chains()
-        if ch.kind in GRAFT_FORMS.values()
+        if ch.kind in GRAFT_FORMS.values() and ch.kind != MERGE_CHAIN  # its SFT: chain_merge_sft, `_stage_jobs`
         for k in c.stage_numbers()
         for side in c.donor_pair(ch, k)
     ]
@@ -181,7 +182,8 @@ def _stage_jobs(c: Continual, chain: Chain, k: int) -> list[tuple[str, dict]]:
     """A method chain's jobs at stage k. A masked graft chain's model after stage k < last also gets its
     retention Fisher, which its graft at stage k+1 reads (rules/continual.smk, `graft_inputs`)."""
     w = chain_wildcards(chain, k)
-    jobs = [(CHAIN_RULES[chain.kind], w)]
+    jobs = [("chain_merge_sft", w)] if chain.kind == MERGE_CHAIN else []  # the update it adds, from its own model
+    jobs += [(CHAIN_RULES[chain.kind], w)]
     if chain.kind in GRAFT_FORMS.values() and chain.keys["mask"] != "none" and k < len(c.stages):
         jobs += [("chain_rollouts", w), ("chain_fisher", w | {"kind": chain.keys["mask"]})]
     return jobs

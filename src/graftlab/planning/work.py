@@ -457,10 +457,9 @@ def continual_work(
     k = int(wildcards["k"])
     # A chain's retention Fisher after stage k is read by its graft at stage k+1.
     view = layout.stage_view(min(k + 1 if rule in ("rollouts", "fisher") else k, len(layout.stages)))
-    if rule == "sft":
-        return sft_work(
-            config, model_of(config, view, wildcards["donor"], root), view.x, stage_examples(layout, k, a), a
-        )
+    if rule == "sft":  # a merge chain's SFT (chain_merge_sft) names no donor: it tunes a model of post's size
+        model = model_of(config, view, wildcards.get("donor", POST), root)
+        return sft_work(config, model, view.x, stage_examples(layout, k, a), a)
     if rule == "chain_graft":
         post = model_of(config, view, POST, root)
         return Work(post, written=post.bytes)  # kept: the chain's next stage starts from it
