@@ -22,14 +22,17 @@ import polars as pl
 
 from graftlab.analysis.verdict import BASELINES, judge_runs
 from graftlab.io.atomic import atomic_file
-from graftlab.planning.layout import VALIDATION_COLUMNS, world_checkpoint
+from graftlab.methods import METHODS
+from graftlab.planning.layout import POST, VALIDATION_COLUMNS, world_checkpoint
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-ARMS = {"post": "post", "sft": "SFT of post", "opsd": "OPSD", "merge": "merge"}  # every other arm a donor
+# The arms that are one method each, by their names in tables: the post model and the verdict's baselines.
+# Every other arm is a donor's grafts.
+ARMS = {m: METHODS[m].short for m in (POST, *BASELINES)}
 SPLITS = {"validation": "_val", "test": ""}
-JUDGED = ("graft", "merge")  # the arms held to the baselines: the scaled updates
+JUDGED = tuple(m.name for m in METHODS.values() if m.grafts)  # held to the baselines: the scaled updates
 
 
 def donor_order(donor: str) -> tuple:
@@ -39,7 +42,7 @@ def donor_order(donor: str) -> tuple:
 
 
 def _arm(method: str, donor: str | None) -> str | None:
-    return donor if method == "graft" else ARMS.get(method)
+    return ARMS.get(method, donor if method in JUDGED else None)
 
 
 def chosen(summary: pl.DataFrame) -> pl.DataFrame:
