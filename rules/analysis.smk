@@ -117,7 +117,11 @@ rule latency:
 rule drift:
     input:
         init=lambda w: f"{layout(w).world_dir}/init",
-        ladder=lambda w: f"{layout(w).world_dir}/ladder",
+        # The ladders the base model and the donors lie in: pretraining's, and post-training's (`post~N`).
+        ladders=lambda w: sorted(
+            {f"{layout(w).world_dir}/ladder"}
+            | {layout(w).model_input(d) for d in xcfg(w, "donors")}
+        ),
         post=post_dir,
         sft=lambda w: layout(w).sft_dirs(),
     output:
