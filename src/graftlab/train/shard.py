@@ -244,11 +244,16 @@ def main(spec: str) -> None:
 
     call, args = pickle.loads(Path(spec).read_bytes())
     join()
-    try:
-        call(*args)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    call(*args)  # a failure ends this process with its traceback; the launcher ends the others
+    if dist.is_initialized():
+        dist.barrier()  # every process's work is written before any tears its group down
+        dist.destroy_process_group()
+    # Out without the interpreter's finalization: objects freed there (DTensors, gloo work still holding
+    # tensors) can abort the process after its work is done ("terminate called without an active
+    # exception", one CI run in about a hundred; pytorch/pytorch#190489, #179291), failing a finished job.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
