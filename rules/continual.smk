@@ -92,6 +92,7 @@ rule chain_sft:
             else previous(w, "sft")[0]
         ),
         data=lambda w: chains(w).sft_data(stage_of(w)),
+        post=post_dir,
     output:
         report(
             directory("results/{exp}/chain/{tune}/{donor}/lr~{lr}/stage~{k}"),
@@ -118,6 +119,7 @@ rule chain_sft:
         model=lambda w: (
             chains(w).model_dir(w.donor) if w.tune == "tune" else previous(w, "sft")[1]
         ),
+        template=post_dir,  # the post model's chat format, as rule sft's donors
         lr=lambda w: float(w.lr),
         epochs=lambda w: chains(w).epochs(stage_of(w)),
         batch_size=lambda w: xcfg(w, "sft", "batch_size"),
@@ -137,6 +139,7 @@ use rule chain_sft as chain_merge_sft with:
     input:
         model=lambda w: previous(w, MERGE_CHAIN)[0],
         data=lambda w: chains(w).sft_data(stage_of(w)),
+        post=post_dir,
     output:
         report(
             directory(

@@ -6,6 +6,7 @@ rule sft:
     input:
         model=lambda w: layout(w).model_input(w.donor),
         data="results/{exp}/data/sft.parquet",
+        post=post_dir,
     output:
         report(
             directory("results/{exp}/sft/{donor}/lr~{lr}"),
@@ -26,6 +27,8 @@ rule sft:
         **sized("sft"),
     params:
         model=lambda w: layout(w).model_dir(w.donor),
+        # The donor learns the post model's chat format (a pre-training checkpoint may have none).
+        template=post_dir,
         lr=lambda w: float(w.lr),
         epochs=lambda w: xcfg(w, "sft", "epochs"),
         batch_size=lambda w: xcfg(w, "sft", "batch_size"),

@@ -250,7 +250,7 @@ def test_a_benchmark_file_is_read_past_tabs_in_its_params(tmp_path):
 def test_bad_input_is_one_line_naming_it(tmp_path, capsys, make, args, message):
     results = tmp_path / "wd/results"
     make(results)
-    assert main(["inspect", str(results), *args]) == 2
+    assert main(["inspect", str(results), *args]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and (str(results) in err or "--exp" in message), err
 

@@ -168,7 +168,7 @@ def test_another_hidden_size_is_refused_in_one_line(models, tmp_path, capsys):
     wide = build_pico_model(tmp_path / "wide", **(PICO | {"hidden_size": 48}))
     out = tmp_path / "out"
     capsys.readouterr()  # the model's save progress
-    assert main(["drift", "--base", str(base), "--model", str(wide), "--out", str(out)]) == 2
+    assert main(["drift", "--base", str(base), "--model", str(wide), "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("graftlab: error:")
     assert "not one architecture" in err and "model.embed_tokens.weight is [40, 32] against [40, 48]" in err
@@ -184,7 +184,7 @@ def test_a_directory_without_weights_is_refused_by_name(models, tmp_path, capsys
         bare.mkdir()
         (bare / "config.json").write_text("{}")
     out = tmp_path / "out"
-    assert main(["drift", "--base", str(base), "--model", str(bare), "--out", str(out)]) == 2
+    assert main(["drift", "--base", str(base), "--model", str(bare), "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and str(bare) in err
     assert not out.exists()

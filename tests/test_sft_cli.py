@@ -81,27 +81,28 @@ def test_steps_write_one_model_in_the_dtype_asked_for(model, data, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "more, message",
+    "more, message, status",
     [
-        ([], "exactly one of --epochs and --steps"),
-        (["--epochs", "1", "--steps", "2"], "exactly one of --epochs and --steps"),
+        ([], "exactly one of --epochs and --steps", 2),
+        (["--epochs", "1", "--steps", "2"], "exactly one of --epochs and --steps", 2),
         (
             ["--steps", "1", "--batch-size", "8", "--micro-batch-size", "3"],
             "micro_batch_size: 3 does not divide the batch of 8",
+            2,
         ),
-        (["--steps", "1", "--micro-batch-size", "many"], "--micro-batch-size must be auto or a positive integer"),
-        (["--steps", "1", "--lr", "0"], "--lr must be positive"),
-        (["--steps", "1", "--model-missing"], "not a Hugging Face model directory"),
-        (["--steps", "1", "--bad-data"], "lacks columns ['completion']"),
+        (["--steps", "1", "--micro-batch-size", "many"], "--micro-batch-size: must be a number", 2),
+        (["--steps", "1", "--lr", "0"], "--lr: must be > 0", 2),
+        (["--steps", "1", "--model-missing"], "model directory not found", 1),
+        (["--steps", "1", "--bad-data"], "lacks columns ['completion']", 1),
     ],
 )
-def test_a_refusal_is_one_line_and_leaves_no_output(model, data, tmp_path, capsys, more, message):
+def test_a_refusal_is_one_line_and_leaves_no_output(model, data, tmp_path, capsys, more, message, status):
     if "--model-missing" in more:
         more, model = [m for m in more if m != "--model-missing"], tmp_path / "absent"
     if "--bad-data" in more:
         more, data = [m for m in more if m != "--bad-data"], tmp_path / "bad.parquet"
         pl.DataFrame({"prompt": ["1*2="]}).write_parquet(data)
-    assert sft(model, data, tmp_path / "out", *more) == 2
+    assert sft(model, data, tmp_path / "out", *more) == status
     err = capsys.readouterr().err.strip()
     assert err.startswith("graftlab: error:") and message in err and "\n" not in err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
@@ -148,7 +149,7 @@ def test_cli_args_reproduce_the_workflow_config(tmp_path):
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["sft", *cli_args(cfg, "m", "d.parquet", tmp_path / "o")])
-    assert (args.lr, args.epochs, args.batch_size, args.micro_batch_size) == (3e-3, 2, 16, "4")
+    assert (args.lr, args.epochs, args.batch_size, args.micro_batch_size) == (3e-3, 2, 16, 4)
     assert (args.seed, args.threads, args.save_dtype, args.epoch_dirs) == (5, 2, "bfloat16", True)
     assert (args.tensorboard, args.wandb) == (None, None)
     # The processes of a multi-GPU SFT report where the workflow's job would.

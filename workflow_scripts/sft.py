@@ -20,14 +20,10 @@ cfg = TrainConfig(
     batch_size=p.batch_size,
     epochs=p.epochs,
     micro_batch_size=p.micro_batch_size,
+    chat_template_from=p.template,
     **job_settings(snakemake),
 )
 with job_log(snakemake.log[0], snakemake.threads):
-    from graftlab.io.safetensors_io import refuse_nonfinite
-
-    # As `graftlab sft` does: a NaN or Inf in the start model trains a model of NaN without a word.
-    refuse_nonfinite(p.model, "SFT start model")
-
     processes = job_gpus_processes(snakemake.resources)  # FSDP over several
     if processes > 1:
         launch_epochs(p.model, snakemake.input.data, cfg, Path(snakemake.output[0]), processes)

@@ -33,6 +33,7 @@ from graftlab.graft_numpy import NumpyKernel
 from graftlab.io.atomic import atomic_dir
 from graftlab.io.fetch import copy_model_files
 from graftlab.io.fp32_numpy import STORAGE, widen_bf16
+from graftlab.io.gates import number, output
 from graftlab.io.provenance import write_provenance
 from graftlab.io.safetensors_io import (
     INDEX_NAME,
@@ -123,18 +124,6 @@ class _Model:
     def close(self) -> None:
         while self._files:
             self._files.popitem()[1].close()
-
-
-def _check_scale(scale: float) -> float:
-    try:
-        scale = float(scale)
-    except (TypeError, ValueError):
-        raise GraftlabError(f"scale must be a number, got {scale!r}") from None
-    if not math.isfinite(scale):
-        raise GraftlabError(f"scale must be finite, got {scale}")
-    if scale < 0:
-        raise GraftlabError(f"scale must be >= 0, got {scale}")
-    return scale
 
 
 def _vocab_size(config: dict[str, Any] | None) -> int | None:
@@ -230,9 +219,7 @@ def _validate(models: list[_Model], out: Path) -> None:
             reports.append(f"{other.role} {other.path}: " + "; ".join(problems))
     if reports:
         raise GraftlabError(f"models do not match post {post.path}: " + " | ".join(reports))
-    for model in models:
-        if out.resolve() == model.path.resolve():
-            raise GraftlabError(f"output directory {out} is the {model.role} model's directory")
+    output(out, {f"the {model.role} model": model.path for model in models}, "output directory")
 
 
 def _layout(post: _Model) -> list[str]:
@@ -534,7 +521,7 @@ def graft(
     ``allow_nonfinite``: a model full of NaN is no result. Each output block is checked, which covers
     the three inputs (NaN and Inf propagate through the arithmetic) in one pass.
     """
-    scale = _check_scale(scale)
+    scale = number(scale, "scale", low=0)
     out = Path(out)
     paths = dict(zip(ROLES, (post, donor, donor_tuned)))
     models = [_Model(role, path) for role, path in paths.items()]

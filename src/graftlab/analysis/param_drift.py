@@ -34,6 +34,7 @@ import polars as pl
 
 from graftlab.errors import GraftlabError
 from graftlab.io.atomic import atomic_file
+from graftlab.io.gates import model_dir, number
 from graftlab.io.safetensors_io import open_tensors, spec_differences, tensor_index, tensor_specs
 
 if TYPE_CHECKING:
@@ -84,10 +85,8 @@ def _top_mask(w: torch.Tensor, count: int) -> torch.Tensor:
 
 
 def _check_options(k: int, share: float) -> None:
-    if k < 1:
-        raise GraftlabError(f"drift: k must be at least 1, got {k}")
-    if not 0 < share <= 1:
-        raise GraftlabError(f"drift: share must be in (0, 1], got {share}")
+    number(k, "drift: k", low=1, integer=True)
+    number(share, "drift: share", above=0, high=1)
 
 
 def matrix_drift(w, w2, k: int = 16, share: float = 0.01) -> dict[str, float]:
@@ -138,6 +137,8 @@ def model_drift(base, model, k: int = 16, share: float = 0.01) -> pl.DataFrame:
 
     _check_options(k, share)
     base, model = Path(base), Path(model)
+    for path, role in ((base, "base"), (model, "model")):
+        model_dir(path, role, finite=True)  # a NaN weight would reach the SVDs as a linear-algebra traceback
     matrices = _matrices(base, model)
     rows = []
     with ExitStack() as stack:

@@ -1,7 +1,8 @@
 """The ``graftlab`` command, for use outside Snakemake.
 
 Subcommands import their machinery only when they run, so ``graftlab --help`` never pays for torch.
-Every user-facing failure is one line on stderr and exit status 2, never a traceback.
+Every user-facing failure is one line on stderr, never a traceback: exit status 2 for the command line (a
+flag, an output that is an input: `graftlab.errors.UsageError`), 1 for the data the files hold.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from pathlib import Path
 
 from graftlab.commands import inspect as inspect_cli  # its parser only: polars and Snakemake load when it runs
 from graftlab.commands import sft as sft_cli  # its parser only: training loads when `graftlab sft` runs
-from graftlab.fisher import KINDS  # names only: the kinds' modules (torch) load when one runs
-from graftlab.io.provenance import refuse_foreign_dir  # standard library only
+from graftlab.commands.refusal import Parser, refused, run
+from graftlab.errors import UsageError
+from graftlab.fisher import FISHERS, KINDS  # names only: the kinds' modules (torch) load when one runs
+from graftlab.io.gates import flag, output  # standard library only
 from graftlab.planning.config_args import add_config_args, snakemake_config_args  # standard library only
 
 
@@ -29,27 +32,29 @@ def _set_threads(threads: int | None) -> None:
 
 
 def _cmd_graft(args: argparse.Namespace) -> None:
-    from graftlab.errors import GraftlabError
     from graftlab.graft import graft
 
-    refuse_foreign_dir(args.out)
+    if args.mask == "none" and (args.fisher, args.rho, args.mask_scope, args.mask_score) != (None,) * 4:
+        raise UsageError("--fisher, --rho, --mask-scope and --mask-score only mean something with --mask; give --mask")
+    if args.mask != "none" and args.fisher is None:
+        raise UsageError(f"--mask {args.mask} needs --fisher DIR")
+    inputs = {"--post": args.post, "--donor": args.donor, "--donor-tuned": args.donor_tuned, "--fisher": args.fisher}
+    output(args.out, inputs)
     project = None
     if args.mask != "none":
         # Only masks use torch (the identity graft is numpy's, and importing torch costs seconds).
         _set_threads(args.threads)
         from graftlab.fisher import make_mask
 
-        if args.fisher is None:
-            raise GraftlabError(f"--mask {args.mask} needs --fisher DIR")
         project = make_mask(
             args.mask,
             args.fisher,
             args.post,
             args.donor,
             args.donor_tuned,
-            args.rho,
-            args.mask_scope,
-            args.mask_score,
+            args.rho or 0.0,
+            args.mask_scope or "global",
+            args.mask_score or "fisher_delta",
         )
     counts = graft(
         args.post,
@@ -75,14 +80,17 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--post", required=True, help="post-trained model directory (receives the update)")
     p.add_argument("--donor", required=True, help="donor model directory, before fine-tuning")
     p.add_argument("--donor-tuned", required=True, help="donor model directory, after fine-tuning")
-    p.add_argument("--scale", required=True, type=float, help="lambda, the update's scale (>= 0)")
+    p.add_argument("--scale", required=True, type=flag(low=0), help="lambda, the update's scale (>= 0)")
     p.add_argument("--out", required=True, help="output model directory (written atomically)")
     p.add_argument(
-        "--chunk-mb", type=int, default=4, help="fp32 row-block size for large tensors (MiB); cache-sized is fastest"
+        "--chunk-mb",
+        type=flag(low=0, integer=True),
+        default=4,
+        help="fp32 row-block size for large tensors (MiB); cache-sized is fastest",
     )
     p.add_argument(
         "--threads",
-        type=int,
+        type=flag(low=1, integer=True),
         default=None,
         help="threads computing an unmasked graft (default 1, the fastest measured), "
         "or torch threads of a --mask (default: torch's choice)",
@@ -99,27 +107,36 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
         default="none",
         help="zero the most Fisher-sensitive entries (diag) or Kronecker eigen-directions (kfac)",
     )
-    p.add_argument("--rho", type=float, default=0.0, help="fraction of entries / directions to zero, in [0, 1]")
     p.add_argument(
-        "--mask-scope", choices=["global", "tensor"], default="global", help="rank over all parameters or per tensor"
+        "--rho", type=flag(low=0, high=1), help="fraction of entries / directions to zero, in [0, 1] (default 0)"
+    )
+    p.add_argument(
+        "--mask-scope", choices=["global", "tensor"], help="rank over all parameters (the default) or per tensor"
     )
     p.add_argument(
         "--mask-score",
         choices=["fisher_delta", "fisher"],
-        default="fisher_delta",
-        help="rank by F*delta^2 or by F alone",
+        help="rank by F*delta^2 (the default) or by F alone",
     )
     p.set_defaults(run=_cmd_graft)
 
 
 def _cmd_fisher(args: argparse.Namespace) -> None:
-    refuse_foreign_dir(args.out)
+    output(args.out, {"--model": args.model, "--rollouts": args.rollouts})
     _set_threads(args.threads)
     from graftlab.fisher import fisher_kind, write_fisher
 
-    options = {option: getattr(args, option) for option in fisher_kind(args.kind).options}
-    write_fisher(args.kind, args.model, args.rollouts, args.out, args.batch_size, **options)
+    # Only the flags given: the kind's writer holds the defaults; a flag of another kind is refused, not ignored.
+    given = {option: value for option in FISHER_OPTIONS if (value := getattr(args, option)) is not None}
+    if unread := sorted(set(given) - set(fisher_kind(args.kind).options)):
+        flags = ", ".join("--" + option.replace("_", "-") for option in unread)
+        raise UsageError(f"{flags} only mean something with another --kind than {args.kind}")
+    write_fisher(args.kind, args.model, args.rollouts, args.out, args.batch_size, **given)
     print(f"graftlab: wrote {args.out}/{args.kind}.safetensors")
+
+
+# Every Fisher kind's own options, each a flag of `graftlab fisher`.
+FISHER_OPTIONS = sorted({option for kind in FISHERS.values() for option in kind.options})
 
 
 def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
@@ -134,21 +151,35 @@ def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="model directory (the post model)")
     p.add_argument("--rollouts", required=True, help="parquet with list columns prompt_ids, completion_ids")
     p.add_argument("--kind", choices=list(KINDS), default="diag", help="Fisher approximation")
-    p.add_argument("--ekfac", action="store_true", help="kfac: re-fit the diagonal in the eigenbasis (a second pass)")
-    p.add_argument("--max-dim", type=int, default=8192, help="kfac: linear layers wider than this get the diagonal")
+    p.add_argument(
+        "--ekfac", action="store_true", default=None, help="kfac: re-fit the diagonal in the eigenbasis (a second pass)"
+    )
+    p.add_argument(
+        "--max-dim",
+        type=flag(low=1, integer=True),
+        help="kfac: linear layers wider than this get the diagonal (default 8192)",
+    )
     p.add_argument(
         "--positions",
         choices=["completion", "all"],
-        default="completion",
-        help="kfac: positions A and G count: those predicting a completion token (docs/methods.md), or every token",
+        help="kfac: positions A and G count: those predicting a completion token (docs/methods.md; the default), "
+        "or every token",
     )
     p.add_argument("--out", required=True, help="output directory (written atomically)")
-    p.add_argument("--batch-size", type=int, default=16, help="rollouts per backward pass: memory, not results")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--batch-size",
+        type=flag(low=1, integer=True),
+        default=16,
+        help="rollouts per backward pass: memory, not results",
+    )
+    p.add_argument(
+        "--threads", type=flag(low=1, integer=True), default=None, help="torch threads (default: torch's choice)"
+    )
     p.set_defaults(run=_cmd_fisher)
 
 
 def _cmd_drift(args: argparse.Namespace) -> None:
+    output(args.out, {"--base": args.base, "--model": args.model})
     _set_threads(args.threads)
     from graftlab.analysis.param_drift import write_model_drift
 
@@ -168,9 +199,18 @@ def _add_drift(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--base", required=True, help="base model directory (W)")
     p.add_argument("--model", required=True, help="model directory compared with it (W')")
     p.add_argument("--out", required=True, help="output directory; drift.parquet is written atomically")
-    p.add_argument("--k", type=int, default=16, help="singular vectors spanning each subspace (clipped to the rank)")
-    p.add_argument("--share", type=float, default=0.01, help="share of entries in each top-magnitude mask")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--k",
+        type=flag(low=1, integer=True),
+        default=16,
+        help="singular vectors spanning each subspace (clipped to the rank)",
+    )
+    p.add_argument(
+        "--share", type=flag(above=0, high=1), default=0.01, help="share of entries in each top-magnitude mask"
+    )
+    p.add_argument(
+        "--threads", type=flag(low=1, integer=True), default=None, help="torch threads (default: torch's choice)"
+    )
     p.set_defaults(run=_cmd_drift)
 
 
@@ -200,6 +240,35 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         raise GraftlabError(f"{problem} ({args.directory})")
 
 
+# The plan's assumptions (`graftlab.planning.plan.Assumptions`) a flag sets, in --help's order.
+ASSUMED = {
+    "mfu": "share of the GPU's peak FLOP/s a training pass reaches",
+    "decode_mfu": "share that decoding reaches",
+    "gpu_flops": "peak FLOP/s (default: H100 bf16 dense)",
+    "gpu_bandwidth": "memory bytes/s (default: H100 SXM HBM3)",
+    "kv_utilisation": "share of it a decode's KV-cache reads reach",
+    "gpu_memory_gb": "one GPU's memory, as the profile's gpu_memory_gb",
+    "prompt_tokens": "tokens per prompt",
+    "problems": "candidates of a data set with no limit",
+    "benchmark_problems": "problems per benchmark",
+    "kept": "share of candidates mining keeps",
+    "checkpoint_bytes": "bytes per saved parameter",
+    "jobs": "jobs at once, as snakemake --jobs",
+    "temp_grafts": "grafts on disk at once, as --resources temp_grafts=N",
+}
+# Those that are shares of a whole; every other is a positive size or rate.
+SHARES = ("mfu", "decode_mfu", "kv_utilisation", "kept")
+
+
+def _assumed(name: str):
+    """The gate of the plan's assumption `name` (a field of `graftlab.planning.plan.Assumptions`)."""
+    from graftlab.planning.plan import Assumptions
+
+    if {f.name: f.type for f in dataclasses.fields(Assumptions)}[name] in (int, "int"):
+        return flag(low=1, integer=True)
+    return flag(above=0, high=1) if name in SHARES else flag(above=0)
+
+
 def _add_plan(subparsers: argparse._SubParsersAction) -> None:
     from graftlab.planning.plan import Assumptions
 
@@ -211,37 +280,16 @@ def _add_plan(subparsers: argparse._SubParsersAction) -> None:
         "(tokens x FLOPs per token at a utilisation), disk written and the peak on disk (docs/cli.md).",
     )
     add_config_args(p)
-    p.add_argument("--mfu", type=float, default=a.mfu, help="share of the GPU's peak FLOP/s a training pass reaches")
-    p.add_argument("--decode-mfu", type=float, default=a.decode_mfu, help="share that decoding reaches")
-    p.add_argument("--gpu-flops", type=float, default=a.gpu_flops, help="peak FLOP/s (default: H100 bf16 dense)")
-    p.add_argument(
-        "--gpu-bandwidth", type=float, default=a.gpu_bandwidth, help="memory bytes/s (default: H100 SXM HBM3)"
-    )
-    p.add_argument(
-        "--kv-utilisation", type=float, default=a.kv_utilisation, help="share of it a decode's KV-cache reads reach"
-    )
-    p.add_argument(
-        "--gpu-memory-gb", type=float, default=a.gpu_memory_gb, help="one GPU's memory, as the profile's gpu_memory_gb"
-    )
-    p.add_argument("--prompt-tokens", type=int, default=a.prompt_tokens, help="tokens per prompt")
-    p.add_argument("--problems", type=int, default=a.problems, help="candidates of a data set with no limit")
-    p.add_argument("--benchmark-problems", type=int, default=a.benchmark_problems, help="problems per benchmark")
-    p.add_argument("--kept", type=float, default=a.kept, help="share of candidates mining keeps")
-    p.add_argument("--checkpoint-bytes", type=int, default=a.checkpoint_bytes, help="bytes per saved parameter")
-    p.add_argument("--jobs", type=int, default=a.jobs, help="jobs at once, as snakemake --jobs")
-    p.add_argument(
-        "--temp-grafts", type=int, default=a.temp_grafts, help="grafts on disk at once, as --resources temp_grafts=N"
-    )
+    for name, words in ASSUMED.items():
+        p.add_argument("--" + name.replace("_", "-"), type=_assumed(name), default=getattr(a, name), help=words)
     p.add_argument("--dag", action="store_true", help="check the job counts against Snakemake's dry-run")
     p.add_argument("--directory", default=".", help="where the run will write (the disk checked for room)")
-    p.add_argument("--disk-free", type=float, help="GB free for the run (default: measured at --directory)")
+    p.add_argument("--disk-free", type=flag(low=0), help="GB free for the run (default: measured at --directory)")
     p.set_defaults(run=_cmd_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="graftlab", description="Continual learning of post-trained LLMs by grafting donor updates."
-    )
+    parser = Parser(prog="graftlab", description="Continual learning of post-trained LLMs by grafting donor updates.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_graft(subparsers)
     _add_fisher(subparsers)
@@ -253,19 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from safetensors import SafetensorError
-
-    from graftlab.errors import GraftlabError
-
+    """Run `graftlab ARGV`; the exit status: 0, 2 for a refused command line, 1 for refused data."""
     try:
-        args.run(args)
-    except (GraftlabError, OSError, SafetensorError) as e:
-        # OSError covers files vanishing or disks filling mid-run; SafetensorError a corrupt shard.
-        message = " ".join(str(e).split())  # one line, whatever the exception carried
-        print(f"graftlab: error: {message}", file=sys.stderr)
-        return 2
-    return 0
+        args = build_parser().parse_args(argv)
+        return run(args)
+    except UsageError as e:
+        return refused(e, 2)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from graftlab.errors import UsageError
+from graftlab.io.gates import flag
 from graftlab.sampling import free_port
 from graftlab.train.live import Live
 from graftlab.train.shard import FSDP_CONFIG  # shipped inside the package: accelerate reads it as a file
@@ -36,19 +38,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="Hugging Face model directory to start from")
     p.add_argument("--data", required=True, help="parquet with `prompt` and `completion` columns")
-    p.add_argument("--lr", required=True, type=float, help="peak learning rate")
-    p.add_argument("--epochs", type=int, help="passes over the data (give this or --steps)")
-    p.add_argument("--steps", type=int, help="optimizer steps (give this or --epochs)")
+    p.add_argument("--lr", required=True, type=flag(above=0), help="peak learning rate")
+    p.add_argument("--epochs", type=flag(low=1, integer=True), help="passes over the data (give this or --steps)")
+    p.add_argument("--steps", type=flag(low=1, integer=True), help="optimizer steps (give this or --epochs)")
     p.add_argument("--out", required=True, help="output model directory (written atomically)")
     p.add_argument(
-        "--batch-size", type=int, default=schema_default("sft", "batch_size"), help="examples per optimizer step"
+        "--batch-size",
+        type=flag(low=1, integer=True),
+        default=schema_default("sft", "batch_size"),
+        help="examples per optimizer step",
     )
     p.add_argument(
         "--micro-batch-size",
         default="auto",
+        type=_micro_batch,
         help="examples per forward/backward pass, dividing --batch-size; auto: whole batch on CPU, memory-sized on GPU",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the data order and initialisation of the trainer")
+    p.add_argument(
+        "--seed",
+        type=flag(low=0, integer=True),
+        default=0,
+        help="seed of the data order and initialisation of the trainer",
+    )
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto", help="training precision")
     p.add_argument(
         "--save-dtype",
@@ -62,7 +73,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="recompute activations in the backward pass; auto: on for CUDA, off on CPU",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--threads", type=flag(low=1, integer=True), default=None, help="torch threads (default: torch's choice)"
+    )
+    p.add_argument(
+        "--chat-template-from",
+        metavar="DIR",
+        help="format the examples with this model's chat template, saved with DIR (a donor from pre-training "
+        "has none: give the post-trained model)",
+    )
     p.add_argument("--tensorboard", metavar="DIR", help="write the step metrics to TensorBoard event files in DIR")
     p.add_argument("--wandb", metavar="PROJECT", help="log the step metrics to this Weights & Biases project")
     # The workflow's layout (DIR/epoch~e for every epoch, DIR/steps.jsonl and training.png), for its runs over
@@ -71,49 +90,46 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _micro_batch(text: str) -> str | int:
+    return text if text == "auto" else flag(low=1, integer=True)(text)
+
+
 def _config(args: argparse.Namespace):
-    from graftlab.errors import GraftlabError
     from graftlab.train.sft import TrainConfig
 
     if (args.epochs is None) == (args.steps is None):
-        raise GraftlabError("graftlab sft needs exactly one of --epochs and --steps")
+        raise UsageError("graftlab sft needs exactly one of --epochs and --steps")
     if args.epoch_dirs and args.epochs is None:
-        raise GraftlabError("--epoch-dirs needs --epochs")
-    if (args.epochs or args.steps) < 1 or args.batch_size < 1:
-        raise GraftlabError("--epochs, --steps and --batch-size must be at least 1")
-    if not args.lr > 0:
-        raise GraftlabError(f"--lr must be positive, got {args.lr}")
-    micro = args.micro_batch_size
-    if micro != "auto":
-        if not micro.isdigit() or int(micro) < 1:
-            raise GraftlabError(f"--micro-batch-size must be auto or a positive integer, got {micro!r}")
-        micro = int(micro)  # that it divides the batch is TrainConfig's check (graftlab.methods)
-    if not (Path(args.model) / "config.json").is_file():
-        raise GraftlabError(f"--model {args.model}: not a Hugging Face model directory (no config.json)")
-    return TrainConfig(
-        lr=args.lr,
-        batch_size=args.batch_size,
-        epochs=args.epochs,
-        steps=args.steps,
-        save_steps=(args.steps,) if args.steps else (),
-        seed=args.seed,
-        threads=args.threads or 1,
-        precision=args.precision,
-        micro_batch_size=micro,
-        gradient_checkpointing={"auto": "auto", "true": True, "false": False}[args.gradient_checkpointing],
-        save_dtype=args.save_dtype,
-        live=Live(args.tensorboard, args.wandb, str(args.out)),  # a W&B run named by its output
-    )
+        raise UsageError("--epoch-dirs needs --epochs")
+    from graftlab.errors import GraftlabError
+
+    try:
+        return TrainConfig(
+            lr=args.lr,
+            batch_size=args.batch_size,
+            epochs=args.epochs,
+            steps=args.steps,
+            save_steps=(args.steps,) if args.steps else (),
+            seed=args.seed,
+            threads=args.threads or 1,
+            precision=args.precision,
+            micro_batch_size=args.micro_batch_size,
+            gradient_checkpointing={"auto": "auto", "true": True, "false": False}[args.gradient_checkpointing],
+            save_dtype=args.save_dtype,
+            live=Live(args.tensorboard, args.wandb, str(args.out)),  # a W&B run named by its output
+            chat_template_from=args.chat_template_from,
+        )
+    except GraftlabError as err:  # the method's checks of how the flags combine (graftlab.methods)
+        raise UsageError(str(err)) from None
 
 
 def run(args: argparse.Namespace) -> None:
     """Train and write DIR (`args.out`); every refusal is a GraftlabError raised before DIR exists."""
-    from graftlab.io.provenance import refuse_foreign_dir
-    from graftlab.io.safetensors_io import refuse_nonfinite
+    from graftlab.io.gates import output
 
     cfg = _config(args)
-    if not args.epoch_dirs:  # the workflow's layout goes to a Snakemake output, which Snakemake clears
-        refuse_foreign_dir(args.out)
+    # The workflow's layout goes to a Snakemake output, which Snakemake clears; it must still not be an input.
+    output(args.out, {"--model": args.model, "--data": args.data, "--chat-template-from": args.chat_template_from})
     if args.threads is None:
         import dataclasses
 
@@ -122,55 +138,45 @@ def run(args: argparse.Namespace) -> None:
         # TrainConfig pins torch to its threads; a hand run keeps torch's own choice unless told.
         cfg = dataclasses.replace(cfg, threads=torch.get_num_threads())
     from graftlab.io.atomic import atomic_dir
-    from graftlab.io.tables import read_table
-    from graftlab.train.sft import encode_traces, finetune, main_process, sft_epochs
+    from graftlab.train.sft import finetune, main_process, sft_epochs, sft_inputs
 
     out = Path(args.out)
-    traces = read_table(args.data, ("prompt", "completion"), "SFT data")
-    # A NaN weight makes every loss NaN: hours of training would write a NaN model.
-    refuse_nonfinite(args.model, "--model")
+    inputs = sft_inputs(args.model, args.data, args.chat_template_from, "--model")
     if not main_process():
-        _train_replica(args, cfg, traces)
+        _train_replica(args, cfg, *inputs)
         return
     if args.epoch_dirs:
-        sft_epochs(args.model, args.data, cfg, out)
+        sft_epochs(args.model, args.data, cfg, out, inputs=inputs)
         return
     with atomic_dir(out) as tmp:
         stage = tmp / ".stage"
         if cfg.epochs:
-            sft_epochs(args.model, args.data, cfg, stage)
+            sft_epochs(args.model, args.data, cfg, stage, inputs=inputs)
             final = stage / f"epoch~{cfg.epochs}"
         else:
-            from transformers import AutoTokenizer
-
-            tok = AutoTokenizer.from_pretrained(args.model)
-            rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
+            tok, rows = inputs
             final = stage / "model"
-            finetune(args.model, rows, cfg, [final], data=args.data, steps_out=stage / "steps.jsonl")
+            finetune(args.model, rows, cfg, [final], data=args.data, steps_out=stage / "steps.jsonl", tokenizer=tok)
         for item in [*final.iterdir(), *(p for p in stage.iterdir() if p != final)]:
             shutil.move(str(item), str(tmp / item.name))
         shutil.rmtree(stage)
     print(f"graftlab: wrote {out}")
 
 
-def _train_replica(args: argparse.Namespace, cfg, traces) -> None:
+def _train_replica(args: argparse.Namespace, cfg, tokenizer, rows) -> None:
     """A data-parallel process other than the first: it trains in step with the first, which alone saves
     and writes DIR, in a scratch directory of its own that it removes."""
     import os
     import tempfile
 
-    from transformers import AutoTokenizer
+    from graftlab.train.sft import finetune
 
-    from graftlab.train.sft import encode_traces, finetune
-
-    tok = AutoTokenizer.from_pretrained(args.model)
-    rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
     if cfg.epochs:
         names = [f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
     else:
         names = ["model"]
     with tempfile.TemporaryDirectory(prefix=f"graftlab-sft-rank{os.environ.get('RANK')}-") as scratch:
-        finetune(args.model, rows, cfg, [Path(scratch) / n for n in names], data=args.data)
+        finetune(args.model, rows, cfg, [Path(scratch) / n for n in names], data=args.data, tokenizer=tokenizer)
 
 
 def launch_command(
@@ -203,6 +209,7 @@ def cli_args(cfg, model, data, out) -> list[str]:
         *("--micro-batch-size", str(cfg.micro_batch_size), "--seed", str(cfg.seed), "--threads", str(cfg.threads)),
         *("--precision", cfg.precision, "--save-dtype", cfg.save_dtype, "--gradient-checkpointing", flag),
         *live_args(Live.of(cfg.live)),
+        *(["--chat-template-from", str(cfg.chat_template_from)] if cfg.chat_template_from else []),
         "--epoch-dirs",
     ]
 
@@ -229,18 +236,16 @@ def launch_epochs(model, data, cfg, out, gpus: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m graftlab.commands.sft sft ...`: the subcommand alone, for `accelerate launch -m`."""
-    from graftlab.errors import GraftlabError
+    """`python -m graftlab.commands.sft sft ...`: the subcommand alone, for `accelerate launch -m`; its
+    refusals and exit statuses are the `graftlab` command's."""
+    from graftlab.commands.refusal import Parser, refused, run
 
-    parser = argparse.ArgumentParser(prog="graftlab")
+    parser = Parser(prog="graftlab")
     add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
     try:
-        args.run(args)
-    except GraftlabError as e:
-        print(f"graftlab: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
-    return 0
+        return run(parser.parse_args(argv))
+    except UsageError as e:
+        return refused(e, 2)
 
 
 if __name__ == "__main__":

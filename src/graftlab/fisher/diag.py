@@ -63,14 +63,16 @@ def read_rollouts(path, vocab_size: int | None = None) -> list[tuple[list[int], 
 def checked_inputs(model_dir, rollouts_path) -> list[tuple[list[int], list[int]]]:
     """The rollouts of a Fisher, read and checked against the model at `model_dir` before it loads: a
     model directory, with finite weights (NaN weights give a NaN Fisher), ids within its vocabulary."""
-    from graftlab.io.safetensors_io import read_config, refuse_nonfinite
+    from graftlab.io.gates import context_length
+    from graftlab.io.gates import model_dir as model_gate
+    from graftlab.io.tables import within_context
 
-    config = read_config(model_dir) if Path(model_dir).is_dir() else None
-    if config is None:
-        raise GraftlabError(f"model {model_dir}: not a model directory (no config.json)")
+    config = model_gate(model_dir, "model")
     vocab = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
     rollouts = read_rollouts(rollouts_path, vocab)
-    refuse_nonfinite(model_dir)
+    lengths = [len(p) + len(c) for p, c in rollouts]
+    within_context(lengths, context_length(config), f"rollouts ({rollouts_path})")
+    model_gate(model_dir, "model", finite=True)
     return rollouts
 
 

@@ -58,17 +58,17 @@ def write_provenance(
     return path
 
 
-def refuse_foreign_dir(out: str | Path) -> None:
+def refuse_foreign_dir(out: str | Path, flag: str = "--out") -> None:
     """Refuse an output directory that exists, is not empty and has no graftlab.json: the command
     writes its output atomically, which replaces the directory whole, and a user's own directory
     given as --out by mistake must not vanish. One that graftlab wrote (a re-run) is replaced."""
-    from graftlab.errors import GraftlabError
+    from graftlab.errors import UsageError
 
     path = Path(out)
     if path.is_symlink() or (path.exists() and not path.is_dir()):
-        raise GraftlabError(f"--out {out} exists and is not a directory; choose another --out")
+        raise UsageError(f"{flag} {out} exists and is not a directory; choose another {flag}")
     if path.is_dir() and any(path.iterdir()) and not (path / PROVENANCE_NAME).is_file():
-        raise GraftlabError(
-            f"--out {out} is a non-empty directory without {PROVENANCE_NAME}, so not graftlab's output, and "
-            "writing it would replace it whole; choose another --out or remove it"
+        raise UsageError(
+            f"{flag} {out} is a non-empty directory without {PROVENANCE_NAME}, so not graftlab's output, and "
+            f"writing it would replace it whole; choose another {flag} or remove it"
         )

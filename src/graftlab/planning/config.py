@@ -7,10 +7,14 @@ The schema is the only place defaults live. jsonschema validates but does not fi
 import copy
 import json
 import math
+import re
 
 from jsonschema import Draft202012Validator, validators
 
+from graftlab.errors import GraftlabError
 from graftlab.methods import METHODS, on_policy, sections, specs
+from graftlab.methods.sdpo import DENSITY_KEYS, SdpoSpec, parse_schedule
+from graftlab.planning.chains import is_continual, stage_data_kind
 from graftlab.planning.layout import WORLD_LADDERS, world_checkpoint
 from graftlab.schema import load_schema
 
@@ -41,6 +45,7 @@ def resolve(config: dict, schema: dict | None = None) -> dict:
     config changes nothing. Raises ConfigError with one line naming the offending key.
     """
     schema = schema or load_schema()
+    _refuse_nonfinite(config, ())
     _validate(config, schema, ())
     _resolve_worlds(config, schema)
     for name, exp in config["experiments"].items():
@@ -48,8 +53,33 @@ def resolve(config: dict, schema: dict | None = None) -> dict:
             exp["seed"] = config["seed"]
         if exp["group"] is None:
             exp["group"] = name
-    _check_semantics(config)
+    _check_semantics(config, schema)
     return config
+
+
+# The largest integer a job reads as one (torch, numpy, safetensors: int64); a larger one overflows there.
+_INT64 = 2**63 - 1
+
+
+def _refuse_nonfinite(value, path: tuple) -> None:
+    """Every number of the config, wherever it lies, is finite and fits 64 bits, whatever its schema says:
+    NaN compares false, so it passes `minimum` and `maximum` alike, and an infinity passes `minimum`
+    (YAML writes them `.nan`, `.inf`, `-.inf`). No setting means one, and a job would fail hours in, or
+    train on NaN. Run before the schema, so the message says what is wrong rather than a bound."""
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            _refuse_nonfinite(sub, (*path, key))
+    elif isinstance(value, list):
+        for i, sub in enumerate(value):
+            _refuse_nonfinite(sub, (*path, i))
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config key {_where(path)}: {value} is not a finite number; no setting takes NaN or Inf")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > _INT64:
+        raise ConfigError(f"config key {_where(path)}: {value} does not fit the 64-bit integers the jobs read it as")
+
+
+def _where(path: tuple) -> str:
+    return ".".join(map(str, path)) or "(top level)"
 
 
 def _validate(instance: dict, schema: dict, prefix: tuple) -> None:
@@ -95,19 +125,231 @@ def _deep_merge(base: dict, over: dict) -> dict:
     return merged
 
 
-def _check_semantics(config: dict) -> None:
+def _check_semantics(config: dict, schema: dict) -> None:
     """What a schema cannot say: cross-references between keys, and limits of the tiny world."""
-    checks = _world_checks(config["world"], "world")
+    # One walk of the config beside its schema serves every check of a kind the schema marks; the named
+    # worlds are whole `world` sections by now, which `worlds.<name>` in the schema does not describe.
+    world_schema = {"$ref": "#/$defs/world"}
+    nodes = list(_schema_nodes(config, schema, schema["$defs"], ()))
+    for name, world in config["worlds"].items():
+        nodes += _schema_nodes(world, world_schema, schema["$defs"], ("worlds", name))
+    checks = _name_checks(config, schema, nodes) + _spelling_checks(nodes, schema["$defs"])
+    checks += _world_checks(config["world"], "world")
     for name, world in config["worlds"].items():
         checks += _world_checks(world, f"worlds.{name}")
+    checks += _unread_world_options(config, schema)
     for name, exp in config["experiments"].items():
         checks += _experiment_checks(config, exp, f"experiments.{name}")
+        checks += _unread_options(exp, f"experiments.{name}", schema)
     checks += _duplicate_models(config["models"])
     unknown = [e for e in config["study"]["experiments"] or [] if e not in config["experiments"]]
     checks.append((not unknown, "study.experiments", f"{unknown} are not in `experiments`"))
     for ok, where, problem in checks:
         if not ok:
             raise ConfigError(f"config key {where}: {problem}")
+
+
+def _schema_nodes(instance, schema: dict, defs: dict, path: tuple):
+    """(key path, value, its schema) of `instance` and of everything inside it that its schema describes:
+    a `$ref` resolved (the keywords beside it kept), a nullable section's branch chosen by its value."""
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[1]] | {k: v for k, v in schema.items() if k != "$ref"}
+    if "oneOf" in schema:
+        branch = [b for b in schema["oneOf"] if (b.get("type") == "null") == (instance is None)]
+        if branch:
+            yield from _schema_nodes(instance, branch[0], defs, path)
+        return
+    yield path, instance, schema
+    if isinstance(instance, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        for key, value in instance.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                yield from _schema_nodes(value, sub, defs, (*path, key))
+    elif isinstance(instance, list) and isinstance(schema.get("items"), dict):
+        for i, value in enumerate(instance):
+            yield from _schema_nodes(value, schema["items"], defs, (*path, i))
+
+
+# The longest name a map of names takes: a file system's limit is 255 bytes a path component, and some
+# components add to the name (`logs/models/{name}.log`, `benchmark~{name}.parquet`).
+_NAME_MAX = 100
+
+
+def _name_checks(config: dict, schema: dict, nodes: list) -> list[tuple[bool, str, str]]:
+    """Names that become directories (experiments, worlds, models, benchmarks: every map of the schema
+    whose keys a `propertyNames` rule spells) are at most `_NAME_MAX` characters and distinct in any
+    letter case, since a case-insensitive file system (macOS's, Windows') holds one directory for both;
+    and no experiment takes, in any case, a directory the workflow writes for itself beside the
+    experiments' (the schema's reserved names)."""
+    checks = []
+    for path, value, sub in nodes:
+        if "propertyNames" not in sub or not isinstance(value, dict):
+            continue
+        long = [name for name in value if len(str(name)) > _NAME_MAX]
+        checks.append((not long, _where(path), f"{long} exceed {_NAME_MAX} characters, too long a directory name"))
+        folded: dict[str, list[str]] = {}
+        for name in value:
+            folded.setdefault(str(name).casefold(), []).append(str(name))
+        for names in folded.values():
+            checks.append(
+                (
+                    len(names) == 1,
+                    _where(path),
+                    f"{names} differ only in letter case: one directory on a case-insensitive file system",
+                )
+            )
+    names = schema["properties"]["experiments"]["propertyNames"]
+    reserved = {r.casefold(): r for r in names.get("not", {}).get("enum", [])}
+    for name in config["experiments"]:
+        own = reserved.get(name.casefold())
+        checks.append(
+            (
+                own is None,
+                "experiments",
+                f"{name!r} is {own!r} in another letter case, a directory the workflow writes under results/ "
+                "for itself (one directory on a case-insensitive file system): rename the experiment",
+            )
+        )
+    return checks
+
+
+# A number inside a spelled value ("1e-3", the R of "ema:0.05", the N of "post~48"): the fields of a value
+# are split at `~` and `:`, and a field that is wholly a number is one.
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE]-?[0-9]+)?")
+_FIELDS = re.compile(r"([~:])")
+
+
+def _spelled_value(text: str, kind: str) -> tuple:
+    """What a spelled value means, the same for every spelling of it: its numeric fields as floats, and for
+    a teacher schedule its parsed form (`refresh:0.5` is `refresh:0.5:1`, gamma defaulting to 1)."""
+    if kind == "teacher":
+        try:
+            return tuple(parse_schedule(text))
+        except GraftlabError:
+            pass  # its own check names what is wrong; its fields still say whether it is finite
+    return tuple(float(f) if _NUMBER.fullmatch(f) else f for f in _FIELDS.split(text))
+
+
+def _spelling_checks(nodes: list, defs: dict) -> list[tuple[bool, str, str]]:
+    """Every list whose items a pattern spells (sweeps written as strings, "1e-3"; teacher schedules;
+    donors such as `post~48`), found by walking the schema: its numbers finite ("1e400" passes the
+    pattern and is Inf), and no value in it twice under two spellings ("1e-3", "0.001"), which would name
+    the same runs twice. Strings keep their spelling because result paths do."""
+    checks = []
+    for path, value, sub in nodes:
+        items = sub.get("items")
+        if not isinstance(value, list) or not isinstance(items, dict):
+            continue
+        kind = items.get("$ref", "").rsplit("/", 1)[-1]
+        spelled = defs[kind] if kind else items
+        if "pattern" not in spelled or spelled.get("type") != "string":
+            continue
+        values = [_spelled_value(v, kind) for v in value]
+        where = _where(path)
+        infinite = [v for v, x in zip(value, values) if any(isinstance(f, float) and math.isinf(f) for f in x)]
+        checks.append((not infinite, where, f"{infinite} are not finite numbers"))
+        twice = sorted({v for v, x in zip(value, values) if values.count(x) > 1})
+        checks.append((not twice, where, f"{twice} are one value spelled twice: the same runs would be trained twice"))
+    return checks
+
+
+def _default_of(schema: dict, dotted: str):
+    """The schema's default of the experiment key `dotted` (`graft.masks.rho`)."""
+    defs, sub = schema["$defs"], schema["$defs"]["experiment"]
+    for part in dotted.split("."):
+        sub = sub["properties"][part]
+        if "$ref" in sub:
+            sub = defs[sub["$ref"].rsplit("/", 1)[1]] | {k: v for k, v in sub.items() if k != "$ref"}
+    return sub["default"]
+
+
+def _keys_of(schema: dict, section: str) -> list[str]:
+    """Every key of the experiment's `section` (`star`), dotted (`star.attempts`)."""
+    defs, sub = schema["$defs"], schema["$defs"]["experiment"]["properties"][section]
+    if "$ref" in sub:
+        sub = defs[sub["$ref"].rsplit("/", 1)[1]]
+    return [f"{section}.{key}" for key in sub["properties"]]
+
+
+def _unread_options(exp: dict, key: str, schema: dict) -> list[tuple[bool, str, str]]:
+    """Options set (other than the schema's default) where nothing reads them, because the option they
+    depend on is off: whoever sets one expects an effect there is none of. Compared with the default, not
+    with what the file spells, so a resolved config resolves again unchanged.
+
+    Whole data-setting sections (`star`, `mining`, `knowledge`, `pedagogical`) are not refused where their
+    setting is off: the presets share them between experiments by a YAML merge key (configs/smoke.yaml's
+    `<<: *shared`), so there an unread one is inherited, not meant."""
+    continual, data = is_continual(exp), exp["data"]
+    stages = f"{key}.stages make a continual experiment, whose stages make their own data"
+    # (options, whether anything reads them, why not): where each is read is named beside it.
+    rules: list[tuple[list[str], bool, str]] = []
+    grafts = list(dict.fromkeys(m.section for m in METHODS.values() if m.grafts))
+    for section in grafts:  # graftlab.planning.layout.graft_keys and chains: masked runs iterate the kinds
+        masked = [f"{section}.masks.{k}" for k in ("rho", "scope", "score", "lam", "epochs")]
+        rules.append((masked, bool(exp[section]["masks"]["kinds"]), f"{key}.{section}.masks.kinds is empty"))
+    kinds = ", ".join(f"{key}.{section}.masks.kinds" for section in grafts)
+    kfac = any("kfac" in exp[section]["masks"]["kinds"] for section in grafts)  # layout.fisher_name
+    rules.append((["fisher.ekfac", "fisher.kfac_positions"], kfac, f"no mask kind is kfac ({kinds})"))
+    # rules/synth.smk's teacher_traces takes the single-domain experiments of data: teacher only.
+    why = stages if continual else f"{key}.data is {data!r}, not teacher"
+    rules.append((["teacher.model"], not continual and data == "teacher", why))
+    star = ["star.rationalize_attempts"]  # graftlab.synth.star: the hinted attempts follow only with it
+    rules.append((star, exp["star"]["rationalize"], f"{key}.star.rationalize is false"))
+    # The schema's `stages`: a continual experiment ignores `data`, `problems` and `mining`
+    # (rules/data.smk's rules take single-domain experiments only).
+    rules.append((["data", "problems", *_keys_of(schema, "mining")], not continual, stages))
+    rules.append((_keys_of(schema, "continual"), continual, f"{key}.stages is empty"))
+    # An on-policy section whose sweeps name no run trains nothing, so none of its settings is read. Its
+    # sweep axes (the lists) are the switch itself, and stay as a preset left them.
+    for section in sections(on_policy()):
+        runs = [r for m in on_policy() if m.section == section for r in m.spec.runs(exp[section])]
+        settings = [k for k in _keys_of(schema, section) if not isinstance(_value_at(exp, k), list)]
+        rules.append((settings, bool(runs), f"{key}.{section} sweeps no run"))
+    for m in on_policy():  # SDPO's two densities each read their own switches (graftlab.methods.sdpo.run_density)
+        if isinstance(m.spec, SdpoSpec):
+            switches = [f"{m.section}.{k}" for k in DENSITY_KEYS[m.spec.cot]]
+            why = f"{key}.{m.section}.{m.spec.teachers} is empty"
+            rules.append((switches, bool(exp[m.section][m.spec.teachers]), why))
+    checks = []
+    for options, read, why in rules:
+        for option in options if not read else ():
+            set_ = _value_at(exp, option) != _default_of(schema, option)
+            checks.append((not set_, f"{key}.{option}", f"is set but {why}: it would be ignored"))
+    knowledge = {k.split(".", 1)[1]: _default_of(schema, k) for k in _keys_of(schema, "knowledge")}
+    for i, stage in enumerate(exp["stages"]):  # rules/continual.smk: a knowledge stage's world only
+        kind = stage_data_kind(stage)
+        set_ = kind != "knowledge" and stage["knowledge"] != knowledge
+        why = f"is set but stage {i} is no knowledge stage (its data: {kind}): it would be ignored"
+        checks.append((not set_, f"{key}.stages.{i}.knowledge", why))
+    return checks
+
+
+def _value_at(section: dict, dotted: str):
+    for part in dotted.split("."):
+        section = section[part]
+    return section
+
+
+def _unread_world_options(config: dict, schema: dict) -> list[tuple[bool, str, str]]:
+    """A world's `corpus.new_task_problems` is only read with `corpus.new_task_share` > 0 (graftlab.world's
+    corpus). The main `world` lends its keys to every named world: there it is read when any world that
+    keeps its value reads it; a named world's value equal to the main one's is inherited, not set."""
+    default = schema["$defs"]["world"]["properties"]["corpus"]["properties"]["new_task_problems"]["default"]
+    main = config["world"]["corpus"]["new_task_problems"]
+    sections = {"world": config["world"]} | {f"worlds.{n}": w for n, w in config["worlds"].items()}
+    checks = []
+    for where, world in sections.items():
+        corpus = world["corpus"]
+        if where == "world":
+            keeping = [w for w in sections.values() if w["corpus"]["new_task_problems"] == main]
+            read = any(w["corpus"]["new_task_share"] > 0 for w in keeping)
+            set_ = main != default
+        else:
+            read, set_ = corpus["new_task_share"] > 0, corpus["new_task_problems"] not in (default, main)
+        why = f"is set but {where}.corpus.new_task_share is 0: it would be ignored"
+        checks.append((read or not set_, f"{where}.corpus.new_task_problems", why))
+    return checks
 
 
 def _duplicate_models(models: dict) -> list[tuple[bool, str, str]]:
@@ -123,6 +365,10 @@ def _duplicate_models(models: dict) -> list[tuple[bool, str, str]]:
             problem = f"is models.{first[same]} again (source {model['source']!r}, revision {model.get('revision')!r})"
             checks.append((False, f"models.{name}", problem + ": give each its own revision, or drop one"))
         first.setdefault(same, name)
+        # rules/common.smk's rope_dir: another model's fetched directory, which nothing fetches otherwise.
+        rope = model.get("rope_from")
+        known = rope is None or (rope in models and rope != name)
+        checks.append((known, f"models.{name}.rope_from", f"{rope!r} is no other name in models {sorted(models)}"))
     return checks
 
 
@@ -318,23 +564,17 @@ SWEEPS = tuple(f"{section}.{sweep}" for section, spec in specs().items() for swe
 
 
 def _sweep_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
-    """Each sweep's values finite ("1e400" passes the schema's pattern and is Inf), learning rates
-    positive (0 trains nothing), and no value twice under two spellings ("1e-3", "0.001"): the same
-    run would be trained twice under two names."""
+    """Learning rates positive (0 trains nothing). Every spelled list's numbers finite and its values
+    spelled once: `_spelling_checks`, for every such list of the schema."""
     checks = []
     for sweep in SWEEPS:
+        if not sweep.endswith(".lr"):
+            continue
         section = exp
         for part in sweep.split("."):
             section = section[part]
-        values = [float(v) for v in section]
-        where = f"{key}.{sweep}"
-        infinite = [v for v, x in zip(section, values) if not math.isfinite(x)]
-        checks.append((not infinite, where, f"{infinite} are not finite numbers"))
-        if sweep.endswith(".lr"):
-            zero = [v for v, x in zip(section, values) if x <= 0]
-            checks.append((not zero, where, f"{zero}: a learning rate must be positive"))
-        twice = sorted({v for v, x in zip(section, values) if values.count(x) > 1})
-        checks.append((not twice, where, f"{twice} are one value spelled twice: the same runs would be trained twice"))
+        zero = [v for v in section if float(v) <= 0]
+        checks.append((not zero, f"{key}.{sweep}", f"{zero}: a learning rate must be positive"))
     return checks
 
 

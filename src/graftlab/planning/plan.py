@@ -487,15 +487,37 @@ def load_config(configfiles: list[str], overrides: list[str], root: Path = Path(
     """The config Snakemake would run with, resolved: the config files merged in order, then the
     `--config` overrides; config.yaml only when neither is given, as rules/common.smk loads it."""
     from snakemake.cli import parse_config
-    from snakemake.common.configfile import load_configfile
     from snakemake.utils import update_config
 
+    from graftlab.errors import UsageError
     from graftlab.planning.config import resolve
 
     config: dict = {}
     for path in configfiles:
-        update_config(config, load_configfile(path))
-    update_config(config, parse_config(overrides))
+        update_config(config, _config_file(path, "--configfile " + path))
+    try:
+        update_config(config, parse_config(overrides))
+    except (ValueError, TypeError) as err:  # Snakemake's own words for an override it cannot parse
+        raise UsageError(f"--config {' '.join(overrides)}: {err}") from None
     if not config:
-        config = load_configfile(str(root / "config.yaml"))
+        config = _config_file(str(root / "config.yaml"), "the workflow's config.yaml")
     return resolve(config)
+
+
+def _config_file(path: str, name: str) -> dict:
+    """The config file at `path` as Snakemake loads it, refused in one line naming it (`name`) when it is
+    missing, is not YAML or JSON, or holds no mapping."""
+    from snakemake.common.configfile import load_configfile
+    from snakemake_interface_common.exceptions import WorkflowError
+
+    from graftlab.errors import GraftlabError
+
+    if not Path(path).is_file():
+        raise GraftlabError(f"{name}: no such file")
+    try:
+        loaded = load_configfile(path)
+    except WorkflowError as err:
+        raise GraftlabError(f"{name}: {str(err).strip().splitlines()[0]}") from None
+    if not isinstance(loaded, dict):
+        raise GraftlabError(f"{name}: holds {type(loaded).__name__}, not a mapping of config keys")
+    return loaded

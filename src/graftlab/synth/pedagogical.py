@@ -279,6 +279,7 @@ def train_teacher(
     from graftlab.io.provenance import write_provenance
     from graftlab.sampling import trl_grpo_trainer
     from graftlab.tasks import get_task
+    from graftlab.train import diverge
     from graftlab.train import resume as rs
     from graftlab.train.grpo import context as grpo_context
     from graftlab.train.grpo import micro as grpo_micro
@@ -321,7 +322,8 @@ def train_teacher(
             reward_funcs=[make_reward_func(student, tok, cfg.reward, get_task(task).grade)],
             train_dataset=dataset,
             processing_class=tok,
-            callbacks=[rs.trainer_callback(resume)] if resume is not None else None,
+            callbacks=[diverge.trainer_callback("Pedagogical RL teacher")]
+            + ([rs.trainer_callback(resume)] if resume is not None else []),
         )
         trainer.train(resume_from_checkpoint=rs.last_checkpoint(resume) if resume is not None else None)
         trainer.model.save_pretrained(tmp)

@@ -367,6 +367,7 @@ def train_grpo(
 def _train(post_dir, problems: list[dict], cfg: GrpoConfig, inputs, resume, work: Path) -> list[dict]:
     """The training: kept checkpoints into `work`; with `resume`, the Trainer's state saved there when due
     and the end of training marked. Returns the step log."""
+    from graftlab.train import diverge
     from graftlab.train import resume as rs
     from graftlab.train.onpolicy import save_checkpoint
     from graftlab.train.precision import announce, save_dtype
@@ -385,7 +386,7 @@ def _train(post_dir, problems: list[dict], cfg: GrpoConfig, inputs, resume, work
 
     clock = _Clock()
     # Ours first: a step's end is stamped before the resume callback asks for a Trainer checkpoint.
-    callbacks = [_checkpoint_callback(clock, set(cfg.checkpoints()), save)]
+    callbacks = [diverge.trainer_callback("GRPO"), _checkpoint_callback(clock, set(cfg.checkpoints()), save)]
     if resume is not None:
         callbacks.append(rs.trainer_callback(resume))
     trainer_dir = resume.dir if resume is not None else work / "trainer"

@@ -160,6 +160,8 @@ class PairStep:
     no gradient reaches it), the tokenizer, the optimizer, the update's micro-batch, the precision and the
     student's sampler. `batch` is the method's batch (its spec's), which `micro` divides."""
 
+    name = "the on-policy loop"  # the method, in its errors
+
     def __init__(self, student, teacher, tokenizer, cfg, batch: int, precision=None, micro: int | None = None):
         import torch
 
@@ -174,6 +176,7 @@ class PairStep:
         self.k = min(cfg.top_k, student.config.vocab_size)
         # Over several processes FSDP averages their gradients: a loss scaled by their count sums them.
         self.scale = shard.world()[1]
+        self.step = 0  # the optimizer step being made, which the method's `steps` sets: named if it diverges
 
     @functools.cached_property
     def sampler(self):
@@ -203,16 +206,21 @@ class PairStep:
         share = items[i * n : (i + 1) * n]
         return share, shard.part(share, what)
 
-    def optimizer_step(self) -> float:
+    def optimizer_step(self, loss: float) -> float:
         """Clip the accumulated gradient to `max_grad_norm` (0: no clipping) and step; the global norm before
         clipping, over every process's shards. torch's clip_grad_norm_, as HF's Trainer uses for SFT and GRPO:
-        over FSDP2's sharded parameters it reduces the norm across processes itself (a DTensor)."""
+        over FSDP2's sharded parameters it reduces the norm across processes itself (a DTensor). Refused
+        before the step when the norm or the update's `loss` (the whole batch's) is not finite."""
         import torch
+
+        from graftlab.train.diverge import refuse_diverged
 
         limit = self.cfg.max_grad_norm or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.student.parameters(), limit)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        refuse_diverged(self.name, self.step, loss, norm)  # every process sees the same and stops
         self.optimizer.step()
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return norm
 
 
 class StepFunction(Protocol):

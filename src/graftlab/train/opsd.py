@@ -78,6 +78,8 @@ def teacher_text(template: str, problem: str, demo: str) -> str:
 class Opsd(PairStep):
     """The student being trained, the frozen teacher and the optimizer of one OPSD run."""
 
+    name = "OPSD"
+
     def __init__(
         self, student, teacher, tokenizer, cfg: OpsdConfig, precision: Precision | None = None, micro: int | None = None
     ) -> None:
@@ -121,7 +123,8 @@ class Opsd(PairStep):
             share = mask.sum().item() / total if total else 1.0
             (loss * share * self.scale).backward()
             batch_loss += loss.item() * share
-        return shard.total(batch_loss), self.optimizer_step()
+        batch_loss = shard.total(batch_loss)
+        return batch_loss, self.optimizer_step(batch_loss)
 
     @classmethod
     def start(cls, tok, student, teacher, precision: Precision, cfg: OpsdConfig, examples: list[dict]) -> "Opsd":
@@ -161,6 +164,7 @@ class Opsd(PairStep):
         sample_s = time.perf_counter() - start
         for step in steps:
             began = time.perf_counter()
+            self.step = step
             share, own = self.share_of(samples, steps, step, "OPSD: the samples of an update")
             loss, norm = self.update(own, self.share_of(texts, steps, step, "OPSD: the samples of an update")[1])
             yield {

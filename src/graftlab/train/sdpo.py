@@ -149,6 +149,8 @@ class Rollout(NamedTuple):
 class Sdpo(PairStep):
     """The student, the scheduled teacher and the optimizer of one SDPO run."""
 
+    name = "SDPO"
+
     def __init__(self, student, teacher, tokenizer, cfg: SdpoConfig, precision: Precision | None = None, micro=None):
         super().__init__(student, teacher, tokenizer, cfg, cfg.share, precision, micro)
         self.close_id = _close_id(tokenizer)
@@ -200,6 +202,7 @@ class Sdpo(PairStep):
         sample_s = time.perf_counter() - start
         for step in steps:
             began = time.perf_counter()
+            self.step = step
             share, own = self.share_of(rollouts, steps, step, what)
             update = self.update(own, [old[id(r)] for r in own] if reused else None)
             if step == steps[-1]:
@@ -278,8 +281,8 @@ class Sdpo(PairStep):
         for lo in range(0, len(rollouts), self.micro):
             part = rollouts[lo : lo + self.micro]
             self._micro_step(part, None if old is None else old[lo : lo + self.micro], total, stats)
-        norm = self.optimizer_step() if total else None
         stats = {key: shard.total(value) for key, value in stats.items()}
+        norm = self.optimizer_step(stats["loss"]) if total else None
         return {
             "loss": stats["loss"],
             "grad_norm": norm,

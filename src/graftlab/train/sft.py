@@ -40,6 +40,9 @@ class TrainConfig(RunSettings):
     max_grad_norm: float = schema_default("sft", "max_grad_norm")  # 0: no clipping
     # batch_size is the effective batch: micro-batches of this size, their gradients accumulated.
     micro_batch_size: int | str = schema_default("sft", "micro_batch_size")
+    # A model whose tokenizer's chat template formats the examples, and is saved with the trained model: a
+    # donor from pre-training has none, and learns the post model's format (docs/methods.md).
+    chat_template_from: str | None = None
 
     def __post_init__(self) -> None:
         refuse("SFT", METHODS["sft"].spec.check(vars(self)))  # the config's checks (graftlab.methods)
@@ -57,6 +60,24 @@ def encode_traces(tokenizer, prompts: list[str], completions: list[str]) -> list
     from graftlab.tasks import chat_prompt
 
     return [encode_chat(tokenizer, chat_prompt(tokenizer, p), c) for p, c in zip(prompts, completions)]
+
+
+def sft_inputs(model_dir, data, template_from=None, role: str = "model") -> tuple:
+    """The tokenizer and encoded examples of SFT of the model at `model_dir` (its `role` names it in a
+    refusal) on the traces parquet `data`, each input through its gate before any training: a model
+    directory with finite weights (a NaN weight makes every loss NaN, hours later), a tokenizer with a chat
+    template (its own, or `template_from`'s), text in every row, every example within the model's context."""
+    from graftlab.io.gates import chat_tokenizer, context_length
+    from graftlab.io.gates import model_dir as model_gate
+    from graftlab.io.tables import read_traces, within_context
+
+    config = model_gate(model_dir, role)
+    traces = read_traces(data)
+    tokenizer = chat_tokenizer(model_dir, role, template_from)
+    rows = encode_traces(tokenizer, traces["prompt"].to_list(), traces["completion"].to_list())
+    within_context([len(r["input_ids"]) for r in rows], context_length(config), f"SFT data ({data})")
+    model_gate(model_dir, role, finite=True)
+    return tokenizer, rows
 
 
 def step_timer(records: list[dict], keep: Path | None = None):
@@ -86,7 +107,7 @@ def step_timer(records: list[dict], keep: Path | None = None):
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             # Called after on_step_end and before on_save, so the loss is in the step's record when `keep`
-            # is written. With logging_steps=1 (`_sft_args`), transformers' `_maybe_log_save_evaluate` logs
+            # is written. With logging_steps=1 (`trl_args`), transformers' `_maybe_log_save_evaluate` logs
             # the loss summed since the last log over the steps since it: this step's loss alone, the
             # token-mean cross-entropy on the completion tokens of its whole batch (its micro-batches and
             # processes together). The end-of-training log has `train_loss`, not `loss`, and is skipped.
@@ -123,7 +144,10 @@ def train(
     """
     import torch
     from datasets import Dataset
+    from transformers import ProgressCallback
     from trl import SFTTrainer
+
+    from graftlab.train import diverge
 
     torch.set_num_threads(cfg.threads)
     if cfg.epochs is None and cfg.steps is None:
@@ -134,13 +158,21 @@ def train(
     if start is not None and steps is not None and keep.exists():
         done = int(Path(start).name.split("-")[1])
         steps[:] = [r for r in json.loads(keep.read_text()) if r["step"] <= done]
-    callbacks = [step_timer(steps, keep)] if steps is not None else []
+    callbacks = [diverge.trainer_callback("SFT")] + ([step_timer(steps, keep)] if steps is not None else [])
     if resume is not None:
         callbacks.append(trainer_callback(resume))
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=callbacks
     )
-    trainer.train(resume_from_checkpoint=start)
+    try:
+        trainer.train(resume_from_checkpoint=start)
+    except BaseException:
+        # A run stopped mid-way (diverged, out of memory) leaves its progress bar open: the error would print
+        # on the bar's line, and the bar once more after it.
+        bar = getattr(trainer.pop_callback(ProgressCallback), "training_bar", None)
+        if bar is not None:
+            bar.close()
+        raise
     checkpoints = sorted(work_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     for ckpt in [c for c in checkpoints if (c / RESUME_ONLY).exists()]:
         shutil.rmtree(ckpt)
@@ -206,9 +238,6 @@ def _sft_args(cfg: TrainConfig, work_dir: Path, masked: bool, resumable: bool, m
         save_only_model=not resumable,
         completion_only_loss=masked,
         data_seed=cfg.seed,
-        # Every step logged (trl_args), its own loss (not a running mean: `step_timer`), with a NaN or inf
-        # shown as one rather than replaced by the mean of the losses before it.
-        logging_nan_inf_filter=False,
         # Every parameter gets a gradient; DDP's search for unused ones is an extra pass over the graph.
         ddp_find_unused_parameters=False,
         max_length=None,
@@ -261,6 +290,7 @@ def finetune(
     data=None,
     steps_out=None,
     resume: Resume | None = None,
+    tokenizer=None,
 ) -> None:
     """Train the model at `model_dir` (or the given fresh `model`) and write one checkpoint per target,
     each with its `graftlab.json` provenance, and the seconds and loss of every step as JSON lines to
@@ -268,7 +298,8 @@ def finetune(
 
     Training state lives in a hidden work directory beside the first target, so a failed run leaves no
     directory that looks like a finished checkpoint; with `resume`, in its directory instead, which a
-    failed run keeps for the rerun to continue from.
+    failed run keeps for the rerun to continue from. `tokenizer` (by default `model_dir`'s) is saved with
+    every checkpoint.
     """
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -277,7 +308,7 @@ def finetune(
     from graftlab.train.precision import WEIGHTS_DTYPE, save_dtype
     from graftlab.train.settings import recorded
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
     dtype = save_dtype(cfg.save_dtype, model_dir, model)
     inputs = {"model": "initialised from scratch" if model is not None else str(model_dir), "data": str(data)}
     if resume is not None:
@@ -314,19 +345,14 @@ def finetune(
         resume.finish()
 
 
-def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path, resume: Resume | None = None) -> None:
+def sft_epochs(model_dir, data, cfg: TrainConfig, out_dir: Path, resume: Resume | None = None, inputs=None) -> None:
     """SFT on a traces parquet (`prompt`, `completion`); writes `out_dir/epoch~{e}` for every epoch,
     `out_dir/steps.jsonl`, the seconds (as OPSD's, with no sampling) and loss of every step, and
     `out_dir/training.png`, its curves; all at once, so a failed run leaves nothing. With `resume`, a
-    killed run continues from its newest saved state."""
-    from transformers import AutoTokenizer
-
+    killed run continues from its newest saved state. `inputs`: `sft_inputs`' answer, when already gated."""
     from graftlab.io.atomic import atomic_dir
-    from graftlab.io.tables import read_table
 
-    traces = read_table(data, ("prompt", "completion"), "SFT data")
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    rows = encode_traces(tok, traces["prompt"].to_list(), traces["completion"].to_list())
+    tok, rows = inputs or sft_inputs(model_dir, data, cfg.chat_template_from)
     with atomic_dir(out_dir) as tmp:
         targets = [tmp / f"epoch~{e}" for e in range(1, cfg.epochs + 1)]
-        finetune(model_dir, rows, cfg, targets, data=data, steps_out=tmp / "steps.jsonl", resume=resume)
+        finetune(model_dir, rows, cfg, targets, data=data, steps_out=tmp / "steps.jsonl", resume=resume, tokenizer=tok)

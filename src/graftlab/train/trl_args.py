@@ -23,7 +23,10 @@ def trl_args(kind, cfg, work: Path, batch: int, micro: int, precision, **own):
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=accumulation(batch, micro),
         seed=cfg.seed,
+        # Every step logged, its own loss (not a running mean: `graftlab.train.sft.step_timer`), a NaN or inf
+        # shown as one rather than replaced by the mean of the losses before it (`graftlab.train.diverge`).
         logging_steps=1,
+        logging_nan_inf_filter=False,
         **trainer_kwargs(cfg.live),
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
