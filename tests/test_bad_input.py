@@ -640,6 +640,21 @@ CASES += [
         ["experiments.x.sft.lr.0", "'inf' is invalid"],
     ),
     ("inspect-results-missing", _argv("inspect", "{tmp}/nowhere/results"), ["nowhere"]),
+    (
+        "inspect-configfile-not-yaml",
+        lambda c: ["inspect", str(c.tmp), *_config_file(c, "experiments: [\n")[1:3]],
+        ["--configfile", "run.yaml", "not valid JSON or YAML"],
+    ),
+    (
+        "inspect-configfile-nan",
+        lambda c: [
+            "inspect",
+            str(c.tmp),
+            *_config_file(c, "experiments:\n  x:\n    eval:\n      temperature: .nan\n")[1:3],
+        ],
+        ["experiments.x.eval.temperature", "not a finite number"],
+    ),
+    ("inspect-config-override-unparsable", _argv("inspect", "{tmp}", "--config", "=3"), ["--config =3"]),
 ]
 
 # The cases refused for their command line (exit status 2); every other CLI case for its data (1).
@@ -671,6 +686,7 @@ USAGE = {f"{command}{flag}={value}" for command, flag, value, _ in NUMBERS} | {
     "fisher-out-is-model",
     "drift-out-is-model",
     "plan-config-override-unparsable",
+    "inspect-config-override-unparsable",
 }
 
 

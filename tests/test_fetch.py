@@ -93,6 +93,19 @@ def test_an_index_naming_a_missing_shard_is_refused(source, tmp_path):
     assert_nothing_left(tmp_path / "m")
 
 
+def test_a_nan_weight_is_refused_where_the_model_enters_the_workflow(source, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    shard = next(source.glob("model-*.safetensors"))
+    weights = load_file(shard)
+    name = sorted(n for n, t in weights.items() if t.is_floating_point())[0]
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, shard, metadata={"format": "pt"})
+    with pytest.raises(GraftlabError, match=rf"^model {source}: weights .*: tensor {name} holds 1 NaN or Inf"):
+        fetch_model(str(source), tmp_path / "m")
+    assert_nothing_left(tmp_path / "m")
+
+
 def test_hub_id_offline_is_an_error_naming_source_and_revision(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # huggingface_hub reads the variable once, at import: set what it actually consults too.

@@ -182,6 +182,10 @@ def grpo_vllm_kwargs(backend="auto", context: Callable[[], int] | None = None, m
     }
 
 
+# What a sampled sequence's length is, in a refusal: its prompt and the whole generation budget.
+_BUDGET = "sampling (prompt tokens + max_new_tokens {})"
+
+
 def context_bound(tokenizer, prompts, max_new_tokens: int) -> int:
     """Tokens the longest of `prompts` (chat-formatted text) and a whole completion take together: the
     least context that samples them all."""
@@ -262,7 +266,10 @@ class VllmSampler:
         """Start the engine, or start it again larger, where this call's prompts need it."""
         if self.engine.max_model_len is not None:
             return  # the configured context: vLLM refuses a longer prompt itself, naming it
+        from graftlab.io.tables import within_context
+
         need = context_bound(self.tokenizer, prompts, cfg.max_new_tokens)
+        within_context([need], model_context(self.model_dir), _BUDGET.format(cfg.max_new_tokens) + ", the longest")
         if self.max_model_len is None or need > self.max_model_len:
             print(f"vLLM engine: longest prompt + max_new_tokens = {need} tokens", flush=True)
             self._start(engine_length(need, model_context(self.model_dir)))
@@ -354,6 +361,11 @@ class HfSampler:
         # Greedy decoding gives one answer per prompt: decode it once and repeat it n times, as vLLM does.
         n = 1 if greedy else cfg.n
         batch = tok(prompts, return_tensors="pt", padding=True).to(self.device)
+        from graftlab.io.tables import within_context
+
+        # Past its context a model reads positions it never learned (RoPE does not refuse them): refused.
+        lengths = (batch["attention_mask"].sum(1) + cfg.max_new_tokens).tolist()
+        within_context(lengths, self.model.config.max_position_embeddings, _BUDGET.format(cfg.max_new_tokens))
         # A model sharded over processes (`graftlab.train.shard`) gathers its weights in every forward: each
         # process decodes until all are done (`synced_gpus`), and outside inference mode, whose tensors
         # FSDP's reused gather buffers could not be written into afterwards.

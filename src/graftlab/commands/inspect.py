@@ -61,6 +61,17 @@ def run(args: argparse.Namespace) -> None:
     from graftlab.commands.inspect_results import inspect, workdir_of
 
     config = snakemake_config_args(args)
+    if args.configfile or args.config:
+        # Read as `graftlab plan` reads them, so a config Snakemake would refuse is one line naming it, not
+        # Snakemake's own output.
+        from graftlab.errors import GraftlabError
+        from graftlab.planning.config import ConfigError
+        from graftlab.planning.plan import load_config
+
+        try:
+            load_config(args.configfile, args.config)
+        except ConfigError as err:
+            raise GraftlabError(str(err)) from None
     report = inspect(args.results_dir, args.exp, config, every=args.all, snakefile=args.snakefile)
     workdir = workdir_of(args.results_dir)
     if args.json:

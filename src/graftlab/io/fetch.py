@@ -170,17 +170,20 @@ def _download(repo_id: str, revision: str | None, out: Path) -> str:
 
 
 def _check_fetched(source: str, model_dir: Path) -> None:
-    """A fetched model holds config.json and a complete set of safetensors weights."""
+    """A fetched model holds config.json and a complete set of safetensors weights, all finite."""
     names = sorted(p.name for p in model_dir.iterdir())
     if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
         raise GraftlabError(
             f"model {source}: needs config.json and safetensors weights (pickled .bin weights are not "
             f"fetched); found {names or 'no model files'}"
         )
-    from graftlab.io.safetensors_io import tensor_index  # torch: kept out of the workflow parse
+    from graftlab.io.safetensors_io import refuse_nonfinite  # torch: kept out of the workflow parse
 
     try:
-        tensor_index(model_dir)
+        # Every shard whole and every weight finite, once, where a model enters the workflow: a NaN weight
+        # would make every later job's numbers NaN (jobs downstream read only what graftlab wrote, whose
+        # trainers stop on divergence and whose grafts refuse a non-finite result).
+        refuse_nonfinite(model_dir, "weights")
     except GraftlabError as e:
         raise GraftlabError(f"model {source}: {e}") from None
 
