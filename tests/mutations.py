@@ -39,6 +39,8 @@ STATS_FIRST = "tests/test_stage_data.py::test_a_stages_table_appears_only_after_
 SIBLING = f"{SDPO}::test_each_rollouts_teacher_reads_its_first_successful_siblings_answer_never_its_own"
 SCHEDULE = f"{SDPO}::test_the_teacher_a_run_hands_on_follows_its_schedule_at_the_right_steps"
 GRPO_ADV = f"{GRPO}::test_advantages_and_the_token_pooled_loss_match_a_hand_computation"
+DIVERGE = "tests/test_diverge.py"
+BAD = "tests/test_bad_input.py::test_bad_input_is_one_clear_line_and_leaves_nothing"
 
 MUTATIONS = [
     Mutation(
@@ -84,7 +86,11 @@ MUTATIONS = [
         (DIAG_DEFAULT,),
     ),
     Mutation(
-        "diag-default-f-only (CLI)", "commands/cli.py", 'default="fisher_delta",', 'default="fisher",', (DIAG_DEFAULT,)
+        "diag-default-f-only (CLI)",
+        "commands/cli.py",
+        'args.mask_score or "fisher_delta",',
+        'args.mask_score or "fisher",',
+        (DIAG_DEFAULT,),
     ),
     Mutation(
         "kfac-f-only-rotation-transposed",
@@ -283,6 +289,34 @@ MUTATIONS = [
         "if host == HOST and pid.isdigit()",
         "if host.startswith(HOST) and pid.isdigit()",
         ("tests/test_atomic.py",),
+    ),
+    Mutation(
+        "diverge-loop-unchecked",
+        "train/onpolicy.py",
+        "refuse_diverged(self.name, self.step, loss, norm)",
+        "None",
+        (f"{DIVERGE}::test_a_huge_learning_rate_stops_every_trainer_at_its_second_step",),
+    ),
+    Mutation(
+        "diverge-trainers-unchecked",
+        "train/diverge.py",
+        "    if all(v is None or math.isfinite(v) for v in (loss, grad_norm)):",
+        "    if True:",
+        (f"{DIVERGE}::test_a_nan_loss_with_a_finite_gradient_stops_every_trainer",),
+    ),
+    Mutation(
+        "gate-output-may-be-an-input",
+        "io/gates.py",
+        "if target == given or target in given.parents or given in target.parents:",
+        "if False:",
+        (f"{BAD}[sft-out-is-model]", f"{BAD}[graft-out-holds-post]"),
+    ),
+    Mutation(
+        "gate-nan-passes-bounds",
+        "io/gates.py",
+        "    if not math.isfinite(parsed):",
+        "    if False:",
+        (f"{BAD}[sft--lr=inf]", f"{BAD}[plan--mfu=nan]"),
     ),
 ]
 

@@ -206,6 +206,20 @@ def _mine(ctx: Ctx, rows: list[dict], benchmark: list[dict] | None = None) -> No
     mine(ctx.models["post"], candidates, cfg, ctx.out, ctx.tmp / "heldout.parquet", benchmark_files=benchmarks)
 
 
+def _benchmark(ctx: Ctx, rows: list[dict]) -> None:
+    from graftlab.evaluate.run import Benchmark, read_problems
+
+    read_problems(Benchmark("b", ctx.problems(rows, "b.parquet"), "new"))
+
+
+def _retention(ctx: Ctx, rows: list[dict]) -> None:
+    from graftlab.fisher.rollouts import problems_from_file
+
+    path = ctx.tmp / "prompts.parquet"
+    pl.DataFrame([{**r, "task": "arith"} for r in rows]).write_parquet(path)
+    problems_from_file(path, 1, 0, [])
+
+
 def _config(overlay: dict) -> Callable[[Ctx], None]:
     def run(ctx: Ctx) -> None:
         resolve(json.loads(json.dumps(overlay)))
@@ -638,6 +652,22 @@ CASES += [
         "plan-configfile-inf-rate",
         lambda c: _config_file(c, "experiments:\n  x:\n    sft:\n      lr: ['inf']\n"),
         ["experiments.x.sft.lr.0", "'inf' is invalid"],
+    ),
+    # Problem tables the workflow samples: a prompt in every row.
+    (
+        "benchmark-null-prompt",
+        lambda c: _benchmark(c, [_row(0), {**_row(1), "prompt": None}]),
+        ["benchmark b", "row 1 prompt is null"],
+    ),
+    (
+        "benchmark-blank-prompt",
+        lambda c: _benchmark(c, [_row(0), _row(1, prompt="   ")]),
+        ["benchmark b", "row 1 prompt is empty"],
+    ),
+    (
+        "retention-prompts-empty-prompt",
+        lambda c: _retention(c, [_row(0), _row(1, prompt="\t")]),
+        ["retention prompts", "row 1 prompt is empty"],
     ),
     ("inspect-results-missing", _argv("inspect", "{tmp}/nowhere/results"), ["nowhere"]),
     (

@@ -55,7 +55,7 @@ class Benchmark:
 
 def read_problems(bench: Benchmark) -> pl.DataFrame:
     """The benchmark's problems, refused (naming benchmark and file) when they cannot be graded."""
-    problems = read_table(bench.path, ("id", "prompt", "answer"), f"benchmark {bench.name}")
+    problems = read_table(bench.path, ("id", "prompt", "answer"), f"benchmark {bench.name}", text=("prompt",))
     where = f"benchmark {bench.name} ({bench.path})"
     # Problem files written from the registry say their task; grading them as another task is a wiring
     # mistake (e.g. knowledge questions sampled and exact-matched as arithmetic). Tiny-world files name

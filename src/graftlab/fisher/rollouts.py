@@ -65,7 +65,7 @@ def problems_from_file(prompts_file, count: int, seed: int, benchmark_files) -> 
     """`count` problems of the problems parquet `prompts_file` (id, task, prompt, answer), drawn by a
     seeded shuffle, none whose id or prompt text is in any of `benchmark_files`. Too few left is an
     error: a Fisher over fewer rollouts than configured would be silently noisier."""
-    frame = read_table(prompts_file, PROBLEM_COLUMNS, "retention prompts")
+    frame = read_table(prompts_file, PROBLEM_COLUMNS, "retention prompts", text=("prompt",))
     held_ids, held_prompts = set(), set()
     for f in benchmark_files:
         bench = pl.read_parquet(f)

@@ -198,7 +198,7 @@ def write_star(
     traces, stats = star_traces(
         sampler,
         AutoTokenizer.from_pretrained(model_dir),
-        read_table(problems, PROBLEM_COLUMNS, "star problems"),
+        read_table(problems, PROBLEM_COLUMNS, "star problems", text=("prompt",)),
         cfg,
         get_task(task).grade,
     )
