@@ -238,3 +238,13 @@ def test_grpo_over_two_processes_writes_the_run_once(post, tmp_path):
     assert [json.loads(line) for line in (tmp_path / "run/steps.jsonl").open()] == log
     assert all(r["response_tokens"] / r["response_len"] == pytest.approx(8) for r in log)  # all 8 completions
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_refusal_inside_the_processes_is_the_launchs_own_line():
+    """A process that refuses (a divergence, bad data) hands its message to `launch`, which raises it: the
+    job's one line names what was wrong, not only that the processes failed."""
+    from graftlab.io.gates import number
+    from graftlab.train.shard import launch
+
+    with pytest.raises(GraftlabError, match=r"^the value must be finite, got 'nan'$"):
+        launch(2, number, "nan", "the value")

@@ -235,6 +235,9 @@ def launch(processes: int, call: Callable[..., Any], *args: Any, accelerate: Pat
         command += ["-m", __name__, str(spec)]
         print("launch: " + " ".join(command), flush=True)
         done = subprocess.run(command, check=False)
+        refusals = sorted(Path(tmp).glob("refused-*"))
+        if done.returncode and refusals:  # a process's own refusal (a divergence, bad data) is the launch's
+            raise GraftlabError(refusals[0].read_text())
     if done.returncode:
         raise GraftlabError(f"{processes} processes failed (exit status {done.returncode}); see the log above")
 
@@ -242,9 +245,16 @@ def launch(processes: int, call: Callable[..., Any], *args: Any, accelerate: Pat
 def main(spec: str) -> None:
     import torch.distributed as dist
 
+    from graftlab.errors import GraftlabError
+
     call, args = pickle.loads(Path(spec).read_bytes())
     join()
-    call(*args)  # a failure ends this process with its traceback; the launcher ends the others
+    try:
+        call(*args)  # a failure ends this process with its traceback; the launcher ends the others
+    except GraftlabError as err:
+        # Handed to `launch`, which raises it as its own: the job's one line, not "N processes failed".
+        Path(spec).with_name(f"refused-{world()[0]}").write_text(str(err))
+        raise
     if dist.is_initialized():
         dist.barrier()  # every process's work is written before any tears its group down
         dist.destroy_process_group()
