@@ -172,7 +172,7 @@ def test_sdpo_over_two_processes_with_a_moving_teacher_trains_as_one(post, tmp_p
 def test_a_batch_that_does_not_split_over_the_processes_is_refused_in_one_line(post, tmp_path):
     examples = [{"prompt": p["prompt"], "demonstration": p["answer"]} for p in problems(6)]
     cfg = OpsdConfig(alpha=0.5, lr=1e-2, steps=1, batch_size=3, max_new_tokens=4, threads=1)
-    with pytest.raises(GraftlabError, match=r"2 processes failed"):
+    with pytest.raises(GraftlabError, match=r"^OPSD: the problems of a batch: 3 do not split over 2 processes$"):
         train_opsd(post, examples, cfg, tmp_path / "odd", processes=2)
     assert not (tmp_path / "odd").exists()
 
