@@ -259,3 +259,11 @@ def graft_args(post: Path, donor: Path, tuned: Path, scale: str, out: Path) -> l
         "--out",
         str(out),
     ]
+
+
+def mul_traces(count: int) -> list[dict]:
+    """`count` multiplication problems of the world with their whole chat completions: SFT and OPSD data."""
+    from graftlab.tasks import arith, chat_completion
+
+    problems = arith.sample_problems("mul", count, "t", 0)
+    return [dict(p, completion=chat_completion(p["thinking"], p["answer"])) for p in problems]

@@ -13,9 +13,10 @@ import math
 import polars as pl
 import pytest
 import torch
+from conftest import mul_traces as traces
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from graftlab.tasks import TASKS, Task, arith, chat_completion
+from graftlab.tasks import TASKS, Task, arith
 
 
 @pytest.fixture
@@ -37,11 +38,6 @@ def coin(monkeypatch):
     task = Task("coin", prompt=str, grade=lambda completion, answer: len(completion) % 2 == 0, reference=str)
     monkeypatch.setitem(TASKS, "coin", task)
     return [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "task": "coin"} for i in range(4)]
-
-
-def traces(count: int) -> list[dict]:
-    problems = arith.sample_problems("mul", count, "t", 0)
-    return [dict(p, completion=chat_completion(p["thinking"], p["answer"])) for p in problems]
 
 
 def run_sft(model, tmp, clip, monkeypatch):

@@ -16,10 +16,11 @@ import math
 import polars as pl
 import pytest
 import torch
+from conftest import mul_traces as traces
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from graftlab.errors import GraftlabError
-from graftlab.tasks import TASKS, Task, arith, chat_completion
+from graftlab.tasks import TASKS, Task, arith
 
 TRAINERS = ("sft", "grpo", "opsd", "sdpo", "teacher")
 WHAT = {"sft": "SFT", "grpo": "GRPO", "opsd": "OPSD", "sdpo": "SDPO", "teacher": "Pedagogical RL teacher"}
@@ -47,11 +48,6 @@ def alternating(monkeypatch):
     task = Task("alternating", prompt=str, grade=lambda completion, answer: next(turn) % 2 == 0, reference=str)
     monkeypatch.setitem(TASKS, "alternating", task)
     return [{"prompt": f"{i}+{i}=", "answer": str(2 * i), "task": "alternating"} for i in range(4)]
-
-
-def traces(count: int) -> list[dict]:
-    problems = arith.sample_problems("mul", count, "t", 0)
-    return [dict(p, completion=chat_completion(p["thinking"], p["answer"])) for p in problems]
 
 
 def train(trainer: str, model, data, out, monkeypatch, lr: float, clip: float, resume=None) -> None:
