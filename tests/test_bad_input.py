@@ -396,6 +396,11 @@ CASES = [
         ["experiments.x.graft.lam", "['1e400'] are not finite"],
     ),
     (
+        "config-learning-rate-above-one",
+        _config({"experiments": {"x": {"grpo": {"lr": ["1e-3", "2"]}}}}),
+        ["experiments.x.grpo.lr", "['2']: a learning rate must be at most 1.0"],
+    ),
+    (
         "config-zero-learning-rate",
         _config({"experiments": {"x": {"sft": {"lr": ["0"]}}}}),
         ["experiments.x.sft.lr", "must be positive"],
@@ -474,6 +479,7 @@ NUMBERS = [
     ("drift", "--share", "0", "must be > 0"),
     ("drift", "--share", "nan", "must be finite"),
     ("drift", "--share", "1.5", "must be <= 1"),
+    ("drift", "--threads", "638138", "must be <="),  # more than the cores: set as torch's, it crashed the process
     ("plan", "--mfu", "0", "must be > 0"),
     ("plan", "--mfu", "nan", "must be finite"),
     ("plan", "--decode-mfu", "2", "must be <= 1"),
@@ -488,6 +494,7 @@ NUMBERS = [
     ("sft", "--lr", "inf", "must be finite"),
     ("sft", "--lr", "0", "must be > 0"),
     ("sft", "--lr", "-1e-3", "must be > 0"),
+    ("sft", "--lr", "6.5e37", "must be <= 1.0"),  # AdamW's arithmetic overflowed float32: a traceback
     ("sft", "--steps", "0", "must be >= 1"),
     ("sft", "--batch-size", "-2", "must be >= 1"),
     ("sft", "--micro-batch-size", "0", "must be >= 1"),
@@ -521,6 +528,7 @@ CASES += [
     # Command lines argparse refuses: one line too, not its usage block.
     ("unknown-command", _argv("grfat"), ["invalid choice", "grfat"]),
     ("graft-misspelt-flag", lambda c: [*c.graft(), "--scal", "1"], ["unrecognized arguments", "--scal"]),
+    ("fisher-flag-given-dashes", lambda c: [*c.fisher(c.rollouts([[1]], [[2]])), "--batch-size=--"], ["--batch-size"]),
     ("graft-missing-flag", _argv("graft", "--post", "{post}", "--out", "{out}"), ["required", "--donor"]),
     ("fisher-unknown-kind", lambda c: [*c.fisher(c.rollouts([[1]], [[2]])), "--kind", "full"], ["--kind", "full"]),
     # Outputs that are inputs: the command would replace what it reads.
@@ -705,6 +713,7 @@ USAGE = {f"{command}{flag}={value}" for command, flag, value, _ in NUMBERS} | {
     "sft-epoch-dirs-with-steps",
     "unknown-command",
     "graft-misspelt-flag",
+    "fisher-flag-given-dashes",
     "graft-missing-flag",
     "fisher-unknown-kind",
     "sft-out-is-model",

@@ -205,20 +205,21 @@ def test_a_rerun_from_the_resume_state_saved_before_the_divergence_diverges_ther
     assert messages[0] == messages[1]
 
 
-def test_graftlab_sft_that_diverges_exits_with_one_line_and_no_output(world_pico, tmp_path, capsys):
+def test_graftlab_sft_that_diverges_exits_with_one_line_and_no_output(world_pico, tmp_path, capsys, monkeypatch):
     from graftlab.commands.cli import main
+
+    poison_gradient(monkeypatch, math.nan)  # a learning rate the flag allows (at most 1) need not diverge
 
     data, out = tmp_path / "sft.parquet", tmp_path / "donor"
     rows = traces(4)
     pl.DataFrame({"prompt": [r["prompt"] for r in rows], "completion": [r["completion"] for r in rows]}).write_parquet(
         data
     )
-    # The first step is warmup (learning rate 0), the second takes 1e30: the third diverges.
-    argv = ["sft", "--model", str(world_pico), "--data", str(data), "--lr", "1e30", "--steps", "3"]
+    argv = ["sft", "--model", str(world_pico), "--data", str(data), "--lr", "1e-3", "--steps", "3"]
     status = main([*argv, "--batch-size", "2", "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert status != 0
-    assert err[-1].startswith("graftlab: error: SFT diverged at step 3: ")
+    assert err[-1].startswith("graftlab: error: SFT diverged at step 1: ")
     assert [line for line in err if line.startswith("graftlab:")] == err[-1:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.parquet"]
     assert not any("Traceback" in line for line in err)

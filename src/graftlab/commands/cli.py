@@ -18,7 +18,7 @@ from graftlab.commands import sft as sft_cli  # its parser only: training loads 
 from graftlab.commands.refusal import Parser, refused, run
 from graftlab.errors import UsageError
 from graftlab.fisher import FISHERS, KINDS  # names only: the kinds' modules (torch) load when one runs
-from graftlab.io.gates import flag, output  # standard library only
+from graftlab.io.gates import flag, output, threads  # standard library only
 from graftlab.planning.config_args import add_config_args, snakemake_config_args  # standard library only
 
 
@@ -90,7 +90,7 @@ def _add_graft(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--threads",
-        type=flag(low=1, integer=True),
+        type=threads(),
         default=None,
         help="threads computing an unmasked graft (default 1, the fastest measured), "
         "or torch threads of a --mask (default: torch's choice)",
@@ -172,9 +172,7 @@ def _add_fisher(subparsers: argparse._SubParsersAction) -> None:
         default=16,
         help="rollouts per backward pass: memory, not results",
     )
-    p.add_argument(
-        "--threads", type=flag(low=1, integer=True), default=None, help="torch threads (default: torch's choice)"
-    )
+    p.add_argument("--threads", type=threads(), default=None, help="torch threads (default: torch's choice)")
     p.set_defaults(run=_cmd_fisher)
 
 
@@ -208,9 +206,7 @@ def _add_drift(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--share", type=flag(above=0, high=1), default=0.01, help="share of entries in each top-magnitude mask"
     )
-    p.add_argument(
-        "--threads", type=flag(low=1, integer=True), default=None, help="torch threads (default: torch's choice)"
-    )
+    p.add_argument("--threads", type=threads(), default=None, help="torch threads (default: torch's choice)")
     p.set_defaults(run=_cmd_drift)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from graftlab.errors import UsageError
-from graftlab.io.gates import flag
+from graftlab.io.gates import MAX_LR, flag, threads
 from graftlab.sampling import free_port
 from graftlab.train.live import Live
 from graftlab.train.shard import FSDP_CONFIG  # shipped inside the package: accelerate reads it as a file
@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True, help="Hugging Face model directory to start from")
     p.add_argument("--data", required=True, help="parquet with `prompt` and `completion` columns")
-    p.add_argument("--lr", required=True, type=flag(above=0), help="peak learning rate")
+    p.add_argument("--lr", required=True, type=flag(above=0, high=MAX_LR), help="peak learning rate")
     p.add_argument("--epochs", type=flag(low=1, integer=True), help="passes over the data (give this or --steps)")
     p.add_argument("--steps", type=flag(low=1, integer=True), help="optimizer steps (give this or --epochs)")
     p.add_argument("--out", required=True, help="output model directory (written atomically)")
@@ -73,9 +73,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="recompute activations in the backward pass; auto: on for CUDA, off on CPU",
     )
-    p.add_argument(
-        "--threads", type=flag(low=1, integer=True), default=None, help="torch threads (default: torch's choice)"
-    )
+    p.add_argument("--threads", type=threads(), default=None, help="torch threads (default: torch's choice)")
     p.add_argument(
         "--chat-template-from",
         metavar="DIR",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,18 @@ def flag(
 
     parse.__name__ = "integer" if integer else "number"  # what argparse's message calls a bad value
     return parse
+
+
+# The largest learning rate taken: AdamW moves every weight by about the learning rate a step, so one above 1
+# outweighs any weight, and past about 3e37 the optimizer's own arithmetic overflows float32 (a traceback,
+# found by tests/test_bad_input_properties).
+MAX_LR = 1.0
+
+
+def threads() -> Callable[[str], int]:
+    """The gate of a `--threads` flag: at least 1, at most this machine's cores. More OpenMP threads than cores
+    only slow torch down, and some hundred thousand crash the process (found by tests/test_bad_input_properties)."""
+    return flag(low=1, high=os.cpu_count() or 1, integer=True)
 
 
 def output(out: str | Path, inputs: Mapping[str, str | Path | None], flag_name: str = "--out") -> None:

@@ -12,6 +12,7 @@ import re
 from jsonschema import Draft202012Validator, validators
 
 from graftlab.errors import GraftlabError
+from graftlab.io.gates import MAX_LR
 from graftlab.methods import METHODS, on_policy, sections, specs
 from graftlab.methods.sdpo import DENSITY_KEYS, SdpoSpec, parse_schedule
 from graftlab.planning.chains import is_continual, stage_data_kind
@@ -564,8 +565,8 @@ SWEEPS = tuple(f"{section}.{sweep}" for section, spec in specs().items() for swe
 
 
 def _sweep_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
-    """Learning rates positive (0 trains nothing). Every spelled list's numbers finite and its values
-    spelled once: `_spelling_checks`, for every such list of the schema."""
+    """Learning rates positive (0 trains nothing) and at most `MAX_LR` (graftlab.io.gates). Every spelled
+    list's numbers finite and its values spelled once: `_spelling_checks`, for every such list of the schema."""
     checks = []
     for sweep in SWEEPS:
         if not sweep.endswith(".lr"):
@@ -575,6 +576,8 @@ def _sweep_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
             section = section[part]
         zero = [v for v in section if float(v) <= 0]
         checks.append((not zero, f"{key}.{sweep}", f"{zero}: a learning rate must be positive"))
+        large = [v for v in section if MAX_LR < float(v) < math.inf]  # an infinite one: `_spelling_checks`
+        checks.append((not large, f"{key}.{sweep}", f"{large}: a learning rate must be at most {MAX_LR}"))
     return checks
 
 
