@@ -309,7 +309,8 @@ def test_mask_settings_rerun_masked_grafts_only(smoke, tmp_path):
 def test_fisher_settings_rerun_the_fisher_they_shape_and_never_the_rollouts(smoke, tmp_path):
     # With no KFAC mask in use, an EKFAC setting shapes nothing: refused, not silently ignored.
     refused = snakemake(smoke, "-n", configs=(SMOKE, overlay(tmp_path, "ekfac", {"fisher": {"ekfac": True}})))
-    assert refused.returncode and "experiments.expert.fisher.ekfac: is set but no mask kind is kfac" in refused.stderr
+    said = refused.stdout + refused.stderr  # Snakemake prints a config error on stdout
+    assert refused.returncode and "experiments.expert.fisher.ekfac: is set but no mask kind is kfac" in said
     # The batch size is memory, not results: nothing re-runs.
     assert planned_jobs(smoke, overlay(tmp_path, "batch", {"fisher": {"batch_size": 4}})) == Counter()
     # More rollouts: new rollouts, a new Fisher, and every update's sensitivity: the 7 graft jobs (which
