@@ -1,0 +1,107 @@
+"""What a vLLM evaluation pays per model, and what one engine for many models would save (issue 34, item 1):
+starting an engine over a model directory, against writing another model's weights into a running engine
+(`VllmSampler.load_weights`, the in-place reload OPSD's and SDPO's sync use), and against sampling the
+same greedy answers with it. Each figure is the median of `--repeats` in one process, after one warm-up of
+each, so the import of vLLM is paid once and reported on its own. Run in the vLLM environment:
+
+    bash envs/vllm-cpu.sh && PYTHONPATH=src .venv-vllm/bin/python benchmarks/engine_bench.py [--repeats 3]
+
+The models are tiny-world-sized (2 layers, hidden 64; head_dim 32, the least vLLM's CPU attention takes):
+what the start costs is the engine's own set-up, not reading weights. Prints a Markdown table.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ARCH = dict(hidden_size=64, intermediate_size=128, layers=2, heads=2, kv_heads=1, max_positions=128)
+MARK = "engine_bench: "  # the line of a child's figures among vLLM's own logging
+PROMPTS = [f"{a}*{b}=" for a in range(3, 11) for b in range(3, 7)]  # 32 prompts, as a small benchmark
+
+
+def build_models(root: Path, count: int) -> list[Path]:
+    """`count` models of one architecture, other seeds: a sweep's grafts, as the engine sees them."""
+    from graftlab.world import build
+    from graftlab.world.tokenizer import build_tokenizer
+
+    tok, dirs = build_tokenizer(), []
+    for seed in range(count):
+        path = root / f"m{seed}"
+        build.init_model(tok, ARCH, seed=seed).save_pretrained(path)
+        tok.save_pretrained(path)
+        dirs.append(path)
+    return dirs
+
+
+def timed(call) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def engine(policy=None):
+    """The tiny world's engine settings: eager, a small KV share of the machine's memory, float32."""
+    from graftlab.sampling import Engine
+
+    return Engine("vllm", max_model_len=128, gpu_memory_utilization=0.05, dtype="float32", enforce_eager=True)
+
+
+def start_once(model: Path) -> None:
+    """In a fresh process: the seconds importing vLLM and starting one engine over `model` take, as JSON."""
+    t0 = time.perf_counter()
+    import vllm  # noqa: F401
+
+    from graftlab.sampling import VllmSampler
+
+    t1 = time.perf_counter()
+    VllmSampler(model, engine())
+    print(MARK + json.dumps({"import_s": t1 - t0, "start_s": time.perf_counter() - t1}), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--start-once", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.start_once:
+        return start_once(args.start_once)
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from graftlab.sampling import SamplingConfig, VllmSampler
+
+    greedy = SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=24, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        models = build_models(Path(tmp), args.repeats + 1)
+        # Each start in a process of its own: an engine's memory is not given back within one.
+        runs = [
+            subprocess.run([sys.executable, __file__, "--start-once", str(models[0])], capture_output=True, text=True)
+            for _ in range(args.repeats)
+        ]
+        starts = [json.loads(line.removeprefix(MARK)) for r in runs for line in r.stdout.splitlines() if MARK in line]
+        weights = [AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32) for m in models]
+        # In this process, as a policy's engine is, so that weights can be written into it.
+        sampler = VllmSampler(models[0], engine(), policy=weights[0])
+        timed(lambda: sampler.load_weights(weights[0].named_parameters()))  # warm-up
+        swaps = [timed(lambda w=w: sampler.load_weights(w.named_parameters())) for w in weights[1:]]
+        timed(lambda: sampler(PROMPTS, greedy))  # warm-up
+        samples = [timed(lambda: sampler(PROMPTS, greedy)) for _ in range(args.repeats)]
+
+    import_s = statistics.median(s["import_s"] for s in starts)
+    start_s, swap_s, sample_s = (statistics.median(x) for x in ([s["start_s"] for s in starts], swaps, samples))
+    print(f"| step ({len(PROMPTS)} prompts, 24 greedy tokens) | seconds | against an engine start |")
+    print("| --- | ---: | ---: |")
+    print(f"| import vllm and graftlab.sampling (once a process) | {import_s:.2f} | {import_s / start_s:.2f}x |")
+    print(f"| start an engine over a model directory | {start_s:.2f} | 1.00x |")
+    print(f"| write another model's weights into it | {swap_s:.3f} | {swap_s / start_s:.3f}x |")
+    print(f"| sample the prompts | {sample_s:.3f} | {sample_s / start_s:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
