@@ -212,6 +212,14 @@ def _benchmark(ctx: Ctx, rows: list[dict]) -> None:
     read_problems(Benchmark("b", ctx.problems(rows, "b.parquet"), "new"))
 
 
+def _evaluate(ctx: Ctx, model: Path) -> None:
+    from graftlab.evaluate.run import Benchmark, evaluate
+    from graftlab.sampling import SamplingConfig
+
+    bench = Benchmark("b", ctx.problems([_row(0), _row(1)], "b.parquet"), "new")
+    evaluate(model, [bench], SamplingConfig(1, 0.0, 1.0, 4, 0), ctx.out, "run")
+
+
 def _retention(ctx: Ctx, rows: list[dict]) -> None:
     from graftlab.fisher.rollouts import problems_from_file
 
@@ -605,6 +613,7 @@ CASES += [
         ["--chat-template-from", "no chat template"],
     ),
     ("sft-no-tokenizer", lambda c: _sft(c, c.copy("post")), ["--model", "no usable tokenizer"]),
+    ("evaluate-no-chat-template", lambda c: _evaluate(c, _without_template(c)), ["model", "no chat template"]),
     ("sft-model-missing", lambda c: _sft(c, c.tmp / "nowhere"), ["--model", "nowhere", "not found"]),
     ("sft-no-config-json", lambda c: _sft(c, c.without_config("world")), ["--model", "no config.json"]),
     (

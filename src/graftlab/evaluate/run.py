@@ -133,7 +133,7 @@ def evaluate(
     every benchmark's problems scored apart as the validation split (module docstring). `model_name`: the
     model as metrics.json names it, where `model_dir` is a scratch directory (a graft's) whose random name
     would make two runs' metrics differ; default `model_dir`."""
-    from transformers import AutoTokenizer
+    from graftlab.io.gates import chat_tokenizer
 
     names = [b.name for b in benchmarks]
     if not names or len(set(names)) != len(names):
@@ -141,7 +141,7 @@ def evaluate(
         raise GraftlabError(f"evaluation needs benchmarks with distinct names, got {names}")
     # Every file is checked before the model is loaded, so a bad one costs no sampling.
     problems = {b.name: read_problems(b) for b in benchmarks}
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = chat_tokenizer(model_dir, "model")  # every prompt is a chat: refused here, not inside transformers
     sampler = sampler or load_sampler(model_dir, backend)
     out_dir.mkdir(parents=True, exist_ok=True)
     # A rerun over a finished evaluation replaces its records one by one: a kill half-way must not leave
