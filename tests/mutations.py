@@ -86,13 +86,6 @@ MUTATIONS = [
         (DIAG_DEFAULT,),
     ),
     Mutation(
-        "diag-default-f-only (CLI)",
-        "commands/cli.py",
-        'args.mask_score or "fisher_delta",',
-        'args.mask_score or "fisher",',
-        (DIAG_DEFAULT,),
-    ),
-    Mutation(
         "kfac-f-only-rotation-transposed",
         "fisher/kfac_mask.py",
         '            rotated = e["G_eigvecs"].T @ delta @ e["A_eigvecs"]\n        rotated.view',

@@ -268,11 +268,11 @@ class VllmSampler:
             return  # the configured context: vLLM refuses a longer prompt itself, naming it
         from graftlab.io.tables import within_context
 
-        need = context_bound(self.tokenizer, prompts, cfg.max_new_tokens)
-        within_context([need], model_context(self.model_dir), _BUDGET.format(cfg.max_new_tokens) + ", the longest")
+        need, limit = context_bound(self.tokenizer, prompts, cfg.max_new_tokens), model_context(self.model_dir)
+        within_context([need], limit, _BUDGET.format(cfg.max_new_tokens) + ", the longest")
         if self.max_model_len is None or need > self.max_model_len:
             print(f"vLLM engine: longest prompt + max_new_tokens = {need} tokens", flush=True)
-            self._start(engine_length(need, model_context(self.model_dir)))
+            self._start(engine_length(need, limit))
 
     @functools.cached_property
     def tokenizer(self):

@@ -46,16 +46,10 @@ def _cmd_graft(args: argparse.Namespace) -> None:
         _set_threads(args.threads)
         from graftlab.fisher import make_mask
 
-        project = make_mask(
-            args.mask,
-            args.fisher,
-            args.post,
-            args.donor,
-            args.donor_tuned,
-            args.rho or 0.0,
-            args.mask_scope or "global",
-            args.mask_score or "fisher_delta",
-        )
+        # The flags given only: make_mask holds the defaults of scope and score.
+        given = {"scope": args.mask_scope, "score": args.mask_score}
+        options = {name: value for name, value in given.items() if value is not None}
+        project = make_mask(args.mask, args.fisher, args.post, args.donor, args.donor_tuned, args.rho or 0.0, **options)
     counts = graft(
         args.post,
         args.donor,

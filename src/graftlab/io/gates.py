@@ -130,7 +130,7 @@ def chat_tokenizer(path: str | Path, role: str, template_from: str | Path | None
             raise GraftlabError(f"--chat-template-from {template_from}: its tokenizer has no chat template")
     if not tokenizer.chat_template:
         raise GraftlabError(
-            f"{role} {path}: its tokenizer has no chat template, which training formats every example with; "
+            f"{role} {path}: its tokenizer has no chat template, which every prompt and example is formatted with; "
             "give --chat-template-from the post-trained model's directory"
         )
     return tokenizer

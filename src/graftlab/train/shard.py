@@ -260,7 +260,7 @@ def main(spec: str) -> None:
         dist.destroy_process_group()
     # Out without the interpreter's finalization: objects freed there (DTensors, gloo work still holding
     # tensors) can abort the process after its work is done ("terminate called without an active
-    # exception", one CI run in about a hundred; pytorch/pytorch#190489, #179291), failing a finished job.
+    # exception", rare, seen in one CI run; pytorch/pytorch#190489, #179291), failing a finished job.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
