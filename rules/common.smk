@@ -34,6 +34,7 @@ from graftlab.planning.layout import (
 )
 from graftlab.planning.resources import (
     Cluster,
+    PARTS,
     TEMP_GRAFTS,
     job_resources,
     misfit,
@@ -126,6 +127,12 @@ def checkpoint_models(checkpoints):
     return lambda w: [f"{layout(w).root}/{w.trainrun}/{c}" for c in checkpoints]
 
 
+def checkpoint_metrics(checkpoints):
+    return lambda w: [
+        f"results/{w.exp}/eval/{w.trainrun}/{c}/metrics.json" for c in checkpoints
+    ]
+
+
 # Each retention home (results/fisher/<id>/, rules/fisher.smk) with the experiments sharing it; the first
 # one's layout serves its rules.
 RETENTION = retention_homes(config)
@@ -199,7 +206,7 @@ def eval_params(**first):
         "sampling": lambda w: {
             k: v
             for k, v in xcfg(w, "eval").items()
-            if k not in ("donor_sft", "validation")
+            if k not in ("donor_sft", "validation", "parts")
         },
         "validation": lambda w: xcfg(w, "eval", "validation"),
         "seed": lambda w: xcfg(w, "seed"),
@@ -210,6 +217,19 @@ def eval_params(**first):
 def graft_run(w):
     """The evaluation key of a graft job's model (graftlab.planning.layout)."""
     return f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/lam~{w.lam}/mask~{w.mask}/rho~{w.rho}"
+
+
+def graft_params():
+    """The params of a graft job and of its parts (rules/graft.smk): what grafting and sampling read."""
+    return eval_params(
+        donor=lambda w: layout(w).model_dir(w.donor),
+        run=graft_run,
+        epoch=lambda w: w.epoch,
+        lam=lambda w: w.lam,
+        mask=lambda w: w.mask,
+        rho=lambda w: w.rho,
+        mask_settings=lambda w: layout(w).mask_settings(w.donor, w.mask),
+    )
 
 
 # The share of coordinates the sensitivity analysis counts as the most sensitive (grafting paper §7).
@@ -287,30 +307,68 @@ def warn_once(rule_name, kind, problem):
         print(f"graftlab: warning: {problem}", file=sys.stderr)
 
 
+# A part rule's own wildcards (rules/evaluate.smk, graft.smk), beside those of the job whose sampling it shares.
+PART_WILDCARDS = ("part", "parts")
+PART_OF = {part: whole for whole, part in PARTS.items()}
+
+
+def job_sizes(rule_name, wildcards):
+    """(the work of a job as `job_resources` takes it, its parts): a part rule's job sized as its share of
+    the job it samples for (`part_of`), and that job, once split, sized without the sampling its parts did.
+    """
+    # A job of a retention home is sized as its first experiment's.
+    home = getattr(wildcards, "home", None)
+    exp = RETENTION[home][0].name if home else getattr(wildcards, "exp", None)
+    whole = PART_OF.get(rule_name, rule_name)
+    own = tuple(sorted((k, v) for k, v in wildcards.items() if k not in PART_WILDCARDS))
+    work = work_of(whole, exp, own)
+    sizes = (
+        {}
+        if work is None
+        else {
+            "params": work.model.params,
+            "generate": work.generate,
+            "kv_read": work.kv_read,
+            "compute": work.compute,
+            "memory": work.memory,
+            "batch": work.batch,
+            "host": work.host,
+        }
+    )
+    if whole not in PARTS:
+        return work, sizes, 1
+    # The experiment's `eval.parts`, not a count from the job's estimate: a part is an input of the job it
+    # samples for, and a count that moved with an estimate (a measured response length, the profile) would
+    # re-run finished evaluations (Snakemake's input trigger). `overtime` names the count a job needs.
+    parts = config["experiments"][exp]["eval"]["parts"]
+    if whole != rule_name:
+        return work, sizes | {"part_of": parts}, parts
+    return work, sizes | ({"generate": 0.0, "kv_read": 0.0} if parts > 1 else {}), parts
+
+
+def part_files(rule_name, where):
+    """The input function of a job's parts (`PARTS`, `eval.parts`): `where`/part~{i}of{n}, none for one part."""
+
+    def files(wildcards):
+        parts = job_sizes(rule_name, wildcards)[2]
+        return (
+            [f"{where(wildcards)}/part~{i}of{parts}" for i in range(parts)]
+            if parts > 1
+            else []
+        )
+
+    return files
+
+
 def sized(rule_name):
     """The `resources:` of a rule: each a function of the job's wildcards and attempt."""
+    whole = PART_OF.get(rule_name, rule_name)
 
     def get(key):
         def resource(wildcards, attempt):
-            # A job of a retention home is sized as its first experiment's.
-            home = getattr(wildcards, "home", None)
-            exp = RETENTION[home][0].name if home else getattr(wildcards, "exp", None)
-            work = work_of(rule_name, exp, tuple(sorted(wildcards.items())))
-            sizes = (
-                {}
-                if work is None
-                else {
-                    "params": work.model.params,
-                    "generate": work.generate,
-                    "kv_read": work.kv_read,
-                    "compute": work.compute,
-                    "memory": work.memory,
-                    "batch": work.batch,
-                    "host": work.host,
-                }
-            )
+            work, sizes, _ = job_sizes(rule_name, wildcards)
             if key == "gpu" and work is not None and work.memory is not None:
-                if problem := misfit(rule_name, work.memory, CLUSTER, work.batch):
+                if problem := misfit(whole, work.memory, CLUSTER, work.batch):
                     # A job that cannot shard would fail on every GPU: refused while the DAG is built,
                     # before anything is submitted. A sharded one may still fit in smaller micro-batches.
                     if not work.memory.sharded:
@@ -320,17 +378,15 @@ def sized(rule_name):
             # job, has no execution settings.
             attempts = getattr(workflow.execution_settings, "retries", 0) + 1
             if key == "runtime" and (
-                problem := overtime(rule_name, CLUSTER, attempts, **sizes)
+                problem := overtime(whole, CLUSTER, attempts, **sizes)
             ):
                 warn_once(rule_name, "runtime", problem)
-            return job_resources(rule_name, **sizes, attempt=attempt, cluster=CLUSTER)[
-                key
-            ]
+            return job_resources(whole, **sizes, attempt=attempt, cluster=CLUSTER)[key]
 
         return resource
 
     # Every resource it sizes on this cluster: a partition, a GPU model, constraint or QoS only where named.
-    return {key: get(key) for key in job_resources(rule_name, cluster=CLUSTER)}
+    return {key: get(key) for key in job_resources(whole, cluster=CLUSTER)}
 
 
 # The continual experiments' chains (rules/continual.smk; graftlab.planning.chains).

@@ -1,12 +1,16 @@
 # Sampling-based evaluation of every model on the old benchmarks and the held-out new-task problems, each
 # graded by its own task (arithmetic exact match, math-verify, greedy knowledge exact match). The
 # per-benchmark records are written beside metrics.json, which comes last: it marks a finished model.
+# An evaluation that one job, with a node's engines, would sample past the GPU partition's time limit (or
+# more than `eval.parts`) is sampled first by its parts, each every n-th chunk of every call, at once on nodes
+# of their own; the job then reads them back and grades (graftlab.sample_chunks.Part). Samples are the same.
 
 
 rule evaluate:
     input:
         model=lambda w: layout(w).eval_model(w.run)[0],
         benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+        parts=part_files("evaluate", lambda w: f"results/{w.exp}/eval/{w.run}"),
     output:
         metrics="results/{exp}/eval/{run}/metrics.json",
     log:
@@ -30,6 +34,34 @@ rule evaluate:
         "../workflow_scripts/evaluate.py"
 
 
+rule evaluate_part:
+    input:
+        model=lambda w: layout(w).eval_model(w.run)[0],
+        benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+    output:
+        temp("results/{exp}/eval/{run}/part~{part}of{parts}"),
+    log:
+        "logs/{exp}/eval/{run}/part~{part}of{parts}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/eval/{run}/part~{part}of{parts}.tsv"
+    wildcard_constraints:
+        run=f"(?!(?:{'|'.join(TRAINED_KINDS)})/).+",
+        part=r"\d+",
+        parts=r"\d+",
+    conda:
+        "../envs/gpu.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("evaluate_part"),
+    params:
+        **eval_params(
+            models=lambda w: [layout(w).eval_model(w.run)[1]],
+            metrics=lambda w: [f"results/{w.exp}/eval/{w.run}/metrics.json"],
+        ),
+    script:
+        "../workflow_scripts/evaluate_part.py"
+
+
 # Every kept checkpoint of a training run (SFT's epochs, an on-policy run's steps) in one job, which pays
 # the start-up once; each model still gets its own metrics.json. A rule's outputs are fixed but for its
 # wildcards, so each list of checkpoints has its rule (graftlab.planning.layout.checkpoint_rule), its
@@ -42,6 +74,9 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
         input:
             model="results/{exp}/{trainrun}",
             benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+            parts=part_files(
+                "evaluate_run", lambda w: f"results/{w.exp}/eval/{w.trainrun}"
+            ),
         output:
             metrics=[
                 f"results/{{exp}}/eval/{{trainrun}}/{c}/metrics.json"
@@ -66,3 +101,33 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
             ),
         script:
             "../workflow_scripts/evaluate.py"
+
+    rule:
+        name:
+            f"{checkpoint_rule(checkpoints)}_part"
+        input:
+            model="results/{exp}/{trainrun}",
+            benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+        output:
+            temp("results/{exp}/eval/{trainrun}/part~{part}of{parts}"),
+        log:
+            "logs/{exp}/eval/{trainrun}/part~{part}of{parts}.log",
+        benchmark:
+            "benchmarks/jobs/{exp}/eval/{trainrun}/part~{part}of{parts}.tsv"
+        wildcard_constraints:
+            exp=runs_pattern(runs),
+            trainrun=f"(?:{'|'.join(TRAINED_KINDS)})/.+",
+            part=r"\d+",
+            parts=r"\d+",
+        conda:
+            "../envs/gpu.yaml"
+        threads: config["threads"]["sample"]
+        resources:
+            **sized("evaluate_run_part"),
+        params:
+            **eval_params(
+                models=checkpoint_models(checkpoints),
+                metrics=checkpoint_metrics(checkpoints),
+            ),
+        script:
+            "../workflow_scripts/evaluate_part.py"

@@ -5,6 +5,9 @@
 # `--resources temp_grafts=N` (a profile's, else 2: rules/common.smk) bounds the grafts on disk at once;
 # a temp() output evaluated by a later job could not be bounded (docs/cluster.md#disk). The outputs are
 # the evaluation's and the sensitivity job's own paths: every reader finds them where it finds an SFT model's.
+# Its finished samples are kept under the graft's inputs and settings (it resumes: the model is made anew),
+# and a graft one job would sample past its limit is sampled first by parts, as an evaluation is
+# (rules/evaluate.smk), each grafting its own copy.
 
 
 ruleorder: graft > evaluate
@@ -19,6 +22,7 @@ rule graft:
         fisher=lambda w: layout(w).graft_fisher(w.mask, w.rho),
         benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
         sensitivity_fisher=lambda w: layout(w).fisher_dir("diag"),
+        parts=part_files("graft", lambda w: f"results/{w.exp}/{graft_run(w)}"),
     output:
         metrics="results/{exp}/eval/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/metrics.json",
         share="results/{exp}/sensitivity/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/share.parquet",
@@ -35,14 +39,39 @@ rule graft:
         **sized("graft"),
         temp_grafts=1,
     params:
-        **eval_params(),
-        donor=lambda w: layout(w).model_dir(w.donor),
-        run=graft_run,
-        epoch=lambda w: w.epoch,
-        lam=lambda w: w.lam,
-        mask=lambda w: w.mask,
-        rho=lambda w: w.rho,
-        mask_settings=lambda w: layout(w).mask_settings(w.donor, w.mask),
+        **graft_params(),
         top=SENSITIVITY_TOP,
     script:
         "../workflow_scripts/graft.py"
+
+
+rule graft_part:
+    input:
+        post=post_dir,
+        donor=lambda w: layout(w).model_input(w.donor),
+        tuned="results/{exp}/sft/{donor}/lr~{lr}",
+        fisher=lambda w: layout(w).graft_fisher(w.mask, w.rho),
+        benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+    output:
+        temp(
+            "results/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/part~{part}of{parts}"
+        ),
+    log:
+        "logs/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/part~{part}of{parts}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/part~{part}of{parts}.tsv"
+    wildcard_constraints:
+        part=r"\d+",
+        parts=r"\d+",
+    conda:
+        "../envs/gpu.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("graft_part"),
+        temp_grafts=1,
+    params:
+        **graft_params(),
+        # The graft job's store (graftlab.train.resume.resume_dir of its metrics.json), which the parts fill.
+        metrics=lambda w: f"results/{w.exp}/eval/{graft_run(w)}/metrics.json",
+    script:
+        "../workflow_scripts/graft_part.py"

@@ -427,3 +427,24 @@ def test_corrupt_or_truncated_shard_is_refused_before_writing(tmp_path, offsets,
     with pytest.raises(GraftlabError, match=message):
         graft(bad, bad, bad, 1.0, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_grafts_fingerprint_names_its_inputs_and_settings(tmp_path, pico_model):
+    """The key a graft job's samples are kept under (it is made anew each attempt): the same arguments give
+    the same key; any other input, scale, mask, rho or mask setting another; an unmasked graft reads no Fisher."""
+    from graftlab.graft import graft_fingerprint
+
+    post, donor, tuned = pico_model("post"), pico_model("donor"), pico_model("tuned")
+    fisher = tmp_path / "fisher"
+    fisher.mkdir()
+    (fisher / "fisher.safetensors").write_bytes(b"x")
+    base = graft_fingerprint(post, donor, tuned, 0.5)
+    assert graft_fingerprint(post, donor, tuned, "0.5", "none", fisher, "0") == base
+    others = [
+        graft_fingerprint(post, donor, tuned, 1.0),
+        graft_fingerprint(donor, post, tuned, 0.5),
+        graft_fingerprint(post, donor, tuned, 0.5, "diag", fisher, 0.1),
+        graft_fingerprint(post, donor, tuned, 0.5, "diag", fisher, 0.2),
+        graft_fingerprint(post, donor, tuned, 0.5, "diag", fisher, 0.1, scope="tensor"),
+    ]
+    assert len({base, *others}) == 1 + len(others)

@@ -6,7 +6,7 @@ import re
 from dataclasses import replace
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from graftlab import memory
@@ -15,12 +15,16 @@ from graftlab.planning.plan import sized_as
 from graftlab.planning.resources import (
     CPU_KINDS,
     GPU_KINDS,
+    MOST_PARTS,
+    PARTS,
+    SAMPLE_FLOPS,
     Cluster,
     classify,
     job_resources,
     misfit,
     nominal_memory,
     overtime,
+    sampling_parts,
 )
 from tests.conftest import REPO, job_requests, snakemake
 
@@ -326,11 +330,15 @@ def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():
         "mine: needs about 56 hours, more than its partition's 48 x 1 attempts (Snakemake's retries + 1), "
         "each continuing the last: raise retries"
     )
-    # A graft job's evaluation splits too, but its chunks do not outlive the job (nor does its model): on
-    # nodes of 2 GPUs, 56 hours with its weights streamed, and no attempt continues the last.
-    assert overtime("graft", pair, attempts=3, generate=1.6e19, params=8e9) == (
-        "graft: needs about 56 hours, more than its partition's 48, and does not resume"
+    # A graft job's chunks are kept under its inputs, so it resumes too, though its model is made anew. Beyond
+    # its attempts, an evaluation or a graft is told the parts that would bring each within one limit: on
+    # nodes of 2 GPUs, 56 hours with its weights streamed; two parts of 28.
+    assert overtime("graft", pair, attempts=3, generate=1.6e19, params=8e9) is None
+    assert overtime("graft", pair, attempts=1, generate=1.6e19, params=8e9) == (
+        "graft: needs about 56 hours, more than its partition's 48: "
+        "split its sampling over 2 jobs at once (eval.parts: 2), or raise retries"
     )
+    assert overtime("graft", pair, attempts=1, generate=1.6e19, params=8e9, part_of=2) is None
     assert overtime("graft", Cluster(gpus_per_node=2, gpu_max_runtime=3500), generate=1.6e19, params=8e9) is None
     assert all(overtime(r, generate=1.6e19, params=8e9) is None for r in ("mine", "evaluate_run", "star", "graft"))
     # A trainer on one GPU saves its state and resumes; over several SFT's and GRPO's processes save none,
@@ -345,3 +353,29 @@ def test_a_job_longer_than_its_partitions_limit_is_named_unless_it_resumes():
     assert overtime("param_drift", Cluster(cpu_max_runtime=60), compute=1e15) == (
         "param_drift: needs about 56 hours, more than its partition's 1, and does not resume"
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(hours=st.floats(1, 48 * 8 * 70), gpus_per_node=st.sampled_from([1, 2, 4, 8]))
+def test_a_split_evaluation_takes_the_fewest_parts_that_each_fit_one_limit(hours, gpus_per_node):
+    """An evaluation decoding `hours` of one GPU's work, on nodes of `gpus_per_node`: each of n parts decodes
+    hours / n on as many engines as it needs, a node's at most, within 48 hours less 10 minutes of setup,
+    so n = ceil(minutes / (engines x 2,870)), counted here by hand; None beyond 64 parts."""
+    cluster = Cluster(gpus_per_node=gpus_per_node)
+    generate = hours * 60 * 60 * SAMPLE_FLOPS
+    minutes = generate / SAMPLE_FLOPS / 60
+    by_hand = math.ceil(minutes / (gpus_per_node * (48 * 60 - 10)) - 1e-9)
+    parts = sampling_parts("evaluate", cluster, generate=generate, params=2e9)
+    assert parts == (by_hand if by_hand <= MOST_PARTS else None)
+    if parts:
+        part = job_resources("evaluate", 2e9, generate=generate, cluster=cluster, capped=False, part_of=parts)
+        assert part["runtime"] <= 48 * 60 and part["gpu"] <= gpus_per_node
+    assert sampling_parts("mine", cluster, generate=generate, params=2e9) == 1  # STaR's rounds do not split
+
+
+def test_the_most_parts_are_the_configs_bound():
+    from graftlab.schema import load_schema
+
+    parts = load_schema()["$defs"]["experiment"]["properties"]["eval"]["properties"]["parts"]
+    assert parts["maximum"] == MOST_PARTS
+    assert PARTS == {"evaluate": "evaluate_part", "evaluate_run": "evaluate_run_part", "graft": "graft_part"}

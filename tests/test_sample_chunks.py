@@ -5,8 +5,10 @@ import json
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from graftlab.sample_chunks import ChunkedSampler, chunks_kept, close_store, open_store
+from graftlab.sample_chunks import ChunkedSampler, Part, chunks_kept, close_store, inputs_fingerprint, open_store
 from graftlab.sampling import Engine, SamplingConfig, load_sampler
 from graftlab.tasks import arith, chat_prompt
 
@@ -146,3 +148,97 @@ def test_engines_that_fail_are_one_line_and_write_no_chunk(prompts, tmp_path):
     with pytest.raises(GraftlabError, match=r"^sampling: engine 1 of 2 failed \(exit status 1\); see the log above$"):
         engines.sample("texts", cfg, chunks)
     assert not list(tmp_path.glob("c-*.json"))
+
+
+class Drawn:
+    """A sampler whose every answer is a function of its prompt, its index and the seed it was drawn at, as a
+    real sampler's are at a fixed seed; it counts the prompts it samples."""
+
+    backend = "test"
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+
+    def __call__(self, prompts, cfg):
+        self.prompts += prompts
+        return [[f"{p}|{cfg.seed}|{j}" for j in range(cfg.n)] for p in prompts]
+
+    def sample_ids(self, prompts, cfg):
+        return [
+            [([len(p)], [cfg.seed, j]) for j, _ in enumerate(group)] for p, group in zip(prompts, self(prompts, cfg))
+        ]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    count=st.integers(0, 30),
+    chunk=st.integers(1, 7),
+    parts=st.integers(1, 5),
+    order=st.randoms(use_true_random=False),
+    kind=st.sampled_from(["texts", "ids"]),
+)
+def test_parts_of_a_call_fill_the_store_with_exactly_the_uninterrupted_samples(
+    tmp_path_factory, count, chunk, parts, order, kind
+):
+    """Whatever the prompts, chunk size and count of parts, and in whatever order the parts run: each part
+    samples only its chunks (every `parts`-th) and returns nothing, the parts together sample every prompt
+    once, and the job that reads them back samples nothing and returns what one uninterrupted sampler does."""
+    tmp = tmp_path_factory.mktemp("parts")
+    prompts = [f"p{i}" for i in range(count)]
+    cfg = SamplingConfig(n=2, temperature=1.0, top_p=1.0, max_new_tokens=4, seed=5)
+
+    def call(sampler):
+        return sampler(prompts, cfg) if kind == "texts" else sampler.sample_ids(prompts, cfg)
+
+    whole = call(ChunkedSampler(Drawn(), tmp / "whole", chunk=chunk))
+    store, drawn = tmp / "parts", []
+    for index in order.sample(range(parts), parts):
+        inner = Drawn()
+        got = call(ChunkedSampler(inner, store, chunk=chunk, part=Part(index, parts)))
+        assert got is None if parts > 1 else got == whole
+        mine = [
+            p for i in range(0, count, chunk) if Part(index, parts).takes(i // chunk) for p in prompts[i : i + chunk]
+        ]
+        assert inner.prompts == mine
+        drawn += inner.prompts
+    assert sorted(drawn) == sorted(prompts)
+    reader = Drawn()
+    assert call(ChunkedSampler(reader, store, chunk=chunk)) == whole
+    assert reader.prompts == []
+
+
+@pytest.mark.parametrize(("index", "count"), [(2, 2), (-1, 2), (0, 0)])
+def test_a_part_outside_its_count_is_refused(index, count):
+    with pytest.raises(ValueError, match="a part is from 0 to count - 1"):
+        Part(index, count)
+
+
+def test_parts_of_a_real_models_sampling_read_back_as_one_run(sampler, prompts, world_pico, tmp_path):
+    """The pico model sampled at temperature 1 in 2 parts of chunks of 3 prompts: the job reading them back
+    gets the samples of one uninterrupted run, and its engine samples nothing."""
+    cfg = SamplingConfig(n=2, temperature=1.0, top_p=1.0, max_new_tokens=6, seed=3)
+    whole = ChunkedSampler(sampler, open_store(tmp_path / "whole", world_pico), chunk=3)(prompts, cfg)
+    store = tmp_path / "parts"
+    for index in (1, 0):
+        part = Counting(sampler)
+        assert ChunkedSampler(part, open_store(store, world_pico), chunk=3, part=Part(index, 2))(prompts, cfg) is None
+        assert part.prompts == ([prompts[3:6]] if index else [prompts[:3], prompts[6:]])
+    reader = Counting(sampler)
+    assert ChunkedSampler(reader, open_store(store, world_pico), chunk=3)(prompts, cfg) == whole
+    assert reader.prompts == []
+
+
+def test_a_rebuilt_models_store_is_kept_under_its_inputs(world_pico, pico_model, tmp_path):
+    """A store opened under an inputs fingerprint survives a new model directory of the same inputs (a
+    graft made anew each attempt) and is emptied when an input file changes."""
+    other = pico_model("other")
+    mark = inputs_fingerprint([world_pico, other], {"scale": 0.5})
+    store = open_store(tmp_path / "s", tmp_path / "scratch-1", mark)
+    (store / "chunk-0.json").write_text("[]")
+    assert open_store(store, tmp_path / "scratch-2", inputs_fingerprint([world_pico, other], {"scale": 0.5}))
+    assert (store / "chunk-0.json").exists()
+    assert inputs_fingerprint([world_pico, other], {"scale": 1.0}) != mark
+    weights = other / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
+    open_store(store, tmp_path / "scratch-3", inputs_fingerprint([world_pico, other], {"scale": 0.5}))
+    assert not (store / "chunk-0.json").exists()

@@ -328,6 +328,35 @@ def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
     assert jobs["fisher"] == 2 and jobs["rollouts"] == 1 and jobs["graft"] == 6 * (4 + 1) + 4 + 2
 
 
+def test_evaluations_and_grafts_sampled_in_parts_score_byte_for_byte_as_one_job(smoke, tmp_path):
+    """`eval.parts: 2` on a copy of the smoke run: the post model's evaluation, a training run's checkpoints
+    and a graft, their metrics removed, are each sampled by two part jobs and then read back and graded by
+    their own job. Every metrics.json is the one job's, byte for byte; the parts and their stores are gone."""
+    import shutil
+
+    work = tmp_path / "run"
+    shutil.copytree(smoke, work, symlinks=True)
+    graft = "graft/step~50/lr~1e-3/epoch~2/lam~1/mask~none/rho~0"
+    runs = ["post", "sft/step~50/lr~1e-3/epoch~1", "sft/step~50/lr~1e-3/epoch~2", graft]
+    metrics = [work / "results/expert/eval" / run / "metrics.json" for run in runs]
+    before = [m.read_bytes() for m in metrics]
+    for m in metrics:
+        m.unlink()
+    parts = overlay(tmp_path, "parts", {"eval": {"parts": 2}})
+    targets = [str(m.relative_to(work)) for m in metrics]
+    proc = snakemake(work, "--cores", "all", *targets, configs=(SMOKE, parts))  # targets after an option
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [m.read_bytes() for m in metrics] == before
+    logs = sorted(p.relative_to(work / "logs/expert").as_posix() for p in (work / "logs/expert").rglob("part~*"))
+    assert logs == [
+        f"{where}/part~{i}of2.log" for where in ("eval/post", "eval/sft/step~50/lr~1e-3", graft) for i in (0, 1)
+    ]
+    assert not list((work / "results").rglob("part~*")) and not (work / "resume").exists()
+    # Each job read every call back from its parts' chunks (the tiny world's calls are one chunk each).
+    for log in ("eval/post.log", "eval/sft/step~50/lr~1e-3.log", f"{graft}.log"):
+        assert "sampling: 1 of 1 chunks read back" in (work / "logs/expert" / log).read_text()
+
+
 def test_each_training_run_is_evaluated_in_one_job_by_the_rule_of_its_checkpoints(tmp_path):
     """The same run key keeping other checkpoints in two experiments: each evaluated by its own list's rule,
     and no file matched by two rules (an OPSD run kept at steps 2 and 4 in `expert`, at step 2 alone in

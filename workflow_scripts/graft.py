@@ -15,16 +15,18 @@ from pathlib import Path
 
 from graftlab.analysis.sensitivity_shares import write_update_sensitivity
 from graftlab.evaluate.run import Benchmark, evaluate
-from graftlab.graft import masked_graft
+from graftlab.graft import graft_fingerprint, masked_graft
 from graftlab.io.atomic import write_json
 from graftlab.io.joblog import job_log, timed
 from graftlab.planning.disk import size_of
 from graftlab.sample_chunks import chunks_kept
 from graftlab.sampling import Engine, SamplingConfig
+from graftlab.train.resume import resume_dir
 from graftlab.train.shard import job_gpus_processes
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
-tuned = f"{inp.tuned}/epoch~{p.epoch}"
+graft = (inp.post, p.donor, f"{inp.tuned}/epoch~{p.epoch}", float(p.lam))
+mask = {"mask": p.mask, "fisher": inp.fisher, "rho": p.rho, **p.mask_settings}
 record = {}
 with job_log(snakemake.log[0], snakemake.threads):
     scratch = Path(tempfile.mkdtemp(prefix="graft-", dir=snakemake.resources.tmpdir))
@@ -32,13 +34,15 @@ with job_log(snakemake.log[0], snakemake.threads):
         model = scratch / "model"
         record["model_written_at"] = time.time()
         with timed(record, "graft_s"):  # one figure for mask and graft
-            masked_graft(inp.post, p.donor, tuned, float(p.lam), model, p.mask, inp.fisher, p.rho, **p.mask_settings)
+            masked_graft(*graft, model, **mask)
         record["model_bytes"] = size_of(model)
         benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
-        # Sampled in chunks as an evaluation job samples (the same draws), kept in the scratch beside the model;
+        # Sampled in chunks as an evaluation job samples (the same draws), each finished one kept under the
+        # graft's inputs and settings (the model is made anew each attempt), or drawn before by its parts;
         # a job one engine would take beyond its limit runs several at once, one a GPU group.
         processes = job_gpus_processes(snakemake.resources)
-        with chunks_kept(Engine.of(p.backend, seed=p.seed), scratch / "chunks", processes) as engine:
+        store, fingerprint = resume_dir(out.metrics), graft_fingerprint(*graft, **mask)
+        with chunks_kept(Engine.of(p.backend, seed=p.seed), store, processes, fingerprint=fingerprint) as engine:
             evaluate(
                 model,
                 benchmarks,

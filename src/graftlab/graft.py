@@ -570,5 +570,15 @@ def masked_graft(post, donor, donor_tuned, scale: float, out, mask: str = "none"
     return graft(post, donor, donor_tuned, scale, out, project=project)
 
 
+def graft_fingerprint(post, donor, donor_tuned, scale: float, mask: str = "none", fisher=None, rho=0.0, **settings):
+    """What identifies the model `masked_graft` makes from the same arguments before it is made: its inputs'
+    files and its settings. A graft job's samples are kept under it (graftlab.sample_chunks), since each
+    attempt, and each part of its sampling, grafts its own copy into a scratch directory of its own."""
+    from graftlab.sample_chunks import inputs_fingerprint
+
+    inputs = [post, donor, donor_tuned] + ([fisher] if mask != "none" else [])
+    return inputs_fingerprint(inputs, {"scale": float(scale), "mask": mask, "rho": float(rho), **settings})
+
+
 def _workers(threads: int | None) -> int:
     return max(1, min(threads or 1, 4))

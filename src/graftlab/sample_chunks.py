@@ -15,6 +15,12 @@ resumed run is therefore identical to an uninterrupted one (tests/test_sample_ch
 The same makes sampling data parallel: a job given several engines' GPUs (`DataParallel`) starts one process
 an engine, each on its own GPUs, and deals them a call's unfinished chunks; each writes its chunks to the
 store, and the job reads the call back from it, as a rerun would. The samples are those of one engine.
+
+And it splits a job into several (`Part`): an evaluation whose sampling would pass its partition's time
+limit even with a node's engines (`graftlab.planning.resources.sampling_parts`) is sampled first by jobs
+each taking every n-th chunk of every call into the one store, at once on as many nodes; the job itself
+then reads every call back and only grades. Only calls that depend on no earlier result split this way:
+an evaluation's (each benchmark one call), not STaR's rounds, which resample the still unsolved.
 """
 
 from __future__ import annotations
@@ -41,22 +47,32 @@ FINGERPRINT = "fingerprint.json"
 
 
 def model_fingerprint(model_dir) -> dict:
-    """What identifies a model directory's weights without reading them."""
+    """What identifies a model directory's weights (or a Fisher's, or one file) without reading them."""
     root = Path(model_dir)
-    files = sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin"))
+    files = [root] if root.is_file() else sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin"))
     return {"model": str(root.resolve()), "files": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
 
 
-def open_store(store, model_dir) -> Path:
-    """The chunk store `store` for samples of the model at `model_dir`, emptied first when it holds another
-    model's."""
+def inputs_fingerprint(model_dirs, settings: dict) -> str:
+    """What identifies a model rebuilt from `model_dirs` by `settings` each time a job runs (a graft, made
+    anew in each attempt's scratch directory, whose own fingerprint would differ every time)."""
+    return json.dumps({"inputs": [model_fingerprint(d) for d in model_dirs], "settings": settings}, sort_keys=True)
+
+
+def open_store(store, model_dir, fingerprint: str | None = None) -> Path:
+    """The chunk store `store` for samples of the model at `model_dir` (or of the model `fingerprint`
+    names, `inputs_fingerprint`), emptied first when it holds another model's. Jobs sampling parts of one
+    model at once open it together: the mark is written whole, and only where it is missing."""
     store = Path(store)
-    mark, text = store / FINGERPRINT, json.dumps(model_fingerprint(model_dir), sort_keys=True)
+    mark = store / FINGERPRINT
+    text = fingerprint or json.dumps(model_fingerprint(model_dir), sort_keys=True)
     if store.exists() and (not mark.exists() or mark.read_text() != text):
         print(f"sampling: discarding {store}, written for another model", flush=True)
         shutil.rmtree(store)
     store.mkdir(parents=True, exist_ok=True)
-    mark.write_text(text)
+    if not mark.exists():
+        with atomic_file(mark) as tmp:
+            tmp.write_text(text)
     return store
 
 
@@ -80,45 +96,69 @@ def _kind(sampler, kind: str):
     return sampler if kind == "texts" else sampler.sample_ids
 
 
+@dataclass(frozen=True)
+class Part:
+    """Part `index` (from 0) of `count` of a job's sampling: chunk j of every call is this part's when
+    j % count == index."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"part {self.index} of {self.count}: a part is from 0 to count - 1")
+
+    def takes(self, i: int) -> bool:
+        return i % self.count == self.index
+
+    @property
+    def whole(self) -> bool:
+        return self.count == 1
+
+
 class ChunkedSampler:
     """`sampler` sampling `chunk` prompts at a time, each finished chunk kept in `store` and read back by a
     later call that asks for it. Everything else (its backend, record, tokenizer) is the sampler's. With
     `engines` (a `DataParallel`), they sample every unfinished chunk and `sampler` is None: this process
-    holds no engine of its own."""
+    holds no engine of its own. Given a `part` of several, a call samples only that part's chunks into the
+    store and returns None: the samples are read whole by the job the parts prepare."""
 
-    def __init__(self, sampler, store, chunk: int = CHUNK_PROMPTS, engines: DataParallel | None = None) -> None:
+    def __init__(
+        self, sampler, store, chunk: int = CHUNK_PROMPTS, engines: DataParallel | None = None, part: Part = Part()
+    ) -> None:
         if chunk < 1:
             raise ValueError(f"chunk must be at least 1 prompt, got {chunk}")
-        self.inner, self.store, self.chunk, self.engines = sampler, Path(store), chunk, engines
+        self.inner, self.store, self.chunk, self.engines, self.part = sampler, Path(store), chunk, engines, part
 
     def __getattr__(self, name: str):
         if name == "inner" or self.__dict__.get("inner") is None:
             raise AttributeError(f"{name}: a data-parallel sampler holds no engine of its own")
         return getattr(self.inner, name)
 
-    def __call__(self, prompts: list[str], cfg) -> list[list[str]]:
+    def __call__(self, prompts: list[str], cfg) -> list[list[str]] | None:
         return self._chunks("texts", prompts, cfg)
 
-    def sample_ids(self, prompts: list[str], cfg) -> list:
+    def sample_ids(self, prompts: list[str], cfg) -> list | None:
         samples = self._chunks("ids", prompts, cfg)
-        return [[(list(p), list(c)) for p, c in group] for group in samples]
+        return None if samples is None else [[(list(p), list(c)) for p, c in group] for group in samples]
 
-    def _chunks(self, kind: str, prompts: list[str], cfg) -> list:
+    def _chunks(self, kind: str, prompts: list[str], cfg) -> list | None:
         call = json.dumps([kind, list(prompts), asdict(cfg)], sort_keys=True)
         key = hashlib.sha256(call.encode()).hexdigest()[:20]
         chunks = [prompts[start : start + self.chunk] for start in range(0, len(prompts), self.chunk)]
         paths = [self.store / f"{key}-{i}.json" for i in range(len(chunks))]
         done = {i for i, path in enumerate(paths) if path.exists()}
-        if self.engines is not None and len(done) < len(chunks):
-            self.engines.sample(kind, cfg, {i: (chunks[i], paths[i]) for i in range(len(chunks)) if i not in done})
-        out: list = []
-        for i, path in enumerate(paths):
-            if not path.exists():
-                _sample_chunk(_kind(self.inner, kind), path, chunks[i], cfg, i)
-            elif i in done and len(chunks) > 1:
-                print(f"sampling: chunk {i + 1} of {len(chunks)} read back from {self.store}", flush=True)
-            out += json.loads(path.read_text())
-        return out
+        todo = [i for i in range(len(chunks)) if i not in done and self.part.takes(i)]
+        if self.engines is not None and todo:
+            self.engines.sample(kind, cfg, {i: (chunks[i], paths[i]) for i in todo})
+        for i in todo:
+            if not paths[i].exists():
+                _sample_chunk(_kind(self.inner, kind), paths[i], chunks[i], cfg, i)
+        if not self.part.whole:
+            return None
+        if done:
+            print(f"sampling: {len(done)} of {len(chunks)} chunks read back from {self.store}", flush=True)
+        return [sample for path in paths for sample in json.loads(path.read_text())]
 
 
 @dataclass(frozen=True)
@@ -194,11 +234,15 @@ class Share:
 
 
 @contextlib.contextmanager
-def chunks_kept(engine, store, processes: int = 1) -> Iterator:
+def chunks_kept(engine, store, processes: int = 1, part: Part = Part(), fingerprint: str | None = None) -> Iterator:
     """A workflow job's sampling engine (`graftlab.sampling.Engine`) keeping its finished chunks in `store`,
     which is removed once the job's work is done; a failure or a kill leaves it for the rerun. A job of
     `processes` (one a GPU it was given: `graftlab.train.shard.job_gpus_processes`) runs as many engines of
     `tensor_parallel_size` GPUs at once (graftlab.planning.resources gives a sampling job more only when
-    one engine would need more than its time limit)."""
-    yield replace(engine, resume=str(store), data_parallel=max(1, processes // engine.tensor_parallel_size))
-    close_store(store)
+    one engine would need more than its time limit). A job sampling one `part` of several leaves the store
+    to the job that reads them all. `fingerprint`: the model's, where its directory is rebuilt each attempt
+    (`inputs_fingerprint`)."""
+    data_parallel = max(1, processes // engine.tensor_parallel_size)
+    yield replace(engine, resume=str(store), data_parallel=data_parallel, part=part, fingerprint=fingerprint)
+    if part.whole:
+        close_store(store)

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from graftlab.sample_chunks import Part
+
 if TYPE_CHECKING:
     import torch
 
@@ -51,6 +53,10 @@ def vllm_available() -> bool:
     return torch.cuda.is_available()
 
 
+# The engine's settings that change where and how samples are kept and spread, never a sample.
+SAMPLES_ALIKE = ("resume", "data_parallel", "part", "fingerprint")
+
+
 @dataclass(frozen=True)
 class Engine:
     """The sampling backend a job asked for and the vLLM engine's options (transformers ignores them)."""
@@ -69,6 +75,10 @@ class Engine:
     # Engines sampling a call's chunks at once, a process each on its own GPUs (`sample_chunks.DataParallel`;
     # with `resume` only). It changes no sample.
     data_parallel: int = 1
+    # With `resume`: the part of every call this job samples into the store, and what the store is kept
+    # under where the model directory is rebuilt each attempt (`sample_chunks.Part`, `inputs_fingerprint`).
+    part: Part = Part()
+    fingerprint: str | None = None
 
     @classmethod
     def of(cls, spec, seed: int | None = None, resume=None) -> Engine:
@@ -98,7 +108,7 @@ class Engine:
 
     def record(self, backend: str, why: str) -> dict:
         """What provenance and stats keep of the sampling: the backend, why, and the engine's options."""
-        options = {k: v for k, v in vars(self).items() if k not in ("backend", "resume", "data_parallel")}
+        options = {k: v for k, v in vars(self).items() if k not in ("backend", *SAMPLES_ALIKE)}
         return {"backend": backend, "why": why} | ({"vllm": options} if backend == "vllm" else {})
 
 
@@ -128,9 +138,10 @@ def load_sampler(model_dir, backend="auto"):
     if engine.resume is not None and engine.data_parallel > 1:
         from graftlab.sample_chunks import ChunkedSampler, DataParallel, open_store
 
-        one = replace(engine, resume=None, data_parallel=1)
+        one = replace(engine, resume=None, data_parallel=1, part=Part(), fingerprint=None)
         engines = DataParallel(str(model_dir), one, engine.data_parallel)
-        sampler = ChunkedSampler(None, open_store(engine.resume, model_dir), engines=engines)
+        store = open_store(engine.resume, model_dir, engine.fingerprint)
+        sampler = ChunkedSampler(None, store, engines=engines, part=engine.part)
         sampler.record = engine.record(name, why)
         return sampler
     sampler = VllmSampler(model_dir, engine) if name == "vllm" else HfSampler(model_dir)
@@ -139,7 +150,7 @@ def load_sampler(model_dir, backend="auto"):
         return sampler
     from graftlab.sample_chunks import ChunkedSampler, open_store
 
-    return ChunkedSampler(sampler, open_store(engine.resume, model_dir))
+    return ChunkedSampler(sampler, open_store(engine.resume, model_dir, engine.fingerprint), part=engine.part)
 
 
 def policy_sampler(model, tokenizer, backend="auto"):

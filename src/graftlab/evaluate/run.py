@@ -117,6 +117,29 @@ def split_records(bench: Benchmark, records: pl.DataFrame, share: float) -> tupl
     return scored, validation
 
 
+def read_benchmarks(benchmarks: list[Benchmark]) -> dict[str, pl.DataFrame]:
+    """Every benchmark's problems by name, each file checked before a model is loaded, so a bad one costs
+    no sampling."""
+    names = [b.name for b in benchmarks]
+    if not names or len(set(names)) != len(names):
+        # Records are written under the benchmark's name: a repeated name would overwrite another's.
+        raise GraftlabError(f"evaluation needs benchmarks with distinct names, got {names}")
+    return {b.name: read_problems(b) for b in benchmarks}
+
+
+def presample(model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, backend) -> None:
+    """Draw one part of `model_dir`'s answers to `benchmarks` into the chunk store of `backend` (an
+    `Engine` with `resume` and a `part` of several: `graftlab.sample_chunks.Part`), exactly the calls
+    `evaluate` makes, so the evaluation that follows reads them back and samples nothing."""
+    from graftlab.io.gates import chat_tokenizer
+
+    problems = read_benchmarks(benchmarks)
+    tokenizer = chat_tokenizer(model_dir, "model")
+    sampler = load_sampler(model_dir, backend)
+    for bench in benchmarks:
+        get_task(bench.task).draw(sampler, tokenizer, problems[bench.name], cfg)
+
+
 def evaluate(
     model_dir,
     benchmarks: list[Benchmark],
@@ -135,12 +158,7 @@ def evaluate(
     would make two runs' metrics differ; default `model_dir`."""
     from graftlab.io.gates import chat_tokenizer
 
-    names = [b.name for b in benchmarks]
-    if not names or len(set(names)) != len(names):
-        # Records are written under the benchmark's name: a repeated name would overwrite another's.
-        raise GraftlabError(f"evaluation needs benchmarks with distinct names, got {names}")
-    # Every file is checked before the model is loaded, so a bad one costs no sampling.
-    problems = {b.name: read_problems(b) for b in benchmarks}
+    problems = read_benchmarks(benchmarks)
     tokenizer = chat_tokenizer(model_dir, "model")  # every prompt is a chat: refused here, not inside transformers
     sampler = sampler or load_sampler(model_dir, backend)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ experiment's jobs come from its chains (`graftlab.planning.chains`, `continual_j
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from graftlab.memory import Memory
@@ -37,7 +37,7 @@ from graftlab.planning.layout import (
     world_checkpoint,
     world_key,
 )
-from graftlab.planning.resources import GPU_MEMORY_GB, TEMP_GRAFTS, Cluster, misfit
+from graftlab.planning.resources import GPU_MEMORY_GB, PARTS, TEMP_GRAFTS, Cluster, misfit
 from graftlab.planning.work import MINED, Work
 
 
@@ -142,8 +142,11 @@ SIZED_AS |= {m.chain_rule: m.rule for m in METHODS.values() if m.chain_rule and 
 
 def sized_as(rule: str) -> str:
     """The rule name `graftlab.planning.work` sizes a job of `rule` as: a continual rule's single-domain one
-    (`SIZED_AS`), `evaluate_run` for each rule evaluating a training run's checkpoints."""
-    return EVALUATE_RUN if rule.startswith(f"{EVALUATE_RUN}_") else SIZED_AS.get(rule, rule)
+    (`SIZED_AS`), `evaluate_run` for each rule evaluating a training run's checkpoints (`evaluate_run_part`
+    for each of their parts' rules)."""
+    if rule.startswith(f"{EVALUATE_RUN}_"):
+        return f"{EVALUATE_RUN}_part" if rule.endswith("_part") else EVALUATE_RUN
+    return SIZED_AS.get(rule, rule)
 
 
 # The rule of each kind of chain directory (`chain/<kind>/...`), and the wildcard naming the kind in it:
@@ -342,11 +345,17 @@ def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root
                 costs[rule].add(work.continual_work(sized_as(rule), config, c, wildcards, a, root))
         return []  # a chain's grafts are kept: the next stage starts from them
     layout, grafts = Experiment.of(config, name), []
+    parts = layout.x["eval"]["parts"]
     for rule, wildcards in experiment_jobs(layout):
         if _shared_once(rule, wildcards, seen):
             continue
         job = work.job_work(sized_as(rule), config, layout, wildcards, a, root)
-        costs[rule].add(job)
+        if sized_as(rule) in PARTS and parts > 1:
+            # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
+            costs[f"{rule}_part"].add(replace(job, written=0.0, kept=0.0), jobs=parts)
+            costs[rule].add(replace(job, generate=0.0, kv_read=0.0))
+        else:
+            costs[rule].add(job)
         if rule == "graft":
             grafts.append(job.written)
     return grafts

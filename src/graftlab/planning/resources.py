@@ -19,7 +19,9 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
   `SAMPLE_FLOPS` or, where slower, reading its KV cache at `SAMPLE_BANDWIDTH`, and whole-sequence passes
   at `TRAIN_FLOPS`, per GPU it shards over, plus `SETUP_MIN`; capped at `MAX_RUNTIME_MIN`, beyond which a
   trainer resumes after SLURM requeues it. A sampling job that one engine would take beyond its limit runs
-  as many engines at once as bring it within, a node's GPUs at most (`graftlab.sample_chunks.DataParallel`).
+  as many engines at once as bring it within, a node's GPUs at most (`graftlab.sample_chunks.DataParallel`);
+  an evaluation or graft that a node's engines would still take beyond it is split into several jobs
+  (`sampling_parts`), each sampling a part of every call at once on a node of its own.
   Every rate is 2.5x below `graftlab plan`'s default estimate
   (0.1 and 0.3 of an H100's bf16 peak, half its memory bandwidth), so a first attempt rarely runs out of
   time.
@@ -50,6 +52,9 @@ SAMPLE = (
     "chain_rollouts",
     "response_kl",
     "stage_star",
+    "evaluate_part",  # a part of an evaluation's sampling (`PARTS`)
+    "evaluate_run_part",
+    "graft_part",
 )
 FISHER = ("fisher", "chain_fisher")
 GPU_KINDS = TRAIN + SAMPLE + FISHER
@@ -96,11 +101,13 @@ OWN_LOOPS = tuple(dict.fromkeys(m.rule for m in on_policy() if m.spec.resumes_sh
 # (graftlab.sample_chunks).
 RESUMES = ("pedagogical_teacher", *trained_rules())
 CHUNKED = ("mine", "star", "stage_star", "teacher_traces", "pedagogical_traces", "rollouts", "chain_rollouts")
-CHUNKED += ("evaluate", "evaluate_run")
-# Jobs whose sampling splits over engines sampling at once (graftlab.sample_chunks.DataParallel): the sampling
-# jobs, and a graft job's evaluation, whose chunks live in its scratch beside the grafted model (it does not
-# resume: the model is gone with the job).
-SPLITS = (*CHUNKED, "graft")
+CHUNKED += ("evaluate", "evaluate_run", "graft")  # a graft's store outlives its scratch model: it is made anew
+# Jobs whose sampling splits over engines sampling at once (graftlab.sample_chunks.DataParallel).
+SPLITS = CHUNKED
+# Jobs whose sampling splits over several jobs, and the rule of their parts (rules/evaluate.smk, graft.smk):
+# an evaluation's calls depend on no earlier result, so each part can take every n-th chunk of each.
+PARTS = {"evaluate": "evaluate_part", "evaluate_run": "evaluate_run_part", "graft": "graft_part"}
+MOST_PARTS = 64
 # Tokens of the one sequence a job is sized for when its work gives no memory (a bare call, the tiny world).
 NOMINAL_TOKENS = 2048
 GPU_MEMORY_GB = 80  # an A100/H100 80 GB; a smaller card needs more GPUs than this asks for
@@ -192,6 +199,7 @@ def job_resources(
     attempt: int = 1,
     cluster: Cluster = Cluster(),
     capped: bool = True,
+    part_of: int = 1,
 ) -> dict:
     """The resources of one job of `rule` by a model of `params` parameters that decodes `generate` FLOPs
     reading `kv_read` bytes of KV cache, and passes `compute` FLOPs over whole sequences, holds `memory` on
@@ -199,8 +207,10 @@ def job_resources(
     `nominal_memory`), and a CPU job `host` bytes of host memory beyond its base and `compute` FLOPs at
     `CPU_FLOPS`, at try `attempt`, on `cluster` (its partitions, GPU size and count a node, time limits, and
     the GPU rules' model, constraint and QoS, each set only where the cluster names one). Not `capped`:
-    its runtime as estimated, beyond its partition's limit."""
+    its runtime as estimated, beyond its partition's limit. `part_of`: the job decodes one of that many
+    parts of it (`sampling_parts`)."""
     gpu_memory_gb = cluster.gpu_memory_gb
+    generate, kv_read = generate / part_of, kv_read / part_of
     kind = classify(rule)
     limit = cluster.gpu_max_runtime if kind == "gpu" else cluster.cpu_max_runtime
     grow = GROWTH ** (attempt - 1)
@@ -255,6 +265,19 @@ def gpu_memory(value) -> float:
     return gb
 
 
+def sampling_parts(rule: str, cluster: Cluster = Cluster(), **sizes) -> int | None:
+    """The fewest jobs a job of `rule` (sized by `sizes`, as `job_resources` takes them) can be split into
+    (`PARTS`, the config's `eval.parts`) whose parts, each with a node's engines, sample within the GPU
+    partition's time limit; 1 for a rule that does not split; None where `MOST_PARTS` would not do."""
+    if rule not in PARTS:
+        return 1
+    for parts in range(1, MOST_PARTS + 1):
+        part = job_resources(rule, **sizes, cluster=cluster, capped=False, part_of=parts)
+        if part["runtime"] <= cluster.gpu_max_runtime:
+            return parts
+    return None
+
+
 def overtime(rule: str, cluster: Cluster = Cluster(), attempts: int = 1, **sizes) -> str | None:
     """Why a job of `rule` (sized by `sizes`, as `job_resources` takes them) will time out, in one line; None
     when it fits its partition's time limit. A job that resumes (its saved state or finished chunks) continues
@@ -266,6 +289,8 @@ def overtime(rule: str, cluster: Cluster = Cluster(), attempts: int = 1, **sizes
     hours = f"{rule}: needs about {job['runtime'] / 60:,.0f} hours, more than its partition's {cap / 60:g}"
     if job["runtime"] <= cap or (resumes and job["runtime"] <= cap * attempts):
         return None
+    if rule in PARTS and sizes.get("part_of", 1) == 1 and (parts := sampling_parts(rule, cluster, **sizes)):
+        return f"{hours}: split its sampling over {parts} jobs at once (eval.parts: {parts}), or raise retries"
     if resumes:
         return f"{hours} x {attempts} attempts (Snakemake's retries + 1), each continuing the last: raise retries"
     why = "runs over several GPUs, where it saves no resume state" if rule in RESUMES else "does not resume"

@@ -87,6 +87,11 @@ class Task:
         """The whole assistant turn of a completion, the pre-filled part in front, as grading reads it."""
         return completion if self.thinking else EMPTY_THINK + completion
 
+    def draw(self, sampler, tokenizer, problems, cfg):
+        """The sampler's answers to every problem's prompt, drawn as the task decodes (what a sampler
+        sampling one part of a job's chunks fills its store with: `graftlab.sample_chunks.Part`)."""
+        return sampler([self.chat_prompt(tokenizer, p) for p in problems["prompt"]], self.decoding(cfg))
+
     def sample_and_grade(self, sampler, tokenizer, problems, cfg):
         """Sample every problem (a frame with `id`, `prompt`, `answer`) as the task decodes, and grade each
         answer: one row per sample with `problem_id`, `sample`, the whole assistant turn `completion`,
@@ -94,7 +99,7 @@ class Task:
         `graftlab plan` reads as a benchmark's measured response length)."""
         import polars as pl
 
-        outputs = sampler([self.chat_prompt(tokenizer, p) for p in problems["prompt"]], self.decoding(cfg))
+        outputs = self.draw(sampler, tokenizer, problems, cfg)
         texts = [t for samples in outputs for t in samples]
         lengths = iter(map(len, tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []))
         rows = []

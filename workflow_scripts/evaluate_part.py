@@ -1,0 +1,26 @@
+"""One part of an evaluation's sampling (rules/evaluate.smk): every n-th chunk of each model's calls, drawn
+into the store its evaluation job reads back and grades (graftlab.sample_chunks.Part)."""
+
+from graftlab.io.warm import hand_off
+
+hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
+
+from pathlib import Path
+
+from graftlab.evaluate.run import Benchmark, presample
+from graftlab.io.atomic import write_json
+from graftlab.io.joblog import job_log
+from graftlab.sample_chunks import Part, chunks_kept
+from graftlab.sampling import Engine, SamplingConfig
+from graftlab.train.resume import resume_dir
+from graftlab.train.shard import job_gpus_processes
+
+p, w = snakemake.params, snakemake.wildcards
+part = Part(int(w.part), int(w.parts))
+benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
+with job_log(snakemake.log[0], snakemake.threads):
+    processes = job_gpus_processes(snakemake.resources)
+    for model, metrics in zip(p.models, p.metrics, strict=True):
+        with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(metrics), processes, part) as engine:
+            presample(model, benchmarks, SamplingConfig.from_config(p.sampling, p.seed), engine)
+write_json(snakemake.output[0], {"part": part.index, "of": part.count, "models": list(p.models)})
