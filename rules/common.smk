@@ -206,7 +206,7 @@ def eval_params(**first):
         "sampling": lambda w: {
             k: v
             for k, v in xcfg(w, "eval").items()
-            if k not in ("donor_sft", "validation", "parts")
+            if k not in ("donor_sft", "validation", "parts", "adaptive")
         },
         "validation": lambda w: xcfg(w, "eval", "validation"),
         "seed": lambda w: xcfg(w, "seed"),
@@ -217,6 +217,13 @@ def eval_params(**first):
 def graft_run(w):
     """The evaluation key of a graft job's model (graftlab.planning.layout)."""
     return f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/lam~{w.lam}/mask~{w.mask}/rho~{w.rho}"
+
+
+def screened_file(w):
+    """The adaptive sweep's decisions a graft job reads (rules/graft.smk), None where `eval.adaptive` is off."""
+    if xcfg(w, "eval", "adaptive"):
+        return f"results/{w.exp}/screen/decisions.json"
+    return None
 
 
 def graft_params():

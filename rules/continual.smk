@@ -415,7 +415,11 @@ rule continual:
 
 rule param_drift:
     input:
-        lambda w: chains(w).model_inputs(),
+        lambda w: [
+            f"results/{w.exp}/param_drift/{c.key}/stage~{k}.parquet"
+            for c in chains(w).chains()
+            for k in chains(w).stage_numbers()
+        ],
     output:
         table="results/{exp}/param_drift.parquet",
         png=report(
@@ -433,15 +437,44 @@ rule param_drift:
         exp=CONTINUAL_PATTERN,
     conda:
         "../envs/cpu.yaml"
-    threads: config["threads"]["sample"]
     resources:
         **sized("param_drift"),
+    script:
+        "../workflow_scripts/param_drift.py"
+
+
+# One chain's model after one stage, against its stage's start and the post model, a job each: at 4B a
+# model's float64 SVDs take hours on a CPU, and the 104 pairs of configs/qwen3-4b-continual.yaml would take a
+# month in one job (two: about 15 hours).
+rule stage_drift:
+    input:
+        lambda w: sorted(
+            {
+                i
+                for pair in chains(w).stage_drift_pairs(w.chain, stage_of(w))
+                for i in pair["inputs"]
+            }
+        ),
+    output:
+        "results/{exp}/param_drift/{chain}/stage~{k}.parquet",
+    log:
+        "logs/{exp}/param_drift/{chain}/stage~{k}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/param_drift/{chain}/stage~{k}.tsv"
+    wildcard_constraints:
+        exp=CONTINUAL_PATTERN,
+        k=r"\d+",
+    conda:
+        "../envs/cpu.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("stage_drift"),
     params:
-        pairs=lambda w: chains(w).drift_pairs(),
+        pairs=lambda w: chains(w).stage_drift_pairs(w.chain, stage_of(w)),
         k=lambda w: xcfg(w, "continual", "drift_k"),
         share=lambda w: xcfg(w, "continual", "drift_share"),
     script:
-        "../workflow_scripts/param_drift.py"
+        "../workflow_scripts/stage_drift.py"
 
 
 # Output drift: each model's responses against the post model's (embedded by the post model), and KL from

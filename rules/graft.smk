@@ -23,6 +23,10 @@ rule graft:
         benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
         sensitivity_fisher=lambda w: layout(w).fisher_dir("diag"),
         parts=part_files("graft", lambda w: f"results/{w.exp}/{graft_run(w)}"),
+        # An adaptive sweep's decisions (`eval.adaptive`): a graft screened out is scored no further. Every
+        # graft of the sweep reads them all, so one more graft re-decides, and re-scores, the whole sweep.
+        # (Read as ancient(), Snakemake 9.27 left a new graft's job out of the DAG altogether.)
+        screened=lambda w: screened_file(w) or [],
     output:
         metrics="results/{exp}/eval/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/metrics.json",
         share="results/{exp}/sensitivity/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/share.parquet",
@@ -45,6 +49,54 @@ rule graft:
         "../workflow_scripts/graft.py"
 
 
+# Adaptive sweeps (`eval.adaptive`): every graft scored first on a share of the validation problems, into
+# results/{exp}/screen/; `screen` decides which can still reach the frontier (graftlab.analysis.screen).
+rule graft_screen:
+    input:
+        post=post_dir,
+        donor=lambda w: layout(w).model_input(w.donor),
+        tuned="results/{exp}/sft/{donor}/lr~{lr}",
+        fisher=lambda w: layout(w).graft_fisher(w.mask, w.rho),
+        benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+    output:
+        metrics="results/{exp}/screen/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/metrics.json",
+    log:
+        "logs/{exp}/screen/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/screen/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}.tsv"
+    conda:
+        "../envs/gpu.yaml"
+    threads: config["threads"]["sample"]
+    resources:
+        **sized("graft_screen"),
+        temp_grafts=1,
+    params:
+        **graft_params(),
+        adaptive=lambda w: xcfg(w, "eval", "adaptive"),
+    script:
+        "../workflow_scripts/graft_screen.py"
+
+
+rule screen:
+    input:
+        lambda w: [
+            f"results/{w.exp}/screen/{r.key}/metrics.json"
+            for r in layout(w).run_list()
+            if r.kind == "graft"
+        ],
+    output:
+        decisions="results/{exp}/screen/decisions.json",
+        table="results/{exp}/screened.parquet",
+    log:
+        "logs/{exp}/screen.log",
+    benchmark:
+        "benchmarks/jobs/{exp}/screen.tsv"
+    conda:
+        "../envs/cpu.yaml"
+    script:
+        "../workflow_scripts/screen.py"
+
+
 rule graft_part:
     input:
         post=post_dir,
@@ -52,6 +104,7 @@ rule graft_part:
         tuned="results/{exp}/sft/{donor}/lr~{lr}",
         fisher=lambda w: layout(w).graft_fisher(w.mask, w.rho),
         benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+        screened=lambda w: screened_file(w) or [],
     output:
         temp(
             "results/{exp}/graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}/part~{part}of{parts}"

@@ -31,6 +31,7 @@ class Mutation(NamedTuple):
 
 OPSD, STAR, FISHER, KFAC = "tests/test_opsd.py", "tests/test_star.py", "tests/test_fisher.py", "tests/test_kfac.py"
 SDPO, TEACHER, GRPO = "tests/test_sdpo.py", "tests/test_teacher.py", "tests/test_grpo.py"
+CHUNKS, SCREEN = "tests/test_sample_chunks.py", "tests/test_screen.py"
 TEACHER_READS = f"{OPSD}::test_the_teacher_reads_the_demonstration_and_the_loss_is_the_teacher_topk_divergence"
 KFAC_DEF = f"{KFAC}::test_kfac_mask_equals_the_eigenbasis_definition_on_square_and_non_square_layers"
 KFAC_GRAFT = f"{KFAC}::test_kfac_mask_zeroes_the_top_scored_eigen_directions"
@@ -310,6 +311,41 @@ MUTATIONS = [
         "    if not math.isfinite(parsed):",
         "    if False:",
         (f"{BAD}[sft--lr=inf]", f"{BAD}[plan--mfu=nan]"),
+    ),
+    Mutation(
+        "part-takes-every-chunk",
+        "sample_chunks.py",
+        "        return i % self.count == self.index",
+        "        return True",
+        (f"{CHUNKS}::test_parts_of_a_call_fill_the_store_with_exactly_the_uninterrupted_samples",),
+    ),
+    Mutation(
+        "part-returns-samples",
+        "sample_chunks.py",
+        "        if not self.part.whole:\n            return None",
+        "        if False:\n            return None",
+        (f"{CHUNKS}::test_parts_of_a_call_fill_the_store_with_exactly_the_uninterrupted_samples",),
+    ),
+    Mutation(
+        "screen-touching-intervals",
+        "analysis/screen.py",
+        "new >= 0 and old >= 0 and (new > 0 or old > 0)",
+        "new >= 0 and old >= 0",
+        (f"{SCREEN}::test_a_graft_is_screened_out_exactly_when_an_interval_lies_wholly_beyond_its_own",),
+    ),
+    Mutation(
+        "screen-one-axis",
+        "analysis/screen.py",
+        "new >= 0 and old >= 0 and (new > 0 or old > 0)",
+        "(new >= 0 or old >= 0) and (new > 0 or old > 0)",
+        (f"{SCREEN}::test_no_point_of_the_frontier_of_validation_means_is_screened_out",),
+    ),
+    Mutation(
+        "summary-keeps-screened-out",
+        "analysis/summary.py",
+        "if not _screened_out(Path(p))]",
+        "]",
+        ("tests/test_screen.py::test_the_summary_leaves_a_screened_out_graft_out",),
     ),
 ]
 

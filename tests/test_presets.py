@@ -16,14 +16,9 @@ PRESETS = {
     "qwen3-8b-star.yaml": 204,  # every evaluation and graft sampled in 3 parts (eval.parts)
     "olmo3-7b-knowledge.yaml": 555,
     "qwen3-4b-sdpo.yaml": 104,
-    "qwen3-4b-continual.yaml": 157,
-    "qwen3-4b-thinking.yaml": 155,
+    "qwen3-4b-continual.yaml": 209,  # 52 of them a chain's drift after a stage each
+    "qwen3-4b-thinking.yaml": 183,
 }
-
-# Jobs the continual presets' dry runs warn will pass their partition's limit and cannot resume (issue 31):
-# the parameter drift's float64 SVDs of every 4B matrix pair on one CPU job, and the thinking preset's KL
-# samples at 8k tokens.
-OVERRUNS = {"qwen3-4b-continual.yaml": {"param_drift"}, "qwen3-4b-thinking.yaml": {"param_drift", "response_kl"}}
 
 
 def local_sources(preset: str) -> list[str]:
@@ -49,10 +44,9 @@ def dry_run(preset: str, workdir, *args: str) -> str:
 def test_preset_dry_run_job_count_and_every_job_on_one_node(preset, tmp_path):
     """Under the cluster profile: the preset's jobs, each held to one node (a multi-GPU job starts its own
     processes on the node it is given, so SLURM must not spread its GPUs), none warned of (each fits its
-    GPUs and, resuming within the profile's retries, its partition's time limit) but the known overruns."""
+    GPUs and, resuming within the profile's retries, its partition's time limit)."""
     out = dry_run(preset, tmp_path, "--profile", str(REPO / "profiles" / "slurm"))
-    assert set(re.findall(r"^graftlab: warning: (\w+): needs about", out, re.M)) == OVERRUNS.get(preset, set())
-    assert "warning" not in re.sub(r"^graftlab: warning: \w+: needs about .*$", "", out, flags=re.M)
+    assert "warning" not in out
     total = re.search(r"^total\s+(\d+)$", out, re.M)
     assert total and int(total.group(1)) == PRESETS[preset]
     requests = [(rule, r) for rule, r in job_requests(out) if rule != "all"]

@@ -357,6 +357,57 @@ def test_evaluations_and_grafts_sampled_in_parts_score_byte_for_byte_as_one_job(
         assert "sampling: 1 of 1 chunks read back" in (work / "logs/expert" / log).read_text()
 
 
+def test_an_adaptive_sweep_scores_fully_only_the_grafts_that_can_reach_the_frontier(smoke, tmp_path):
+    """On a copy of the smoke run, grafts at lam 64 join two adaptive sweeps (eval.adaptive). In `narrow`
+    (adaptive in the smoke run), the graft already scored is re-scored to the same bytes and the new one is
+    screened on the validation problems only. In `expert`, made adaptive here (its post model scores above 0
+    on the old tasks), lam 64 destroys the model: an interval lies wholly beyond its own, so it is scored no
+    further. Its metrics.json keeps its screening scores and the evidence, screened.parquet lists it, and the
+    summary would leave it out."""
+    import shutil
+
+    from graftlab.analysis.summary import summarize
+    from graftlab.evaluate.run import in_validation
+
+    work = tmp_path / "run"
+    shutil.copytree(smoke, work, symlinks=True)
+    keys = "step~50/lr~1e-3/epoch~2/lam~{}/mask~none/rho~0"
+    kept, wild = (f"graft/{keys.format(lam)}" for lam in ("1", "64"))
+    narrow, expert = work / "results/narrow", work / "results/expert"
+    before = (narrow / "eval" / kept / "metrics.json").read_bytes()
+    sweeps = {
+        "narrow": {"graft": {"lam": ["1", "64"]}},
+        "expert": {"graft": {"lam": ["1", "64"]}, "eval": {"validation": 0.5, "adaptive": 0.5}},
+    }
+    grown = write_config(tmp_path, "grown", {"experiments": sweeps})
+    targets = ["results/narrow/summary.parquet", f"results/expert/eval/{wild}/metrics.json"]
+    proc = snakemake(work, "--cores", "all", *targets, configs=(SMOKE, grown))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (narrow / "eval" / kept / "metrics.json").read_bytes() == before  # re-decided, and kept: the same
+    assert wild in json.loads((narrow / "screen/decisions.json").read_text())
+    # A screening samples the validation problems only, each benchmark's: the ones a full evaluation scores apart.
+    benches = sorted((narrow / "screen" / wild).glob("*.parquet"))
+    scored = json.loads((narrow / "eval" / wild / "metrics.json").read_text())["benchmarks"]
+    assert [b.stem for b in benches] == sorted(scored)
+    for bench in benches:
+        ids = pl.read_parquet(bench)["problem_id"].unique().to_list()
+        assert ids and all(in_validation(bench.stem, ids, 0.5))
+
+    decisions = json.loads((expert / "screen/decisions.json").read_text())
+    assert decisions[kept]["kept"] and not decisions[wild]["kept"], decisions
+    by, mine = decisions[wild]["by"], decisions[wild]["interval"]
+    assert decisions[by]["interval"]["new_val_lo"] >= mine["new_val_hi"]
+    assert decisions[by]["interval"]["old_val_lo"] >= mine["old_val_hi"]
+    record = json.loads((expert / "eval" / wild / "metrics.json").read_text())
+    assert record["screened_out"]["by"] == by and record["screening"] == 0.5 and "old" not in record
+    assert record["old_val"] == json.loads((expert / "screen" / wild / "metrics.json").read_text())["old_val"]
+    screened = pl.read_parquet(expert / "screened.parquet")["run"].to_list()
+    assert wild in screened and all("/lam~64/" in run for run in screened)  # every epoch's and mask's
+    assert summarize([expert / "eval/post/metrics.json", expert / "eval" / wild / "metrics.json"], "expert")[
+        "run"
+    ].to_list() == ["post"]
+
+
 def test_each_training_run_is_evaluated_in_one_job_by_the_rule_of_its_checkpoints(tmp_path):
     """The same run key keeping other checkpoints in two experiments: each evaluated by its own list's rule,
     and no file matched by two rules (an OPSD run kept at steps 2 and 4 in `expert`, at step 2 alone in

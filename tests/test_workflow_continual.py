@@ -108,8 +108,9 @@ def test_a_change_to_stage_2_reruns_stage_2_and_nothing_before(smoke, tmp_path):
 
     jobs = planned_jobs(smoke, stages_overlay(tmp_path, "steps", longer))
     # The on-policy chains' second stages (OPSD, GRPO, 4 SDPO) and their evaluations; SFT and grafts keep theirs.
-    # OPSD keeps two checkpoints a stage: both are scored.
-    assert jobs == {"chain_opsd": 1, "chain_grpo": 1, "chain_sdpo": 4, "evaluate": 7} | CONTINUAL_ANALYSES
+    # OPSD keeps two checkpoints a stage: both are scored. Each of those chains' drift after stage 2.
+    expected = {"chain_opsd": 1, "chain_grpo": 1, "chain_sdpo": 4, "evaluate": 7, "stage_drift": 6}
+    assert jobs == expected | CONTINUAL_ANALYSES
 
 
 def test_a_change_to_stage_1_reruns_its_chains_from_stage_1_on(smoke, tmp_path):
@@ -121,4 +122,5 @@ def test_a_change_to_stage_1_reruns_its_chains_from_stage_1_on(smoke, tmp_path):
     # graft chains from stage 1 on. Stage 2's lone tuning and every on-policy chain stay.
     # The merge chain from stage 1 on: its SFT of its own model, and its merge, at each stage.
     expected = {"chain_sft": 2 + 1 + 2, "chain_merge_sft": 2, "chain_graft": 6, "evaluate": 8}
-    assert jobs == expected | CONTINUAL_ANALYSES
+    # The four chains' drift after both stages.
+    assert jobs == expected | CONTINUAL_ANALYSES | {"stage_drift": 4 * 2}

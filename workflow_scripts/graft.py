@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from graftlab.analysis.screen import screened_out, write_screened
 from graftlab.analysis.sensitivity_shares import write_update_sensitivity
 from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.graft import graft_fingerprint, masked_graft
@@ -42,18 +43,22 @@ with job_log(snakemake.log[0], snakemake.threads):
         # a job one engine would take beyond its limit runs several at once, one a GPU group.
         processes = job_gpus_processes(snakemake.resources)
         store, fingerprint = resume_dir(out.metrics), graft_fingerprint(*graft, **mask)
-        with chunks_kept(Engine.of(p.backend, seed=p.seed), store, processes, fingerprint=fingerprint) as engine:
-            evaluate(
-                model,
-                benchmarks,
-                SamplingConfig.from_config(p.sampling, p.seed),
-                Path(out.metrics).parent,
-                p.run,
-                engine,
-                validation=p.validation,
-                # Named by the directory of its record: the scratch directory is deleted, and random.
-                model_name=str(Path(out.seconds).parent),
-            )
+        # An adaptive sweep's graft screened out on the validation problems is scored no further.
+        if inp.screened and (decision := screened_out(inp.screened, p.run)):
+            write_screened(f"results/{snakemake.wildcards.exp}/screen/{p.run}/metrics.json", out.metrics, decision)
+        else:
+            with chunks_kept(Engine.of(p.backend, seed=p.seed), store, processes, fingerprint=fingerprint) as engine:
+                evaluate(
+                    model,
+                    benchmarks,
+                    SamplingConfig.from_config(p.sampling, p.seed),
+                    Path(out.metrics).parent,
+                    p.run,
+                    engine,
+                    validation=p.validation,
+                    # Named by the directory of its record: the scratch directory is deleted, and random.
+                    model_name=str(Path(out.seconds).parent),
+                )
         write_update_sensitivity(inp.sensitivity_fisher, inp.post, p.run, model, out.share, top=p.top)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

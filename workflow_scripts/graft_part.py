@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from graftlab.analysis.screen import screened_out
 from graftlab.evaluate.run import Benchmark, presample
 from graftlab.graft import graft_fingerprint, masked_graft
 from graftlab.io.atomic import write_json
@@ -23,16 +24,19 @@ p, inp, w = snakemake.params, snakemake.input, snakemake.wildcards
 part = Part(int(w.part), int(w.parts))
 graft = (inp.post, p.donor, f"{inp.tuned}/epoch~{p.epoch}", float(p.lam))
 mask = {"mask": p.mask, "fisher": inp.fisher, "rho": p.rho, **p.mask_settings}
+# A graft an adaptive sweep screened out is scored no further: its parts sample nothing.
+screened = bool(inp.screened) and screened_out(inp.screened, p.run) is not None
 with job_log(snakemake.log[0], snakemake.threads):
     scratch = Path(tempfile.mkdtemp(prefix="graft-part-", dir=snakemake.resources.tmpdir))
     try:
-        model = scratch / "model"
-        masked_graft(*graft, model, **mask)
-        benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
-        processes = job_gpus_processes(snakemake.resources)
-        store, fingerprint = resume_dir(p.metrics), graft_fingerprint(*graft, **mask)
-        with chunks_kept(Engine.of(p.backend, seed=p.seed), store, processes, part, fingerprint) as engine:
-            presample(model, benchmarks, SamplingConfig.from_config(p.sampling, p.seed), engine)
+        if not screened:
+            model = scratch / "model"
+            masked_graft(*graft, model, **mask)
+            benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
+            processes = job_gpus_processes(snakemake.resources)
+            store, fingerprint = resume_dir(p.metrics), graft_fingerprint(*graft, **mask)
+            with chunks_kept(Engine.of(p.backend, seed=p.seed), store, processes, part, fingerprint) as engine:
+                presample(model, benchmarks, SamplingConfig.from_config(p.sampling, p.seed), engine)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-write_json(snakemake.output[0], {"part": part.index, "of": part.count})
+write_json(snakemake.output[0], {"part": part.index, "of": part.count, "screened_out": screened})

@@ -203,16 +203,22 @@ def plot_drift(table, out_png) -> None:
         fig.savefig(tmp, dpi=150, format="png")
 
 
-def write_chain_drift(pairs: list[dict], out_table, out_png, k: int = 16, share: float = 0.01) -> pl.DataFrame:
-    """Drift of every model of a continual experiment (`graftlab.planning.chains.Continual.drift_pairs`: method, chain,
-    stage, against, base, model), tensor by tensor, in one table with those keys, and its figure."""
-    frames = [
-        model_drift(p["base"], p["model"], k, share).with_columns(
-            method=pl.lit(p["method"]), chain=pl.lit(p["chain"]), stage=pl.lit(p["stage"]), against=pl.lit(p["against"])
-        )
-        for p in pairs
-    ]
+def write_pairs_drift(pairs: list[dict], out_table, k: int = 16, share: float = 0.01) -> pl.DataFrame:
+    """Drift of models of a continual experiment against their bases (pairs of `graftlab.planning.chains.
+    Continual.drift_pairs`: one job's, a chain's model after a stage), tensor by tensor, each row with its
+    pair's method, chain, stage and reference (`against`), written atomically."""
+    keys = ("method", "chain", "stage", "against")
+    drift = [model_drift(p["base"], p["model"], k, share) for p in pairs]
+    frames = [d.with_columns(**{c: pl.lit(p[c]) for c in keys}) for d, p in zip(drift, pairs, strict=True)]
     table = pl.concat(frames)
+    with atomic_file(Path(out_table)) as tmp:
+        table.write_parquet(tmp)
+    return table
+
+
+def write_chain_drift(tables: list, out_table, out_png) -> pl.DataFrame:
+    """Every job's table (`write_pairs_drift`) in one, and its figure."""
+    table = pl.concat([pl.read_parquet(path) for path in tables])
     with atomic_file(Path(out_table)) as tmp:
         table.write_parquet(tmp)
     plot_drift(table, out_png)

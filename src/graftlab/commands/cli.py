@@ -242,12 +242,13 @@ ASSUMED = {
     "problems": "candidates of a data set with no limit",
     "benchmark_problems": "problems per benchmark",
     "kept": "share of candidates mining keeps",
+    "adaptive_kept": "share of an adaptive sweep's grafts scored fully (eval.adaptive)",
     "checkpoint_bytes": "bytes per saved parameter",
     "jobs": "jobs at once, as snakemake --jobs",
     "temp_grafts": "grafts on disk at once, as --resources temp_grafts=N",
 }
 # Those that are shares of a whole; every other is a positive size or rate.
-SHARES = ("mfu", "decode_mfu", "kv_utilisation", "kept")
+SHARES = ("mfu", "decode_mfu", "kv_utilisation", "kept", "adaptive_kept")
 
 
 def _assumed(name: str):

@@ -150,15 +150,26 @@ def evaluate(
     sampler=None,
     validation: float = 0.0,
     model_name: str | None = None,
+    screening: float = 0.0,
 ) -> dict:
     """Score `model_dir` on `benchmarks`; `sampler` (a callable `(prompts, cfg) -> completions`) replaces
     loading one from `model_dir` (the tokenizer still comes from `model_dir`). `validation`: the share of
     every benchmark's problems scored apart as the validation split (module docstring). `model_name`: the
     model as metrics.json names it, where `model_dir` is a scratch directory (a graft's) whose random name
-    would make two runs' metrics differ; default `model_dir`."""
+    would make two runs' metrics differ; default `model_dir`. `screening`: a share s > 0 of the problems to
+    sample and score alone, those the validation split's hash puts below s (an adaptive sweep's first pass,
+    `graftlab.analysis.screen`; at most `validation`, so validation problems only): the metrics have their
+    scores as `_val` scores, no test scores, and `screening: s`."""
     from graftlab.io.gates import chat_tokenizer
 
     problems = read_benchmarks(benchmarks)
+    if screening:
+        if not 0 < screening <= validation:
+            raise GraftlabError(f"a screening share must lie in (0, validation {validation}], got {screening}")
+        problems = {
+            name: frame.filter(pl.Series(in_validation(name, frame["id"].to_list(), screening)))
+            for name, frame in problems.items()
+        }
     tokenizer = chat_tokenizer(model_dir, "model")  # every prompt is a chat: refused here, not inside transformers
     sampler = sampler or load_sampler(model_dir, backend)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -171,6 +182,12 @@ def evaluate(
         records = task.sample_and_grade(sampler, tokenizer, problems[bench.name], cfg)
         with atomic_file(out_dir / f"{bench.name}.parquet") as tmp:
             records.write_parquet(tmp)
+        if screening:
+            val_counts[bench.name] = correct_counts(records)
+            val_bench[bench.name] = {"role": bench.role, **benchmark_metrics(records)}
+            per_bench[bench.name] = {"role": bench.role, "task": bench.task, "decoding": decoding(task, cfg)}
+            per_bench[bench.name]["validation"] = val_bench[bench.name]
+            continue
         if validation > 0:
             records, held = split_records(bench, records, validation)
             val_counts[bench.name] = correct_counts(held)
@@ -185,9 +202,11 @@ def evaluate(
         if validation > 0:
             per_bench[bench.name]["validation"] = val_bench[bench.name]
     metrics = {"run": run, "model": model_name or str(model_dir), "benchmarks": per_bench}
-    metrics |= role_scores(per_bench, counts)
+    metrics |= {} if screening else role_scores(per_bench, counts)
     if validation > 0:
         metrics |= role_scores(val_bench, val_counts, VALIDATION) | {"validation_share": validation}
+    if screening:
+        metrics["screening"] = screening
     metrics["interval"] = dict(INTERVAL)
     metrics["sampling"] = sampling_record(sampler)
     with atomic_file(out_dir / "metrics.json") as tmp:

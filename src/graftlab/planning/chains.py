@@ -352,20 +352,29 @@ class Continual:
         ]
 
     def drift_pairs(self) -> list[dict]:
-        """Every chain's model after every stage against the stage's starting model and against the post model."""
+        """Every chain's model after every stage against the stage's starting model and against the post model,
+        each with the `inputs` holding its two models."""
         return [
             {
                 "method": c.label,
                 "chain": c.key,
                 "stage": k,
                 "against": against,
-                "base": base,
+                "base": base[1],
                 "model": self.stage_model(c, k)[1],
+                "inputs": [self.stage_model(c, k)[0], base[0]],
             }
             for c in self.chains()
             for k in self.stage_numbers()
-            for against, base in (("stage_start", self.stage_model(c, k - 1)[1]), ("post", self.post_dir))
+            for against, base in (("stage_start", self.stage_model(c, k - 1)), ("post", (self.post_dir,) * 2))
         ]
+
+    def stage_drift_pairs(self, chain: str, k: int) -> list[dict]:
+        """The drift pairs (`drift_pairs`) of chain `chain`'s model after stage k: one job's (rule stage_drift)."""
+        pairs = [pair for pair in self.drift_pairs() if pair["chain"] == chain and pair["stage"] == k]
+        if not pairs:
+            raise ValueError(f"{self.name}: no chain {chain!r} at stage {k}")
+        return pairs
 
     def stage_view(self, k: int) -> Experiment:
         """Stage k as a single-domain experiment: its data setting, problems, knowledge world, SFT epochs and

@@ -301,6 +301,9 @@ def _unread_options(exp: dict, key: str, schema: dict) -> list[tuple[bool, str, 
     # (rules/data.smk's rules take single-domain experiments only).
     rules.append((["data", "problems", *_keys_of(schema, "mining")], not continual, stages))
     rules.append((_keys_of(schema, "continual"), continual, f"{key}.stages is empty"))
+    # rules/graft.smk screens a single-domain experiment's grafts on the validation problems only.
+    rules.append((["eval.adaptive"], not continual, stages))
+    rules.append((["eval.adaptive"], exp["eval"]["validation"] > 0, f"{key}.eval.validation is 0 (it screens on them)"))
     # An on-policy section whose sweeps name no run trains nothing, so none of its settings is read. Its
     # sweep axes (the lists) are the switch itself, and stay as a preset left them.
     for section in sections(on_policy()):
@@ -323,6 +326,10 @@ def _unread_options(exp: dict, key: str, schema: dict) -> list[tuple[bool, str, 
         set_ = kind != "knowledge" and stage["knowledge"] != knowledge
         why = f"is set but stage {i} is no knowledge stage (its data: {kind}): it would be ignored"
         checks.append((not set_, f"{key}.stages.{i}.knowledge", why))
+    # graftlab.analysis.screen: a screening scores problems the reported (test) scores never see.
+    screen, validation = exp["eval"]["adaptive"], exp["eval"]["validation"]
+    why = f"is {screen:g}, above {key}.eval.validation ({validation:g}): it would screen on test problems"
+    checks.append((not validation or screen <= validation, f"{key}.eval.adaptive", why))
     return checks
 
 

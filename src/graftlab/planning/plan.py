@@ -10,6 +10,7 @@ experiment's jobs come from its chains (`graftlab.planning.chains`, `continual_j
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,6 +117,8 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     # The sensitivity analysis always ranks by the diagonal Fisher; masks may add kfac.
     kinds = sorted({"diag", *layout.mask_kinds()})
     jobs += retention_jobs(layout, kinds) + [("graft", {})] * len(grafts)
+    # An adaptive sweep scores each graft on the validation problems first (rules/graft.smk).
+    jobs += [("graft_screen", {})] * len(grafts) + [("screen", {})] if x["eval"]["adaptive"] else []
     # A graft job evaluates its own model and measures its sensitivity share (rules/graft.smk); a training
     # run's checkpoints are evaluated in one job (rules/evaluate.smk).
     trained = layout.checkpointed()
@@ -216,6 +219,7 @@ def continual_jobs(c: Continual) -> list[tuple[str, dict]]:
     methods = [ch for ch in c.chains() if ch.kind != "sft"]
     jobs += [job for ch in methods for k in c.stage_numbers() for job in _stage_jobs(c, ch, k)]
     jobs += [("evaluate", {"run": key}) for key in c.eval_keys()]
+    jobs += [("stage_drift", {"chain": ch.key, "k": str(k)}) for ch in c.chains() for k in c.stage_numbers()]
     return jobs + [(rule, {}) for rule in ("continual", "param_drift", "response_kl")]
 
 
@@ -350,6 +354,8 @@ def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root
         if _shared_once(rule, wildcards, seen):
             continue
         job = work.job_work(sized_as(rule), config, layout, wildcards, a, root)
+        if rule == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps
+            job = replace(job, generate=a.adaptive_kept * job.generate, kv_read=a.adaptive_kept * job.kv_read)
         if sized_as(rule) in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
             costs[f"{rule}_part"].add(replace(job, written=0.0, kept=0.0), jobs=parts)
@@ -390,7 +396,19 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     _analysis(costs, config)
     notes += _shared_starts(config, shared)
     temp_peak = sum(sorted(grafts, reverse=True)[: min(a.jobs, a.temp_grafts)])
-    return Plan({r: c for r, c in costs.items() if c.jobs}, a, notes, temp_peak)
+    plan = Plan({r: c for r, c in costs.items() if c.jobs}, a, notes, temp_peak)
+    adaptive = [e for e, x in config["experiments"].items() if x["eval"]["adaptive"]]
+    if adaptive:  # priced both ways: the same config with every sweep scored fully
+        full = copy.deepcopy(config)
+        for e in adaptive:
+            full["experiments"][e]["eval"]["adaptive"] = 0
+        hours = (plan.total_gpu_hours, estimate(full, a, root).total_gpu_hours)
+        notes.append(
+            f"Adaptive sweeps ({', '.join(adaptive)}): every graft first scored on its eval.adaptive share, "
+            f"{a.adaptive_kept:g} of them then fully (--adaptive-kept): {_hours(hours[0])} GPU-hours, "
+            f"against {_hours(hours[1])} with every graft scored fully"
+        )
+    return plan
 
 
 def _shared_starts(config: dict, shared: set) -> list[str]:
@@ -422,7 +440,7 @@ ORDER = (
     "dataset stage_data mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces "
     "sft chain_sft opsd grpo sdpo chain_opsd chain_grpo chain_sdpo rollouts fisher graft chain_graft "
     "chain_rollouts chain_fisher evaluate evaluate_run sensitivity_update summary pareto latency sensitivity "
-    "gain_forgetting continual param_drift response_kl drift takeover study moe report_tables all"
+    "gain_forgetting continual stage_drift param_drift response_kl drift takeover study moe report_tables all"
 ).split()
 GB = 1e9
 

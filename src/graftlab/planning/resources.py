@@ -55,6 +55,7 @@ SAMPLE = (
     "evaluate_part",  # a part of an evaluation's sampling (`PARTS`)
     "evaluate_run_part",
     "graft_part",
+    "graft_screen",  # an adaptive sweep's first pass over a graft (rules/graft.smk)
 )
 FISHER = ("fisher", "chain_fisher")
 GPU_KINDS = TRAIN + SAMPLE + FISHER
@@ -67,6 +68,8 @@ CPU_KINDS = (
     "chain_graft",
     "continual",
     "param_drift",
+    "stage_drift",
+    "screen",
     "stage_data",
     "dataset",
     "drift",

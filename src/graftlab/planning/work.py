@@ -50,6 +50,8 @@ class Assumptions:
     benchmark_problems: int = 500  # an old-task benchmark with no `limit`: MATH-500's size
     kept: float = 0.5  # share of candidates that mining keeps as hard
     checkpoint_bytes: int = FP32  # the trainers keep and save fp32 weights
+    # Share of an adaptive sweep's grafts (`eval.adaptive`) its screening keeps for full scoring.
+    adaptive_kept: float = 0.5
 
 
 @dataclass
@@ -428,8 +430,11 @@ def job_work(
         checkpoints = layout.checkpointed()[key]
         one = job_work("evaluate", config, layout, {"run": f"{key}/{checkpoints[0]}"}, a, root)
         return replace(one, generate=len(checkpoints) * one.generate, kv_read=len(checkpoints) * one.kv_read)
-    if rule == "graft":  # grafted in the job's scratch, evaluated there and deleted: written, never kept
-        decoded = eval_decoding(post, layout, eval_answers(layout, a), a, root)
+    if rule in ("graft", "graft_screen"):  # grafted in the job's scratch, evaluated there and deleted
+        # An adaptive sweep's first pass scores its share of the problems alone (graftlab.analysis.screen).
+        share = x["eval"]["adaptive"] if rule == "graft_screen" else 1.0
+        answers = {b: n * share for b, n in eval_answers(layout, a).items()}
+        decoded = eval_decoding(post, layout, answers, a, root)
         engine = sampler_memory(config, post, p + x["eval"]["max_new_tokens"])
         return Work(post, **decoded, written=post.bytes, kept=0, memory=engine)
     if rule == "fetch_model":
@@ -450,8 +455,9 @@ def continual_work(
         return continual_eval_work(config, layout, a, root)
     if rule == "response_kl":
         return response_kl_work(config, layout, a, root)
-    if rule == "param_drift":
-        return param_drift_work(config, layout, root)
+    if rule == "stage_drift":
+        pairs = layout.stage_drift_pairs(wildcards["chain"], int(wildcards["k"]))
+        return param_drift_work(config, layout, len(pairs), root)
     if "k" not in wildcards:  # the stage-1 retention Fisher of the post model, data sets, tables
         return job_work(rule, config, layout.stage_view(1), wildcards, a, root)
     k = int(wildcards["k"])
@@ -519,17 +525,17 @@ def continual_eval_work(config: dict, layout, a: Assumptions, root: Path = Path(
     return Work(post, **decoded, memory=sampler_memory(config, post, a.prompt_tokens + x["eval"]["max_new_tokens"]))
 
 
-def param_drift_work(config: dict, layout, root: Path = Path(".")) -> Work:
-    """Parameter drift (`graftlab.analysis.param_drift`) of every drift pair: each weight matrix of both
-    models decomposed in float64, a thin SVD of an m x n matrix (m >= n) about 6 m n^2 FLOPs, one matrix at
-    a time: its peak is the widest matrix's two copies, two U factors and their work space, about 6 float64
-    copies of it."""
+def param_drift_work(config: dict, layout, pairs: int, root: Path = Path(".")) -> Work:
+    """Parameter drift (`graftlab.analysis.param_drift`) of `pairs` drift pairs (rule stage_drift: a chain's
+    model after a stage): each weight matrix of both models decomposed in float64, a thin SVD of an m x n
+    matrix (m >= n) about 6 m n^2 FLOPs, one matrix at a time: its peak is the widest matrix's two copies,
+    two U factors and their work space, about 6 float64 copies of it."""
     post = model_of(config, layout.stage_view(1), POST, root)
     shape = post.shape
     matrices = post.linears or [(shape.hidden, shape.intermediate)] * 3 * shape.layers
     matrices = [*matrices, (shape.vocab, shape.hidden)]  # the embedding (and an untied head, as large)
     svd = sum(6 * max(m, n) * min(m, n) ** 2 for m, n in matrices)
-    return Work(post, compute=2 * svd * len(layout.drift_pairs()), host=6 * 8 * max(m * n for m, n in matrices))
+    return Work(post, compute=2 * svd * pairs, host=6 * 8 * max(m * n for m, n in matrices))
 
 
 def response_kl_work(config: dict, layout, a: Assumptions, root: Path = Path(".")) -> Work:

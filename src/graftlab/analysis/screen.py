@@ -1,0 +1,105 @@
+"""Adaptive sweeps: which grafts and merges of an experiment are scored fully (`eval.adaptive`).
+
+Every graft of the sweep is first scored on the validation problems alone (`rules/graft.smk`: `graft_screen`).
+A graft is screened out when another's interval lies wholly beyond its own on both axes: the other's lower
+bounds of new- and old-task accuracy at least its upper bounds, and above one of them. Its mean is then
+dominated too, so it cannot be on the sweep's frontier of validation means, whatever the full scores; every
+other graft is scored fully. A screened-out graft's `metrics.json` keeps its validation scores, no test
+scores, and the evidence (`screened_out`): the run whose interval dominated it, and both intervals; the
+summary leaves it out, and `results/{exp}/screened.parquet` lists it.
+
+    python -m graftlab.analysis.screen OUT.json OUT.parquet results/EXP/screen/graft/.../metrics.json ...
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from graftlab.io.atomic import atomic_file, write_json
+
+# The validation scores a screening compares: the four bounds, and the means that pick a frontier.
+BOUNDS = ("new_val_lo", "new_val_hi", "old_val_lo", "old_val_hi")
+
+
+def dominates(a: dict, b: dict) -> bool:
+    """Whether `a`'s interval lies wholly beyond `b`'s: lower bounds at least `b`'s upper, one above it."""
+    new, old = a["new_val_lo"] - b["new_val_hi"], a["old_val_lo"] - b["old_val_hi"]
+    return new >= 0 and old >= 0 and (new > 0 or old > 0)
+
+
+def screen(points: dict[str, dict]) -> dict[str, dict]:
+    """{run: {"kept": bool, "by": run or None, "interval": its bounds, "by_interval": the other's}} for every
+    screened run's validation bounds (`BOUNDS`); `by` is the first dominating run in run order."""
+    for run, p in points.items():
+        missing = [k for k in BOUNDS if not isinstance(p.get(k), int | float)]
+        if missing:
+            raise ValueError(f"screening {run}: no {', '.join(missing)} (a validation share must be set)")
+    decisions = {}
+    for run in sorted(points):
+        by = next((other for other in sorted(points) if other != run and dominates(points[other], points[run])), None)
+        interval = {k: points[run][k] for k in BOUNDS}
+        decisions[run] = {"kept": by is None, "by": by, "interval": interval}
+        if by is not None:
+            decisions[run]["by_interval"] = {k: points[by][k] for k in BOUNDS}
+    return decisions
+
+
+def screened_out(decisions, run: str) -> dict | None:
+    """The decision on `run` in a `decisions.json` where it was screened out; None where it is kept."""
+    decided = json.loads(Path(decisions).read_text())
+    if run not in decided:
+        raise ValueError(f"{decisions}: no decision on {run}")
+    return None if decided[run]["kept"] else decided[run]
+
+
+def write_screened(screen_metrics, out, decision: dict) -> None:
+    """A screened-out graft's `metrics.json`: its screening's (validation scores only) with the evidence."""
+    record = json.loads(Path(screen_metrics).read_text()) | {"screened_out": decision}
+    write_json(out, record)
+
+
+def screened_table(decisions: dict[str, dict]) -> pl.DataFrame:
+    """A row per screened-out run: the run, the run whose interval lay beyond its own, and both intervals."""
+    rows = [
+        {"run": run, "by": d["by"]} | d["interval"] | {f"by_{k}": v for k, v in d["by_interval"].items()}
+        for run, d in decisions.items()
+        if not d["kept"]
+    ]
+    schema = {"run": pl.Utf8, "by": pl.Utf8} | dict.fromkeys([*BOUNDS, *(f"by_{k}" for k in BOUNDS)], pl.Float64)
+    return pl.DataFrame(rows, schema=schema)
+
+
+def read_points(paths) -> dict[str, dict]:
+    """The validation bounds of each screening `metrics.json`, by its run."""
+    points = {}
+    for path in map(Path, paths):
+        record = json.loads(path.read_text())
+        points[record["run"]] = {k: record.get(k) for k in BOUNDS}
+    return points
+
+
+def write_decisions(screen_metrics, out_json, out_table) -> dict[str, dict]:
+    """Screen the grafts whose screening `metrics.json` files are given: the decisions as JSON, the runs
+    screened out as a table (`screened_table`)."""
+    decisions = screen(read_points(screen_metrics))
+    write_json(out_json, decisions)
+    with atomic_file(out_table) as tmp:
+        screened_table(decisions).write_parquet(tmp)
+    kept = sum(d["kept"] for d in decisions.values())
+    print(f"screen: {kept} of {len(decisions)} grafts kept for full scoring")
+    return decisions
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2:
+        print(__doc__.strip().splitlines()[-1], file=sys.stderr)
+        return 2
+    write_decisions(args[2:], args[0], args[1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""Adaptive sweeps' screening (graftlab.analysis.screen): a graft is screened out exactly when another's
+validation interval lies wholly beyond its own, so no graft on the frontier of validation means is lost."""
+
+import json
+
+import polars as pl
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from graftlab.analysis.screen import BOUNDS, dominates, main, screen, screened_out
+
+unit = st.integers(0, 20).map(lambda i: i / 20)  # a coarse grid: ties between bounds are common
+
+
+@st.composite
+def interval(draw) -> dict:
+    new_lo, new_hi = sorted((draw(unit), draw(unit)))
+    old_lo, old_hi = sorted((draw(unit), draw(unit)))
+    return {"new_val_lo": new_lo, "new_val_hi": new_hi, "old_val_lo": old_lo, "old_val_hi": old_hi}
+
+
+points = st.dictionaries(st.sampled_from([f"graft/r{i}" for i in range(8)]), interval(), min_size=1)
+
+
+@given(points)
+def test_a_graft_is_screened_out_exactly_when_an_interval_lies_wholly_beyond_its_own(pts):
+    decisions = screen(pts)
+    assert set(decisions) == set(pts)
+    for run, d in decisions.items():
+        beyond = [
+            o
+            for o in pts
+            if o != run
+            and pts[o]["new_val_lo"] >= pts[run]["new_val_hi"]
+            and pts[o]["old_val_lo"] >= pts[run]["old_val_hi"]
+            and (pts[o]["new_val_lo"] > pts[run]["new_val_hi"] or pts[o]["old_val_lo"] > pts[run]["old_val_hi"])
+        ]
+        assert d["kept"] == (not beyond)
+        assert d["by"] == (sorted(beyond)[0] if beyond else None)
+        assert d["interval"] == pts[run] and d.get("by_interval") == (pts[d["by"]] if beyond else None)
+
+
+@given(points, st.data())
+def test_no_point_of_the_frontier_of_validation_means_is_screened_out(pts, data):
+    """Any means within their intervals: the runs no other run's means dominate are all kept."""
+    means = {}
+    for run, p in pts.items():
+        new = data.draw(st.floats(p["new_val_lo"], p["new_val_hi"]))
+        old = data.draw(st.floats(p["old_val_lo"], p["old_val_hi"]))
+        means[run] = (new, old)
+
+    def over(a, b):
+        return a[0] >= b[0] and a[1] >= b[1] and a != b
+
+    front = {r for r in means if not any(over(means[o], means[r]) for o in means if o != r)}
+    kept = {r for r, d in screen(pts).items() if d["kept"]}
+    assert front <= kept
+
+
+def test_an_interval_is_not_beyond_itself_nor_beyond_one_it_only_touches():
+    a = dict.fromkeys(BOUNDS, 0.5)
+    assert not dominates(a, a)
+    assert dominates({**a, "new_val_lo": 0.6, "new_val_hi": 0.7}, a)
+
+
+def test_screening_without_validation_scores_names_the_run(tmp_path):
+    with pytest.raises(ValueError, match=r"^screening graft/x: no new_val_lo, old_val_hi \(a validation share"):
+        screen({"graft/x": {"new_val_hi": 0.2, "old_val_lo": 0.1}})
+
+
+def test_the_command_writes_each_decision_and_the_screened_table(tmp_path, capsys):
+    files = []
+    for run, lo in (("graft/a", 0.0), ("graft/b", 0.6)):
+        record = {"run": run, **{k: lo + (0.3 if k.endswith("hi") else 0.0) for k in BOUNDS}}
+        files.append(tmp_path / f"{run.split('/')[1]}.json")
+        files[-1].write_text(json.dumps(record))
+    out, table = tmp_path / "out.json", tmp_path / "screened.parquet"
+    assert main([str(out), str(table), *map(str, files)]) == 0
+    decisions = json.loads(out.read_text())
+    assert decisions["graft/a"]["by"] == "graft/b" and decisions["graft/b"]["kept"]
+    assert capsys.readouterr().out == "screen: 1 of 2 grafts kept for full scoring\n"
+    rows = pl.read_parquet(table).to_dicts()
+    assert len(rows) == 1 and rows[0]["run"] == "graft/a" and rows[0]["by_new_val_lo"] == 0.6
+    assert screened_out(out, "graft/a")["by"] == "graft/b" and screened_out(out, "graft/b") is None
+
+
+def test_the_summary_leaves_a_screened_out_graft_out(tmp_path):
+    """A screened-out graft's metrics.json holds screening scores only: the summary (and every frontier and
+    choice made from it) leaves it out; screened.parquet lists it instead."""
+    from graftlab.analysis.summary import summarize
+
+    run = "graft/step~50/lr~1e-3/epoch~2/lam~64/mask~none/rho~0"
+    scores = {"old": 0.5, "new": 0.25, "old_lo": 0.4, "old_hi": 0.6, "new_lo": 0.1, "new_hi": 0.4}
+    files = {"post": {"run": "post", "benchmarks": {}, **scores}}
+    files["graft"] = {"run": run, "benchmarks": {}, "old_val": 0.0, "screened_out": {"by": "post"}}
+    for name, record in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+    table = summarize([tmp_path / "post.json", tmp_path / "graft.json"], "x")
+    assert table["run"].to_list() == ["post"]
