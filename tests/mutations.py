@@ -343,7 +343,7 @@ MUTATIONS = [
     Mutation(
         "summary-keeps-screened-out",
         "analysis/summary.py",
-        "if not _screened_out(Path(p))]",
+        "if not is_screened_out(p)]",
         "]",
         ("tests/test_screen.py::test_the_summary_leaves_a_screened_out_graft_out",),
     ),

@@ -98,3 +98,19 @@ def test_the_summary_leaves_a_screened_out_graft_out(tmp_path):
         (tmp_path / f"{name}.json").write_text(json.dumps(record))
     table = summarize([tmp_path / "post.json", tmp_path / "graft.json"], "x")
     assert table["run"].to_list() == ["post"]
+
+
+def test_takeover_reads_no_records_of_a_screened_out_graft(tmp_path):
+    """A screened-out graft has its metrics.json and no records: takeover (the one analysis reading each run's
+    records) leaves it out rather than stopping on the missing file."""
+    from graftlab.analysis.takeover import takeover_table
+
+    kept, screened = "graft/step~50/lr~1e-3/epoch~2/lam~1/mask~none/rho~0", "post"
+    for bench in ("add", "mul"):
+        (tmp_path / kept).mkdir(parents=True, exist_ok=True)
+        pl.DataFrame({"completion": ["<think>1+1=2</think>2"]}).write_parquet(tmp_path / kept / f"{bench}.parquet")
+    (tmp_path / kept / "metrics.json").write_text(json.dumps({"run": kept}))
+    (tmp_path / screened).mkdir()
+    (tmp_path / screened / "metrics.json").write_text(json.dumps({"run": screened, "screened_out": {"by": kept}}))
+    table = takeover_table(tmp_path, [screened, kept], ["add"], "mul")
+    assert table["run"].to_list() == [kept]

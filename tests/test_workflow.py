@@ -362,11 +362,10 @@ def test_an_adaptive_sweep_scores_fully_only_the_grafts_that_can_reach_the_front
     (adaptive in the smoke run), the graft already scored is re-scored to the same bytes and the new one is
     screened on the validation problems only. In `expert`, made adaptive here (its post model scores above 0
     on the old tasks), lam 64 destroys the model: an interval lies wholly beyond its own, so it is scored no
-    further. Its metrics.json keeps its screening scores and the evidence, screened.parquet lists it, and the
-    summary would leave it out."""
+    further. Its metrics.json keeps its screening scores and the evidence, screened.parquet lists it, the
+    summary leaves it out, and every analysis of the sweep runs with it in."""
     import shutil
 
-    from graftlab.analysis.summary import summarize
     from graftlab.evaluate.run import in_validation
 
     work = tmp_path / "run"
@@ -380,7 +379,9 @@ def test_an_adaptive_sweep_scores_fully_only_the_grafts_that_can_reach_the_front
         "expert": {"graft": {"lam": ["1", "64"]}, "eval": {"validation": 0.5, "adaptive": 0.5}},
     }
     grown = write_config(tmp_path, "grown", {"experiments": sweeps})
-    targets = ["results/narrow/summary.parquet", f"results/expert/eval/{wild}/metrics.json"]
+    # Every analysis of the expert sweep reads its runs, a screened-out one among them.
+    analyses = ["pareto.png", "gain_forgetting.parquet", "latency.parquet", "takeover.parquet", "sensitivity.parquet"]
+    targets = ["results/narrow/summary.parquet", *(f"results/expert/{a}" for a in analyses)]
     proc = snakemake(work, "--cores", "all", *targets, configs=(SMOKE, grown))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (narrow / "eval" / kept / "metrics.json").read_bytes() == before  # re-decided, and kept: the same
@@ -403,9 +404,10 @@ def test_an_adaptive_sweep_scores_fully_only_the_grafts_that_can_reach_the_front
     assert record["old_val"] == json.loads((expert / "screen" / wild / "metrics.json").read_text())["old_val"]
     screened = pl.read_parquet(expert / "screened.parquet")["run"].to_list()
     assert wild in screened and all("/lam~64/" in run for run in screened)  # every epoch's and mask's
-    assert summarize([expert / "eval/post/metrics.json", expert / "eval" / wild / "metrics.json"], "expert")[
-        "run"
-    ].to_list() == ["post"]
+    runs = pl.read_parquet(expert / "summary.parquet")["run"].to_list()
+    assert kept in runs and not set(screened) & set(runs)
+    taken = pl.read_parquet(expert / "takeover.parquet")["run"].to_list()
+    assert kept in taken and not set(screened) & set(taken)
 
 
 def test_each_training_run_is_evaluated_in_one_job_by_the_rule_of_its_checkpoints(tmp_path):

@@ -46,6 +46,16 @@ def screen(points: dict[str, dict]) -> dict[str, dict]:
     return decisions
 
 
+def is_screened_out(metrics) -> bool:
+    """Whether a `metrics.json` is a screened-out graft's: screening scores only, and no records of its own.
+    Every reader of an experiment's runs asks: the summary leaves it out, takeover reads no records of it. An
+    unreadable file is not (its reader names it)."""
+    try:
+        return "screened_out" in json.loads(Path(metrics).read_text())
+    except (OSError, ValueError):
+        return False
+
+
 def screened_out(decisions, run: str) -> dict | None:
     """The decision on `run` in a `decisions.json` where it was screened out; None where it is kept."""
     decided = json.loads(Path(decisions).read_text())

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from graftlab.analysis.screen import is_screened_out
 from graftlab.io.atomic import atomic_file
 from graftlab.methods import METHODS, on_policy
 from graftlab.methods.sdpo import SdpoSpec
@@ -45,13 +46,6 @@ def _summary_row(path: Path, exp: str) -> tuple[Ids, Scores]:
     return {"exp": exp, "run": run} | parse_run(run), scores
 
 
-def _screened_out(path: Path) -> bool:
-    try:
-        return "screened_out" in json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False  # _summary_row names the file
-
-
 def summarize(metrics_files: Iterable[str | Path], exp: str) -> pl.DataFrame:
     """One row per evaluated model: ids, hyperparameters, old/new scores and per-benchmark metrics.
 
@@ -59,7 +53,7 @@ def summarize(metrics_files: Iterable[str | Path], exp: str) -> pl.DataFrame:
     """
     # An adaptive sweep's screened-out grafts hold validation scores only: results/{exp}/screened.parquet
     # lists them (graftlab.analysis.screen), and no frontier or choice could take them.
-    rows = [_summary_row(Path(p), exp) for p in metrics_files if not _screened_out(Path(p))]
+    rows = [_summary_row(Path(p), exp) for p in metrics_files if not is_screened_out(p)]
     if not rows:
         raise ValueError(f"experiment {exp!r}: no metrics files to summarise")
     runs = [ids["run"] for ids, _ in rows]

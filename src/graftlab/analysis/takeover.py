@@ -29,6 +29,7 @@ from pathlib import Path
 
 import polars as pl
 
+from graftlab.analysis.screen import is_screened_out
 from graftlab.errors import GraftlabError
 from graftlab.io.atomic import atomic_file
 from graftlab.planning.layout import parse_run
@@ -86,7 +87,8 @@ def takeover_table(eval_dir: str | Path, runs: list[str], old: list[str], new_ta
     _check_tasks(old, new_task)
     new = THINKING_FORM.get(new_task, new_task)
     rows = []
-    for run in runs:
+    # An adaptive sweep's screened-out grafts have no records of their own (graftlab.analysis.screen).
+    for run in (r for r in runs if not is_screened_out(Path(eval_dir) / r / "metrics.json")):
         row = {"run": run} | parse_run(run)
         for bench in old:
             completions = _completions(eval_dir, run, bench)

@@ -20,8 +20,9 @@ first attempt rarely fails; each retry (`attempt` > 1) grows memory and runtime 
   at `TRAIN_FLOPS`, per GPU it shards over, plus `SETUP_MIN`; capped at `MAX_RUNTIME_MIN`, beyond which a
   trainer resumes after SLURM requeues it. A sampling job that one engine would take beyond its limit runs
   as many engines at once as bring it within, a node's GPUs at most (`graftlab.sample_chunks.DataParallel`);
-  an evaluation or graft that a node's engines would still take beyond it is split into several jobs
-  (`sampling_parts`), each sampling a part of every call at once on a node of its own.
+  an evaluation or graft that a node's engines would still take beyond it is named with the count of part
+  jobs (`eval.parts`, each sampling a share of every call at once on a node of its own) that brings each
+  within it (`sampling_parts`).
   Every rate is 2.5x below `graftlab plan`'s default estimate
   (0.1 and 0.3 of an H100's bf16 peak, half its memory bandwidth), so a first attempt rarely runs out of
   time.
