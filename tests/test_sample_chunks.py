@@ -242,3 +242,23 @@ def test_a_rebuilt_models_store_is_kept_under_its_inputs(world_pico, pico_model,
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 1))
     open_store(store, tmp_path / "scratch-3", inputs_fingerprint([world_pico, other], {"scale": 0.5}))
     assert not (store / "chunk-0.json").exists()
+
+
+def test_a_store_opened_by_two_parts_at_once_keeps_the_first_ones_chunks(world_pico, tmp_path, monkeypatch):
+    """Parts of one job start together: the second part's store appears whole or not at all, so the first
+    part's store, made a moment before (its chunk already in it), is neither taken for stale nor replaced."""
+    from pathlib import Path
+
+    store, rename, others = tmp_path / "s", Path.rename, []
+
+    def other_part_first(self, target):
+        if Path(target) == store and not others:
+            others.append("the other part")  # opening its store a moment before this one's rename
+            open_store(store, world_pico)
+            (store / "chunk-0.json").write_text("[]")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", other_part_first)
+    assert open_store(store, world_pico) == store
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no half-made store left beside it
+    assert (store / "chunk-0.json").exists() and (store / "fingerprint.json").exists()

@@ -446,6 +446,7 @@ def test_new_learning_rate_reruns_only_that_sft_and_its_dependants(smoke, tmp_pa
 NARROW = {"mine": 1, "expert_traces": 1, "sft": 2, "graft": 2, "opsd": 1, "rollouts": 1, "fisher": 1, "evaluate": 1}
 NARROW |= {"evaluate_run_epoch_1_2": 1, "evaluate_run_step_4": 1}  # SFT of post's 2 epochs, OPSD's last step
 NARROW |= {"sensitivity_update": 3, "drift": 1} | ANALYSES
+NARROW |= {"graft_screen": 2, "screen": 1}  # an adaptive sweep: its graft and merge screened first
 # A world's build: three old-task benchmarks, a job each.
 WORLD_BUILD = {"world_tokenizer": 1, "world_benchmarks": 3, "world_candidates": 1, "world_corpus": 1}
 WORLD_BUILD |= {"world_pretrain": 1, "world_posttrain": 1}

@@ -16,11 +16,12 @@ The same makes sampling data parallel: a job given several engines' GPUs (`DataP
 an engine, each on its own GPUs, and deals them a call's unfinished chunks; each writes its chunks to the
 store, and the job reads the call back from it, as a rerun would. The samples are those of one engine.
 
-And it splits a job into several (`Part`): an evaluation whose sampling would pass its partition's time
-limit even with a node's engines (`graftlab.planning.resources.sampling_parts`) is sampled first by jobs
-each taking every n-th chunk of every call into the one store, at once on as many nodes; the job itself
-then reads every call back and only grades. Only calls that depend on no earlier result split this way:
-an evaluation's (each benchmark one call), not STaR's rounds, which resample the still unsolved.
+And it splits a job into several (`Part`): an evaluation in `eval.parts` parts (a count the dry run names
+for one a node's engines would sample past its time limit: `graftlab.planning.resources.sampling_parts`)
+is sampled first by part jobs, each taking every n-th chunk of every call into the one store, at once on as
+many nodes; the job itself then reads every call back and only grades. Only calls that depend on no earlier
+result split this way: an evaluation's (each benchmark one call), not STaR's rounds, which resample the
+still unsolved.
 """
 
 from __future__ import annotations
@@ -62,17 +63,22 @@ def inputs_fingerprint(model_dirs, settings: dict) -> str:
 def open_store(store, model_dir, fingerprint: str | None = None) -> Path:
     """The chunk store `store` for samples of the model at `model_dir` (or of the model `fingerprint`
     names, `inputs_fingerprint`), emptied first when it holds another model's. Jobs sampling parts of one
-    model at once open it together: the mark is written whole, and only where it is missing."""
+    model start together: a store appears whole, its mark inside, so none takes another's half-made one
+    for a stale one."""
     store = Path(store)
     mark = store / FINGERPRINT
     text = fingerprint or json.dumps(model_fingerprint(model_dir), sort_keys=True)
     if store.exists() and (not mark.exists() or mark.read_text() != text):
         print(f"sampling: discarding {store}, written for another model", flush=True)
         shutil.rmtree(store)
-    store.mkdir(parents=True, exist_ok=True)
-    if not mark.exists():
-        with atomic_file(mark) as tmp:
-            tmp.write_text(text)
+    if not store.exists():
+        store.parent.mkdir(parents=True, exist_ok=True)
+        made = Path(tempfile.mkdtemp(prefix=f".{store.name}.", dir=store.parent))
+        (made / FINGERPRINT).write_text(text)
+        try:
+            made.rename(store)
+        except OSError:  # another part's job made it a moment before: its store is the one
+            shutil.rmtree(made)
     return store
 
 

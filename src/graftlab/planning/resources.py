@@ -62,7 +62,7 @@ FISHER = ("fisher", "chain_fisher")
 GPU_KINDS = TRAIN + SAMPLE + FISHER
 # Host-memory bytes per parameter of the CPU rules that hold whole models.
 # A graft streams its three inputs through host memory (graftlab.graft), on a GPU node too.
-HOST_BYTES_PER_PARAM = {"graft": 16, "chain_graft": 16, "sensitivity_update": 8}
+HOST_BYTES_PER_PARAM = {"graft": 16, "graft_screen": 16, "chain_graft": 16, "sensitivity_update": 8}
 CPU_MEM_MB = {"dataset": 8000, "fetch_model": 4000}
 CPU_KINDS = (
     "all",
