@@ -341,6 +341,13 @@ MUTATIONS = [
         (f"{SCREEN}::test_no_point_of_the_frontier_of_validation_means_is_screened_out",),
     ),
     Mutation(
+        "screen-bootstrap-at-zero",
+        "analysis/screen.py",
+        "        if out[f\"{role}_val_hi\"] == 0:",
+        "        if False:",
+        (f"{SCREEN}::test_an_interval_collapsed_at_zero_or_one_is_widened_to_the_exact_binomial_bound",),
+    ),
+    Mutation(
         "summary-keeps-screened-out",
         "analysis/summary.py",
         "if not is_screened_out(p)]",

@@ -114,3 +114,22 @@ def test_takeover_reads_no_records_of_a_screened_out_graft(tmp_path):
     (tmp_path / screened / "metrics.json").write_text(json.dumps({"run": screened, "screened_out": {"by": kept}}))
     table = takeover_table(tmp_path, [screened, kept], ["add"], "mul")
     assert table["run"].to_list() == [kept]
+
+
+@given(st.lists(st.integers(1, 500), min_size=1, max_size=4), st.sampled_from(["new", "old"]))
+def test_an_interval_collapsed_at_zero_or_one_is_widened_to_the_exact_binomial_bound(problems, role):
+    """Every answer of a role wrong resamples to [0, 0]: its upper bound becomes the mean over the role's
+    benchmarks of 1 - 0.025^(1/P), the exact 97.5% bound of no success in P problems (and at 1 the mirror);
+    bounds strictly inside (0, 1) are the bootstrap's, unchanged."""
+    from graftlab.analysis.screen import bounds
+
+    other = "old" if role == "new" else "new"
+    benchmarks = {f"b{i}": {"role": role, "validation": {"problems": p}} for i, p in enumerate(problems)}
+    benchmarks["o"] = {"role": other, "validation": {"problems": 10}}
+    for value, key, exact in ((0, "hi", lambda p: 1 - 0.025 ** (1 / p)), (1, "lo", lambda p: 0.025 ** (1 / p))):
+        record = {f"{role}_val_lo": value, f"{role}_val_hi": value, f"{other}_val_lo": 0.2, f"{other}_val_hi": 0.4}
+        got = bounds(record | {"benchmarks": benchmarks})
+        expected = sum(exact(p) for p in problems) / len(problems)
+        assert abs(got[f"{role}_val_{key}"] - expected) < 1e-12 and 0 < expected < 1
+        assert got[f"{role}_val_{'lo' if key == 'hi' else 'hi'}"] == value
+        assert (got[f"{other}_val_lo"], got[f"{other}_val_hi"]) == (0.2, 0.4)

@@ -2,7 +2,8 @@
 
 Every graft of the sweep is first scored on the validation problems alone (`rules/graft.smk`: `graft_screen`).
 A graft is screened out when another's interval lies wholly beyond its own on both axes: the other's lower
-bounds of new- and old-task accuracy at least its upper bounds, and above one of them. Its mean is then
+bounds of new- and old-task accuracy at least its upper bounds, and above one of them. An interval that
+collapsed at 0 or 1 is widened to the exact binomial bound first (`bounds`). Its mean is then
 dominated too, so it cannot be on the sweep's frontier of validation means, whatever the full scores; every
 other graft is scored fully. A screened-out graft's `metrics.json` keeps its validation scores, no test
 scores, and the evidence (`screened_out`): the run whose interval dominated it, and both intervals; the
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import polars as pl
 
+from graftlab.evaluate.metrics import INTERVAL
 from graftlab.io.atomic import atomic_file, write_json
 
 # The validation scores a screening compares: the four bounds, and the means that pick a frontier.
@@ -65,8 +67,12 @@ def screened_out(decisions, run: str) -> dict | None:
 
 
 def write_screened(screen_metrics, out, decision: dict) -> None:
-    """A screened-out graft's `metrics.json`: its screening's (validation scores only) with the evidence."""
+    """A screened-out graft's `metrics.json`: its screening's (validation scores only) with the evidence. Any
+    records beside it are an earlier full scoring's, of a sweep that kept it: removed, as a screened-out
+    graft has none."""
     record = json.loads(Path(screen_metrics).read_text()) | {"screened_out": decision}
+    for stale in Path(out).parent.glob("*.parquet"):
+        stale.unlink()
     write_json(out, record)
 
 
@@ -81,13 +87,29 @@ def screened_table(decisions: dict[str, dict]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema)
 
 
+def bounds(record: dict) -> dict:
+    """A screening `metrics.json`'s validation bounds, each role's widened where its bootstrap interval
+    collapsed at 0 or 1: every answer wrong (or right) resamples to [0, 0] (or [1, 1]), though a few
+    problems say little. There the bound is the exact binomial one of no success (or no failure) in a
+    benchmark's problems, `1 - tail^(1/P)` at the interval's tail, averaged over the role's benchmarks:
+    a graft that got nothing right on a small screening can still reach the frontier."""
+    out = {k: record.get(k) for k in BOUNDS}
+    tail = (1 - INTERVAL["level"]) / 2
+    for role in ("new", "old"):
+        problems = [b["validation"]["problems"] for b in record.get("benchmarks", {}).values() if b["role"] == role]
+        if not problems:
+            continue
+        if out[f"{role}_val_hi"] == 0:
+            out[f"{role}_val_hi"] = sum(1 - tail ** (1 / p) for p in problems) / len(problems)
+        if out[f"{role}_val_lo"] == 1:
+            out[f"{role}_val_lo"] = sum(tail ** (1 / p) for p in problems) / len(problems)
+    return out
+
+
 def read_points(paths) -> dict[str, dict]:
-    """The validation bounds of each screening `metrics.json`, by its run."""
-    points = {}
-    for path in map(Path, paths):
-        record = json.loads(path.read_text())
-        points[record["run"]] = {k: record.get(k) for k in BOUNDS}
-    return points
+    """The validation bounds (`bounds`) of each screening `metrics.json`, by its run."""
+    records = [json.loads(Path(path).read_text()) for path in paths]
+    return {record["run"]: bounds(record) for record in records}
 
 
 def write_decisions(screen_metrics, out_json, out_table) -> dict[str, dict]:

@@ -50,8 +50,10 @@ class Assumptions:
     benchmark_problems: int = 500  # an old-task benchmark with no `limit`: MATH-500's size
     kept: float = 0.5  # share of candidates that mining keeps as hard
     checkpoint_bytes: int = FP32  # the trainers keep and save fp32 weights
-    # Share of an adaptive sweep's grafts (`eval.adaptive`) its screening keeps for full scoring.
-    adaptive_kept: float = 0.5
+    # Share of an adaptive sweep's grafts (`eval.adaptive`) its screening keeps for full scoring: all, as the
+    # default world's sweeps did (benchmarks/README.md, "Adaptive sweeps"); a sweep's own share is known once
+    # it is screened.
+    adaptive_kept: float = 1.0
 
 
 @dataclass
