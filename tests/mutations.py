@@ -343,7 +343,7 @@ MUTATIONS = [
     Mutation(
         "screen-bootstrap-at-zero",
         "analysis/screen.py",
-        "        if out[f\"{role}_val_hi\"] == 0:",
+        '        if out[f"{role}_val_hi"] == 0:',
         "        if False:",
         (f"{SCREEN}::test_an_interval_collapsed_at_zero_or_one_is_widened_to_the_exact_binomial_bound",),
     ),
