@@ -1,9 +1,9 @@
 # Sampling-based evaluation of every model on the old benchmarks and the held-out new-task problems, each
 # graded by its own task (arithmetic exact match, math-verify, greedy knowledge exact match). The
 # per-benchmark records are written beside metrics.json, which comes last: it marks a finished model.
-# An evaluation that one job, with a node's engines, would sample past the GPU partition's time limit (or
-# more than `eval.parts`) is sampled first by its parts, each every n-th chunk of every call, at once on nodes
-# of their own; the job then reads them back and grades (graftlab.sample_chunks.Part). Samples are the same.
+# With `eval.parts: N` (the dry run names a job a node's engines would sample past the GPU partition's time
+# limit, and the N it needs) an evaluation is sampled first by N parts, each every N-th chunk of every call,
+# at once on nodes of their own; the job then reads them back and grades (graftlab.sample_chunks.Part).
 
 
 rule evaluate:

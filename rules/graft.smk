@@ -6,8 +6,8 @@
 # a temp() output evaluated by a later job could not be bounded (docs/cluster.md#disk). The outputs are
 # the evaluation's and the sensitivity job's own paths: every reader finds them where it finds an SFT model's.
 # Its finished samples are kept under the graft's inputs and settings (it resumes: the model is made anew),
-# and a graft one job would sample past its limit is sampled first by parts, as an evaluation is
-# (rules/evaluate.smk), each grafting its own copy.
+# and with `eval.parts` a graft is sampled first by parts, as an evaluation is (rules/evaluate.smk), each
+# grafting its own copy.
 
 
 ruleorder: graft > evaluate
