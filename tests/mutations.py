@@ -350,8 +350,8 @@ MUTATIONS = [
     Mutation(
         "summary-keeps-screened-out",
         "analysis/summary.py",
-        "if not is_screened_out(p)]",
-        "]",
+        '        if "screened_out" in record:\n            return None',
+        "        if False:\n            return None",
         ("tests/test_screen.py::test_the_summary_leaves_a_screened_out_graft_out",),
     ),
 ]

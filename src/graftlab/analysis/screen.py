@@ -49,8 +49,8 @@ def screen(points: dict[str, dict]) -> dict[str, dict]:
 
 
 def is_screened_out(metrics) -> bool:
-    """Whether a `metrics.json` is a screened-out graft's: screening scores only, and no records of its own.
-    Every reader of an experiment's runs asks: the summary leaves it out, takeover reads no records of it. An
+    """Whether a `metrics.json` is a screened-out graft's: screening scores only, and no records of its own,
+    so takeover reads none of it (the summary, which reads each record anyway, leaves it out there). An
     unreadable file is not (its reader names it)."""
     try:
         return "screened_out" in json.loads(Path(metrics).read_text())

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from graftlab.analysis.screen import is_screened_out
 from graftlab.io.atomic import atomic_file
 from graftlab.methods import METHODS, on_policy
 from graftlab.methods.sdpo import SdpoSpec
@@ -30,10 +29,14 @@ Ids = dict[str, str | None]
 Scores = dict[str, float | None]
 
 
-def _summary_row(path: Path, exp: str) -> tuple[Ids, Scores]:
-    """The string columns (ids and keys) and the score columns of one metrics.json."""
+def _summary_row(path: Path, exp: str) -> tuple[Ids, Scores] | None:
+    """The string columns (ids and keys) and the score columns of one metrics.json; None for an adaptive
+    sweep's screened-out graft, which holds validation scores only: results/{exp}/screened.parquet lists it
+    (graftlab.analysis.screen), and no frontier or choice could take it."""
     try:
         record = json.loads(path.read_text())
+        if "screened_out" in record:
+            return None
         run, benchmarks = record["run"], record["benchmarks"]
         scores: Scores = {c: record.get(c) for c in ROLE_COLUMNS}
         scores |= {c: record[c] for c in VALIDATION_COLUMNS if c in record}
@@ -51,9 +54,7 @@ def summarize(metrics_files: Iterable[str | Path], exp: str) -> pl.DataFrame:
 
     Runs may differ in benchmarks or ks; a metric a run lacks is null. Rows are sorted by run.
     """
-    # An adaptive sweep's screened-out grafts hold validation scores only: results/{exp}/screened.parquet
-    # lists them (graftlab.analysis.screen), and no frontier or choice could take them.
-    rows = [_summary_row(Path(p), exp) for p in metrics_files if not is_screened_out(p)]
+    rows = [row for p in metrics_files if (row := _summary_row(Path(p), exp)) is not None]
     if not rows:
         raise ValueError(f"experiment {exp!r}: no metrics files to summarise")
     runs = [ids["run"] for ids, _ in rows]
