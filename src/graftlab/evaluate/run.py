@@ -182,24 +182,19 @@ def evaluate(
         records = task.sample_and_grade(sampler, tokenizer, problems[bench.name], cfg)
         with atomic_file(out_dir / f"{bench.name}.parquet") as tmp:
             records.write_parquet(tmp)
+        # (scored, validation) records: a screening's are all validation problems.
+        held = None
         if screening:
-            val_counts[bench.name] = correct_counts(records)
-            val_bench[bench.name] = {"role": bench.role, **benchmark_metrics(records)}
-            per_bench[bench.name] = {"role": bench.role, "task": bench.task, "decoding": decoding(task, cfg)}
-            per_bench[bench.name]["validation"] = val_bench[bench.name]
-            continue
-        if validation > 0:
+            records, held = None, records
+        elif validation > 0:
             records, held = split_records(bench, records, validation)
+        per_bench[bench.name] = {"role": bench.role, "task": bench.task, "decoding": decoding(task, cfg)}
+        if records is not None:
+            counts[bench.name] = correct_counts(records)
+            per_bench[bench.name] |= benchmark_metrics(records)
+        if held is not None:
             val_counts[bench.name] = correct_counts(held)
             val_bench[bench.name] = {"role": bench.role, **benchmark_metrics(held)}
-        counts[bench.name] = correct_counts(records)
-        per_bench[bench.name] = {
-            "role": bench.role,
-            "task": bench.task,
-            "decoding": decoding(task, cfg),
-            **benchmark_metrics(records),
-        }
-        if validation > 0:
             per_bench[bench.name]["validation"] = val_bench[bench.name]
     metrics = {"run": run, "model": model_name or str(model_dir), "benchmarks": per_bench}
     metrics |= {} if screening else role_scores(per_bench, counts)
