@@ -138,7 +138,7 @@ def load_sampler(model_dir, backend="auto"):
     if engine.resume is not None and engine.data_parallel > 1:
         from graftlab.sample_chunks import ChunkedSampler, DataParallel, open_store
 
-        one = replace(engine, resume=None, data_parallel=1, part=Part(), fingerprint=None)
+        one = replace(engine, **{k: getattr(Engine(), k) for k in SAMPLES_ALIKE})  # one engine, no store
         engines = DataParallel(str(model_dir), one, engine.data_parallel)
         store = open_store(engine.resume, model_dir, engine.fingerprint)
         sampler = ChunkedSampler(None, store, engines=engines, part=engine.part)

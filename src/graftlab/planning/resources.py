@@ -105,9 +105,9 @@ OWN_LOOPS = tuple(dict.fromkeys(m.rule for m in on_policy() if m.spec.resumes_sh
 # (graftlab.sample_chunks).
 RESUMES = ("pedagogical_teacher", *trained_rules())
 CHUNKED = ("mine", "star", "stage_star", "teacher_traces", "pedagogical_traces", "rollouts", "chain_rollouts")
-CHUNKED += ("evaluate", "evaluate_run", "graft")  # a graft's store outlives its scratch model: it is made anew
-# Jobs whose sampling splits over engines sampling at once (graftlab.sample_chunks.DataParallel).
-SPLITS = CHUNKED
+# A graft's store outlives its scratch model: it is made anew. Every chunked job's sampling also splits over
+# engines sampling at once (graftlab.sample_chunks.DataParallel).
+CHUNKED += ("evaluate", "evaluate_run", "graft")
 # Jobs whose sampling splits over several jobs, and the rule of their parts (rules/evaluate.smk, graft.smk):
 # an evaluation's calls depend on no earlier result, so each part can take every n-th chunk of each.
 PARTS = {"evaluate": "evaluate_part", "evaluate_run": "evaluate_run_part", "graft": "graft_part"}
@@ -231,7 +231,7 @@ def job_resources(
         decode = max(generate / SAMPLE_FLOPS, kv_read / SAMPLE_BANDWIDTH)  # whichever bounds it
         work = (decode + compute / TRAIN_FLOPS) / 60
         room = cluster.gpu_max_runtime - SETUP_MIN - streamed
-        if rule in SPLITS and work > room > 0:
+        if rule in CHUNKED and work > room > 0:
             # A sampling job one engine would take longer than its limit over runs as many engines at once as
             # bring it within (graftlab.sample_chunks.DataParallel), each on its own GPUs, a node's at most.
             processes = min(cluster.gpus_per_node // gpus, math.ceil(work / room))
