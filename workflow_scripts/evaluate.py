@@ -15,7 +15,7 @@ from graftlab.train.resume import resume_dir
 from graftlab.train.shard import job_gpus_processes
 
 p = snakemake.params
-benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
+benchmarks = Benchmark.all_of(p.benchmarks)
 with job_log(snakemake.log[0], snakemake.threads):
     # Engines sampling at once, one a GPU group: a job one engine would take beyond its limit has several.
     processes = job_gpus_processes(snakemake.resources)

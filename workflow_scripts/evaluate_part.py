@@ -5,7 +5,6 @@ from graftlab.io.warm import hand_off
 
 hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
 
-from pathlib import Path
 
 from graftlab.evaluate.run import Benchmark, presample
 from graftlab.io.atomic import write_json
@@ -17,7 +16,7 @@ from graftlab.train.shard import job_gpus_processes
 
 p, w = snakemake.params, snakemake.wildcards
 part = Part(int(w.part), int(w.parts))
-benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
+benchmarks = Benchmark.all_of(p.benchmarks)
 with job_log(snakemake.log[0], snakemake.threads):
     processes = job_gpus_processes(snakemake.resources)
     for model, metrics in zip(p.models, p.metrics, strict=True):

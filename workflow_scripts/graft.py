@@ -37,7 +37,7 @@ with job_log(snakemake.log[0], snakemake.threads):
         with timed(record, "graft_s"):  # one figure for mask and graft
             masked_graft(*graft, model, **mask)
         record["model_bytes"] = size_of(model)
-        benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
+        benchmarks = Benchmark.all_of(p.benchmarks)
         # Sampled in chunks as an evaluation job samples (the same draws), each finished one kept under the
         # graft's inputs and settings (the model is made anew each attempt), or drawn before by its parts;
         # a job one engine would take beyond its limit runs several at once, one a GPU group.

@@ -32,7 +32,7 @@ with job_log(snakemake.log[0], snakemake.threads):
         if not screened:
             model = scratch / "model"
             masked_graft(*graft, model, **mask)
-            benchmarks = [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks]
+            benchmarks = Benchmark.all_of(p.benchmarks)
             processes = job_gpus_processes(snakemake.resources)
             store, fingerprint = resume_dir(p.metrics), graft_fingerprint(*graft, **mask)
             with chunks_kept(Engine.of(p.backend, seed=p.seed), store, processes, part, fingerprint) as engine:

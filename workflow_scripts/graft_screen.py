@@ -25,7 +25,7 @@ with job_log(snakemake.log[0], snakemake.threads):
         masked_graft(*graft, model, **mask)
         evaluate(
             model,
-            [Benchmark(name, Path(path), role, task) for name, path, role, task in p.benchmarks],
+            Benchmark.all_of(p.benchmarks),
             SamplingConfig.from_config(p.sampling, p.seed),
             Path(out.metrics).parent,
             p.run,

@@ -42,6 +42,12 @@ class Benchmark:
     role: str  # "old" (retention) or "new" (the task being learned)
     task: str = "arith"  # registry name: picks the grader and, for knowledge, greedy decoding
 
+    @classmethod
+    def all_of(cls, rows) -> list["Benchmark"]:
+        """The benchmarks of a job's `benchmarks` param: rows of (name, path, role, task), as
+        `graftlab.planning.layout.Experiment.eval_benchmarks` lists them."""
+        return [cls(name, Path(path), role, task) for name, path, role, task in rows]
+
     def __post_init__(self) -> None:
         # Refused here rather than mid-evaluation: a typo would otherwise surface only after the
         # earlier benchmarks had been sampled, or (a bad role) silently drop out of the role means.
