@@ -33,7 +33,13 @@ ENGINE = Engine(
     seed=7,
 )
 OPTIONS = dict(
-    max_model_len=512, gpu_memory_utilization=0.55, tensor_parallel_size=1, dtype="float32", enforce_eager=True, seed=7
+    max_model_len=512,
+    gpu_memory_utilization=0.55,
+    tensor_parallel_size=1,
+    dtype="float32",
+    enforce_eager=True,
+    seed=7,
+    worker_extension_cls="graftlab.sampling.WorkerSwap",
 )
 LOGGED = "sampling backend: vllm (configured)"
 
@@ -287,3 +293,49 @@ def test_an_in_process_engine_takes_a_port_of_its_own_not_an_inherited_one(monke
     monkeypatch.setenv("MASTER_PORT", taken)
     single_process_rendezvous()
     assert os.environ["MASTER_PORT"] == taken
+
+
+def test_a_job_scoring_several_models_keeps_one_engine_for_every_model_alike_but_for_its_weights(
+    world, vllm, tmp_path, capsys
+):
+    """The models a job scores one after another (a training run's checkpoints, a sweep's grafts) share its
+    engine, each next one's weights read into it in place; a model the engine would read otherwise
+    (another architecture, tokenizer or generation defaults: `ENGINE_FILES`) gets an engine of its own, as
+    does an engine with other options. Here it starts sized, at once."""
+    import shutil
+
+    from graftlab.sampling import ENGINE_FILES
+
+    models = {name: tmp_path / name for name in ("a", "b", "c", "d")}
+    for path in models.values():
+        shutil.copytree(world / "model", path)
+    (models["c"] / "generation_config.json").write_text('{"top_k": 5}')  # another generation default
+    ours = load_sampler(models["a"], ENGINE)
+    kept = load_sampler(models["b"], ENGINE, after=ours)
+    assert kept is ours and calls(vllm, "collective_rpc") == [
+        {"method": "graftlab_swap", "args": (str(models["b"]),), "kwargs": {}}
+    ]
+    assert [name for name, _ in vllm.CALLS][-2:] == ["collective_rpc", "reset_prefix_cache"]
+    assert "vLLM engine: kept" in capsys.readouterr().out
+    other = load_sampler(models["c"], ENGINE, after=kept)
+    assert other is not kept and [i["model"] for i in calls(vllm, "init")] == [str(models["a"]), str(models["c"])]
+    # Another option of the engine: its own too. Behind a chunk store, the engine inside it is the one kept.
+    from dataclasses import replace
+
+    fresh = load_sampler(models["d"], replace(ENGINE, seed=8), after=other)
+    chunked = load_sampler(models["b"], replace(ENGINE, seed=8, resume=str(tmp_path / "store")), after=fresh)
+    assert fresh is not other and chunked.inner is fresh and len(calls(vllm, "init")) == 3
+    assert set(ENGINE_FILES) >= {"config.json", "generation_config.json", "tokenizer.json"}
+
+
+def test_a_policy_engine_is_never_handed_another_model(world, vllm, monkeypatch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftlab.sampling import policy_sampler
+
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "x")
+        monkeypatch.delenv(key)
+    policy = AutoModelForCausalLM.from_pretrained(world / "model")
+    sampler = policy_sampler(policy, AutoTokenizer.from_pretrained(world / "model"), ENGINE)
+    assert load_sampler(world / "model", ENGINE, after=sampler) is not sampler

@@ -10,7 +10,7 @@ from pathlib import Path
 from graftlab.evaluate.run import Benchmark, evaluate
 from graftlab.io.joblog import job_log
 from graftlab.sample_chunks import chunks_kept
-from graftlab.sampling import Engine, SamplingConfig
+from graftlab.sampling import Engine, SamplingConfig, load_sampler
 from graftlab.train.resume import resume_dir
 from graftlab.train.shard import job_gpus_processes
 
@@ -18,16 +18,17 @@ p = snakemake.params
 benchmarks = Benchmark.all_of(p.benchmarks)
 with job_log(snakemake.log[0], snakemake.threads):
     # Engines sampling at once, one a GPU group: a job one engine would take beyond its limit has several.
-    processes = job_gpus_processes(snakemake.resources)
+    processes, sampler = job_gpus_processes(snakemake.resources), None
     for run, model, metrics in zip(p.runs, p.models, snakemake.output, strict=True):
         # Each model's finished chunks kept until it is scored: a killed job's rerun samples only the rest.
         with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(metrics), processes) as engine:
+            sampler = load_sampler(model, engine, after=sampler)  # one vLLM engine for every model it can
             evaluate(
                 model,
                 benchmarks,
                 SamplingConfig.from_config(p.sampling, p.seed),
                 Path(metrics).parent,
                 run,
-                engine,
+                sampler=sampler,
                 validation=p.validation,
             )

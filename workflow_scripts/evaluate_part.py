@@ -10,7 +10,7 @@ from graftlab.evaluate.run import Benchmark, presample
 from graftlab.io.atomic import write_json
 from graftlab.io.joblog import job_log
 from graftlab.sample_chunks import Part, chunks_kept
-from graftlab.sampling import Engine, SamplingConfig
+from graftlab.sampling import Engine, SamplingConfig, load_sampler
 from graftlab.train.resume import resume_dir
 from graftlab.train.shard import job_gpus_processes
 
@@ -18,8 +18,9 @@ p, w = snakemake.params, snakemake.wildcards
 part = Part(int(w.part), int(w.parts))
 benchmarks = Benchmark.all_of(p.benchmarks)
 with job_log(snakemake.log[0], snakemake.threads):
-    processes = job_gpus_processes(snakemake.resources)
+    processes, sampler = job_gpus_processes(snakemake.resources), None
     for model, metrics in zip(p.models, p.metrics, strict=True):
         with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(metrics), processes, part) as engine:
-            presample(model, benchmarks, SamplingConfig.from_config(p.sampling, p.seed), engine)
+            sampler = load_sampler(model, engine, after=sampler)  # one vLLM engine for every model it can
+            presample(model, benchmarks, SamplingConfig.from_config(p.sampling, p.seed), sampler)
 write_json(snakemake.output[0], {"part": part.index, "of": part.count, "models": list(p.models)})

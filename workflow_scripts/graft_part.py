@@ -16,7 +16,7 @@ from graftlab.graft import graft_fingerprint, masked_graft
 from graftlab.io.atomic import write_json
 from graftlab.io.joblog import job_log
 from graftlab.sample_chunks import Part, chunks_kept
-from graftlab.sampling import Engine, SamplingConfig
+from graftlab.sampling import Engine, SamplingConfig, load_sampler
 from graftlab.train.resume import resume_dir
 from graftlab.train.shard import job_gpus_processes
 
@@ -36,7 +36,9 @@ with job_log(snakemake.log[0], snakemake.threads):
             processes = job_gpus_processes(snakemake.resources)
             store, fingerprint = resume_dir(p.metrics), graft_fingerprint(*graft, **mask)
             with chunks_kept(Engine.of(p.backend, seed=p.seed), store, processes, part, fingerprint) as engine:
-                presample(model, benchmarks, SamplingConfig.from_config(p.sampling, p.seed), engine)
+                presample(
+                    model, benchmarks, SamplingConfig.from_config(p.sampling, p.seed), load_sampler(model, engine)
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 write_json(snakemake.output[0], {"part": part.index, "of": part.count, "screened_out": screened})

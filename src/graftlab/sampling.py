@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
@@ -55,6 +56,20 @@ def vllm_available() -> bool:
 
 # The engine's settings that change where and how samples are kept and spread, never a sample.
 SAMPLES_ALIKE = ("resume", "data_parallel", "part", "fingerprint")
+# What a vLLM engine reads from a model directory besides its weights: the architecture and dtype, the
+# generation defaults it samples with, the tokenizer. Two models alike in every one of these differ in their
+# weights alone, so one running engine samples both (`VllmSampler.swap`); any other model needs an engine.
+ENGINE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
 
 
 @dataclass(frozen=True)
@@ -106,6 +121,10 @@ class Engine:
             )
         return "vllm", "auto: CUDA device and vLLM present"
 
+    def bare(self) -> Engine:
+        """The engine alone: these options, without where and how its samples are kept (`SAMPLES_ALIKE`)."""
+        return replace(self, **{k: getattr(Engine(), k) for k in SAMPLES_ALIKE})
+
     def record(self, backend: str, why: str) -> dict:
         """What provenance and stats keep of the sampling: the backend, why, and the engine's options."""
         options = {k: v for k, v in vars(self).items() if k not in ("backend", *SAMPLES_ALIKE)}
@@ -128,29 +147,52 @@ def generate_ids(model_dir, prompts: list[str], cfg: SamplingConfig, backend="au
     return load_sampler(model_dir, backend).sample_ids(prompts, cfg)
 
 
-def load_sampler(model_dir, backend="auto"):
+def load_sampler(model_dir, backend="auto", after=None):
     """A callable `(prompts, cfg) -> completions` holding the model, for stages that sample repeatedly;
     its `sample_ids(prompts, cfg)` gives the same samples as token ids. `backend`: anything `Engine.of`
     reads; with its `resume`, the sampler keeps each finished chunk there (`graftlab.sample_chunks`). The
-    choice goes to the job's log and to the sampler's `record` for the stage's stats."""
+    choice goes to the job's log and to the sampler's `record` for the stage's stats. `after`: the sampler
+    of the model this job scored before; its vLLM engine samples this model too where it can (`kept_engine`)."""
     engine = Engine.of(backend)
     name, why = _announce(engine)
     if engine.resume is not None and engine.data_parallel > 1:
         from graftlab.sample_chunks import ChunkedSampler, DataParallel, open_store
 
-        one = replace(engine, **{k: getattr(Engine(), k) for k in SAMPLES_ALIKE})  # one engine, no store
-        engines = DataParallel(str(model_dir), one, engine.data_parallel)
+        # Each process starts its own engine: an engine kept between models is for one process's jobs.
+        engines = DataParallel(str(model_dir), engine.bare(), engine.data_parallel)
         store = open_store(engine.resume, model_dir, engine.fingerprint)
         sampler = ChunkedSampler(None, store, engines=engines, part=engine.part)
         sampler.record = engine.record(name, why)
         return sampler
-    sampler = VllmSampler(model_dir, engine) if name == "vllm" else HfSampler(model_dir)
-    sampler.record = engine.record(name, why)
+    sampler = kept_engine(after, model_dir, engine) if name == "vllm" else None
+    if sampler is None:
+        sampler = VllmSampler(model_dir, engine) if name == "vllm" else HfSampler(model_dir)
+        sampler.record = engine.record(name, why)
     if engine.resume is None:
         return sampler
     from graftlab.sample_chunks import ChunkedSampler, open_store
 
     return ChunkedSampler(sampler, open_store(engine.resume, model_dir, engine.fingerprint), part=engine.part)
+
+
+def kept_engine(after, model_dir, engine: Engine) -> VllmSampler | None:
+    """`after`'s vLLM engine, now sampling `model_dir` (its weights written in place), where the two models
+    differ in their weights alone (`ENGINE_FILES`) and the engines' options agree; else None. Starting an
+    engine takes minutes on a GPU (weights loaded, CUDA graphs captured, the KV cache profiled): a job scoring
+    a training run's checkpoints or a sweep's grafts pays it once. Every sample is the same: each request
+    carries its own seed, and the prefix cache is emptied with the old weights."""
+    kept = getattr(after, "__dict__", {}).get("inner", after)  # a ChunkedSampler's engine is its own
+    if not isinstance(kept, VllmSampler) or kept.policy is not None or kept.engine.bare() != engine.bare():
+        return None
+    if not all(_read(kept.model_dir, name) == _read(model_dir, name) for name in ENGINE_FILES):
+        return None
+    kept.swap(model_dir)
+    return kept
+
+
+def _read(model_dir, name: str) -> bytes | None:
+    path = Path(model_dir) / name
+    return path.read_bytes() if path.is_file() else None
 
 
 def policy_sampler(model, tokenizer, backend="auto"):
@@ -264,6 +306,8 @@ class VllmSampler:
                 dtype=self.engine.dtype,
                 enforce_eager=self.engine.enforce_eager,
                 seed=self.engine.seed,
+                # `swap`'s call into each of the engine's workers, wherever they run.
+                worker_extension_cls=f"{__name__}.{WorkerSwap.__name__}",
                 **extra,
             )
         self.max_model_len = max_model_len
@@ -291,6 +335,16 @@ class VllmSampler:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(self.model_dir)
+
+    def swap(self, model_dir) -> None:
+        """Sample `model_dir` from now on, a model differing from the present one in its weights alone
+        (`kept_engine`): a running engine reads them in place, once per worker; one not yet started, or
+        restarted larger, starts from it."""
+        self.model_dir = str(model_dir)
+        if self.llm is not None:
+            print(f"vLLM engine: kept, the weights of {model_dir} written into it", flush=True)
+            self.llm.collective_rpc("graftlab_swap", args=(self.model_dir,))
+            self.llm.reset_prefix_cache()  # its keys and values came from the old weights
 
     def load_weights(self, named_params) -> None:
         """Write a trained model's `(name, tensor)` pairs into the engine (one with a `policy`), then drop
@@ -420,16 +474,30 @@ def write_weights(llm, named_params) -> None:
     # step again, where vLLM's CPU backend packs its linear weights and drops the originals, which a
     # plain load_weights then finds empty (tests/vllm_cpu/). A generator copies one tensor at a time.
     runner.reload_weights(weights_iterator=((name, param.detach()) for name, param in named_params))
-    # vLLM 0.32's CPU backend gets one layer wrong: an output head tied to the embedding is sent no
-    # weights of its own, so the reload never runs its post-load step, and the packed copy of the head
-    # keeps the old embedding (measured: the wrong tokens, tests/vllm_cpu/). Run that step again there
-    # (only there: a quantized head on a GPU must not be processed twice).
+    _retie_head(runner)
+    llm.reset_prefix_cache()
+
+
+def _retie_head(runner) -> None:
+    """vLLM 0.32's CPU backend gets one layer of an in-place reload wrong: an output head tied to the
+    embedding is sent no weights of its own, so the reload never runs its post-load step, and the packed copy
+    of the head keeps the old embedding (measured: the wrong tokens, tests/vllm_cpu/). Run that step again
+    there (only there: a quantized head on a GPU must not be processed twice)."""
     from vllm.platforms import current_platform
 
     head = getattr(runner.get_model(), "lm_head", None)
     if current_platform.is_cpu() and head is not None and hasattr(head, "quant_method"):
         head.quant_method.process_weights_after_loading(head)
-    llm.reset_prefix_cache()
+
+
+class WorkerSwap:
+    """Mixed into each of a vLLM engine's workers (`LLM(worker_extension_cls=...)`, vLLM's way of adding a
+    worker call), in whatever process it runs: `collective_rpc("graftlab_swap", args=(model_dir,))` reads a
+    checkpoint's weights into the worker's model in place, vLLM's own reload from a directory."""
+
+    def graftlab_swap(self, model_dir: str) -> None:
+        self.reload_weights(weights_path=model_dir)
+        _retie_head(self.model_runner)
 
 
 def trl_grpo_trainer(cls, args, **kwargs):

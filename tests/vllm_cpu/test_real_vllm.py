@@ -67,7 +67,13 @@ def engines():
     """The samplers a test starts, shut down at its end: vLLM's engine process, left to the interpreter's
     exit, is killed after pytest has closed the streams its shutdown logs to."""
     started = []
-    yield lambda *args, **kwargs: started.append(VllmSampler(*args, **kwargs)) or started[-1]
+
+    def start(*args, **kwargs):
+        started.append(VllmSampler(*args, **kwargs))
+        return started[-1]
+
+    start.started = started  # a sampler started elsewhere, shut down here too
+    yield start
     for sampler in started:
         sampler.llm = None
     gc.collect()
@@ -110,3 +116,37 @@ def test_two_engine_processes_sample_what_one_engine_does(model_dir, tmp_path):
     reference = HfSampler(model_dir).sample_ids(prompts, GREEDY)
     assert sampler.inner is None and [[c for _, c in p] for p in got] == [[c for _, c in p] for p in reference]
     assert sampler.record["backend"] == "vllm" and len(list((tmp_path / "chunks").glob("*-*.json"))) == 3
+
+
+def test_a_model_swapped_into_a_running_engine_samples_as_an_engine_of_its_own(model_dir, tmp_path, engines):
+    """One engine for the models a job scores (a training run's checkpoints, a sweep's grafts): the next
+    model's weights read into the running engine from its directory (vLLM's in-place reload, in the engine's
+    own process) give the samples an engine started on that model gives, seeded sampling too, and its
+    greedy samples are transformers' on it."""
+    from graftlab.sampling import load_sampler
+    from graftlab.world import build
+    from graftlab.world.tokenizer import build_tokenizer
+
+    other = tmp_path / "other"
+    tok = build_tokenizer()
+    model = build.init_model(tok, ARCH, seed=0)
+    _perturb(model, seed=2, scale=0.5)
+    model.save_pretrained(other)
+    tok.save_pretrained(other)
+    sampled = SamplingConfig(n=3, temperature=1.0, top_p=1.0, max_new_tokens=16, seed=5)
+
+    first = load_sampler(model_dir, ENGINE)
+    engines.started.append(first)
+    before = first.sample_ids(PROMPTS, GREEDY)  # the engine starts on the first model
+    llm = first.llm
+    kept = load_sampler(other, ENGINE, after=first)
+    assert kept is first and kept.llm is llm
+    swapped_greedy, swapped = kept.sample_ids(PROMPTS, GREEDY), kept.sample_ids(PROMPTS, sampled)
+    kept.llm = llm = None  # shut down before the next starts: vLLM's CPU backend holds a share of the RAM
+    gc.collect()
+
+    own = engines(other, ENGINE)
+    assert swapped == own.sample_ids(PROMPTS, sampled)
+    reference = HfSampler(other).sample_ids(PROMPTS, GREEDY)
+    assert [[c for _, c in p] for p in swapped_greedy] == [[c for _, c in p] for p in reference]
+    assert swapped_greedy != before

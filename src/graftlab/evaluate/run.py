@@ -133,15 +133,14 @@ def read_benchmarks(benchmarks: list[Benchmark]) -> dict[str, pl.DataFrame]:
     return {b.name: read_problems(b) for b in benchmarks}
 
 
-def presample(model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, backend) -> None:
-    """Draw one part of `model_dir`'s answers to `benchmarks` into the chunk store of `backend` (an
-    `Engine` with `resume` and a `part` of several: `graftlab.sample_chunks.Part`), exactly the calls
-    `evaluate` makes, so the evaluation that follows reads them back and samples nothing."""
+def presample(model_dir, benchmarks: list[Benchmark], cfg: SamplingConfig, sampler) -> None:
+    """Draw one part of `model_dir`'s answers to `benchmarks` with `sampler`, one keeping its chunks in a
+    store (`load_sampler` of an `Engine` with `resume` and a `part` of several: `graftlab.sample_chunks.Part`),
+    exactly the calls `evaluate` makes, so the evaluation that follows reads them back and samples nothing."""
     from graftlab.io.gates import chat_tokenizer
 
     problems = read_benchmarks(benchmarks)
     tokenizer = chat_tokenizer(model_dir, "model")
-    sampler = load_sampler(model_dir, backend)
     for bench in benchmarks:
         get_task(bench.task).draw(sampler, tokenizer, problems[bench.name], cfg)
 

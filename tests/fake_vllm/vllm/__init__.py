@@ -3,7 +3,7 @@ answers with fixed completions in vLLM's output shapes, so each stage's vLLM pat
 
 `CALLS` holds `(name, details)` in call order: `init` (the LLM's keyword arguments), `generate` (prompts
 and SamplingParams), `reload_weights` (the model runner's in-place reload: each parameter's sum, by name),
-`reset_prefix_cache`. `RESPOND(prompt, i)` gives
+`reset_prefix_cache`, `collective_rpc` (the method and its arguments). `RESPOND(prompt, i)` gives
 the i-th completion text of a prompt; tests replace it."""
 
 from dataclasses import dataclass, field
@@ -64,6 +64,10 @@ class LLM:
 
     def reset_prefix_cache(self):
         CALLS.append(("reset_prefix_cache", None))
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        CALLS.append(("collective_rpc", {"method": method, "args": args, "kwargs": kwargs or {}}))
+        return [None]
 
     def generate(self, prompts, params):
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
