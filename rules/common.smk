@@ -23,6 +23,7 @@ from graftlab.planning.layout import (
     ROLLOUT_KEYS,
     TRAINED_KINDS,
     Experiment,
+    SWEEP,
     checkpoint_groups,
     checkpoint_rule,
     fisher_options,
@@ -30,6 +31,8 @@ from graftlab.planning.layout import (
     retention_homes,
     section_of,
     study_experiments,
+    sweep_groups,
+    sweep_rule,
     worlds,
 )
 from graftlab.planning.resources import (
@@ -105,6 +108,8 @@ LAYOUTS = {exp: Experiment.of(config, exp) for exp in EXPERIMENTS} | {
 CONTINUAL_PATTERN = "|".join(CONTINUAL) or "(?!)"
 # The training runs whose checkpoints one job evaluates, by the checkpoints they keep (rules/evaluate.smk).
 CHECKPOINT_GROUPS = checkpoint_groups([LAYOUTS[e] for e in EXPERIMENTS])
+# The graft sweeps one job each makes and scores, by their lam values (rules/graft.smk).
+SWEEP_GROUPS = sweep_groups([LAYOUTS[e] for e in EXPERIMENTS])
 
 
 def runs_pattern(runs):
@@ -116,6 +121,55 @@ def runs_pattern(runs):
         for exp, keys in runs.items()
     ]
     return "|".join(tied)
+
+
+def sweeps_pattern(sweeps):
+    """A pattern of the `exp` wildcard matching each experiment only where the rest of the path is a file of
+    one of its sweeps `sweeps[exp]` over the rule's lam values (a lookahead): its grafts' evaluations,
+    sensitivity shares, screenings and seconds."""
+    tied = []
+    for exp, keys in sweeps.items():
+        files = "|".join(
+            re.escape(f"{donor}/lr~{lr}/epoch~{epoch}/")
+            + "lam~[^/]+/"
+            + re.escape(f"mask~{mask}/rho~{rho}/")
+            for donor, lr, epoch, mask, rho in keys
+        )
+        tied.append(
+            f"{re.escape(exp)}(?=/(?:eval/|sensitivity/|screen/)?graft/(?:{files}))"
+        )
+    return "|".join(tied)
+
+
+# A graft sweep's wildcards each name one path segment (`SWEEP`).
+SWEEP_CONSTRAINTS = {key: "[^/]+" for key in SWEEP}
+
+
+def sweep_dir(w):
+    """A graft sweep's directory under results/{exp}/: its grafts' paths without their lam."""
+    return f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/mask~{w.mask}/rho~{w.rho}"
+
+
+def sweep_inputs():
+    """What every job of a graft sweep reads (rules/graft.smk): the post model, the donor and its SFT run, the
+    mask's Fisher, the benchmarks."""
+    return {
+        "post": post_dir,
+        "donor": lambda w: layout(w).model_input(w.donor),
+        "tuned": "results/{exp}/sft/{donor}/lr~{lr}",
+        "fisher": lambda w: layout(w).graft_fisher(w.mask, w.rho),
+        "benchmarks": lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+    }
+
+
+def sweep_outputs(pattern, lams):
+    """A sweep rule's outputs of one kind: `pattern` for every lam, its `{lam}` filled in."""
+    return [pattern.replace("{lam}", lam) for lam in lams]
+
+
+# A graft's key path and its sweep's (all but lam), as rules/graft.smk's outputs, logs and parts spell them.
+GRAFT_KEY = "graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}"
+SWEEP_KEY = "graft/{donor}/lr~{lr}/epoch~{epoch}/mask~{mask}/rho~{rho}"
 
 
 def checkpoint_keys(checkpoints):
@@ -214,9 +268,17 @@ def eval_params(**first):
     }
 
 
-def graft_run(w):
-    """The evaluation key of a graft job's model (graftlab.planning.layout)."""
-    return f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/lam~{w.lam}/mask~{w.mask}/rho~{w.rho}"
+def sweep_lams(w):
+    """The lam values of a graft sweep's job, in its outputs' order (graftlab.planning.layout.Experiment.sweeps)."""
+    return layout(w).sweeps()[tuple(w[key] for key in SWEEP)]
+
+
+def graft_runs(w):
+    """The evaluation keys of a graft sweep's models (graftlab.planning.layout), one a lam."""
+    return [
+        f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/lam~{lam}/mask~{w.mask}/rho~{w.rho}"
+        for lam in sweep_lams(w)
+    ]
 
 
 def screened_file(w):
@@ -227,12 +289,12 @@ def screened_file(w):
 
 
 def graft_params():
-    """The params of a graft job and of its parts (rules/graft.smk): what grafting and sampling read."""
+    """The params of a graft sweep's jobs (rules/graft.smk): what grafting and sampling read."""
     return eval_params(
         donor=lambda w: layout(w).model_dir(w.donor),
-        run=graft_run,
+        runs=graft_runs,
         epoch=lambda w: w.epoch,
-        lam=lambda w: w.lam,
+        lams=sweep_lams,
         mask=lambda w: w.mask,
         rho=lambda w: w.rho,
         mask_settings=lambda w: layout(w).mask_settings(w.donor, w.mask),

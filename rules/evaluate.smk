@@ -18,8 +18,8 @@ rule evaluate:
     benchmark:
         "benchmarks/jobs/{exp}/eval/{run}.tsv"
     wildcard_constraints:
-        # A single-domain training run's checkpoints are evaluated together, below.
-        run=f"(?!(?:{'|'.join(TRAINED_KINDS)})/).+",
+        # A single-domain training run's checkpoints are evaluated together, below; a graft by its sweep's job.
+        run=f"(?!(?:{'|'.join((*TRAINED_KINDS, 'graft'))})/).+",
     conda:
         "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
@@ -45,7 +45,7 @@ rule evaluate_part:
     benchmark:
         "benchmarks/jobs/{exp}/eval/{run}/part~{part}of{parts}.tsv"
     wildcard_constraints:
-        run=f"(?!(?:{'|'.join(TRAINED_KINDS)})/).+",
+        run=f"(?!(?:{'|'.join((*TRAINED_KINDS, 'graft'))})/).+",
         part=r"\d+",
         parts=r"\d+",
     conda:

@@ -15,6 +15,8 @@ rule sensitivity_update:
         "logs/{exp}/sensitivity/{run}.log",
     benchmark:
         "benchmarks/jobs/{exp}/sensitivity/{run}.tsv"
+    wildcard_constraints:
+        run="(?!graft/).+",  # a graft's share is measured by its sweep's job (rules/graft.smk)
     conda:
         "../envs/cpu.yaml"
     threads: 1  # numpy, one thread (graftlab.analysis.sensitivity_shares)

@@ -27,6 +27,8 @@ from graftlab.planning.layout import (
     retention_homes,
     run,
     study_experiments,
+    sweep_groups,
+    sweep_rule,
     world_checkpoint,
     worlds,
 )
@@ -291,6 +293,49 @@ def test_a_training_runs_checkpoints_are_exactly_the_evaluated_runs_it_keeps(nam
         assert trained == {key for key, kind in kinds.items() if kind == "sft" or kind in ON_POLICY}
         for cs in xp.checkpointed().values():
             assert checkpoint_rule(cs).startswith("evaluate_run_") and checkpoint_rule(cs).isidentifier()
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_sweeps_are_exactly_the_grafts_each_graft_in_one(name):
+    """Every graft and merge is one lam of one sweep (its other keys), made by the rule its lam list names."""
+    for xp in layouts(load(name)):
+        swept = [
+            f"graft/{donor}/lr~{lr}/epoch~{epoch}/lam~{lam}/mask~{mask}/rho~{rho}"
+            for (donor, lr, epoch, mask, rho), lams in xp.sweeps().items()
+            for lam in lams
+        ]
+        assert sorted(swept) == sorted(r.key for r in xp.run_list() if r.kind == "graft")
+        assert len(set(swept)) == len(swept)
+        for lams in xp.sweeps().values():
+            assert sweep_rule("graft", lams).startswith("graft_lam_") and sweep_rule("graft", lams).isidentifier()
+
+
+@given(
+    st.lists(st.sampled_from(["0", "0.25", "0.5", "1", "1e-1", "1E-1", "2.5e3", "25", "0.025"]), min_size=1, max_size=4)
+)
+def test_every_list_of_lam_values_names_a_rule_of_its_own(lams):
+    """Two lists of lam values never share a rule name (a rule's outputs are its list's), and each is a name."""
+    name = sweep_rule("graft", lams)
+    assert name.isidentifier()
+    others = [["0", "25"], ["0.25"], ["1", "e-1"], ["1e", "-1"], ["0.02", "5"], ["0", "0.25"]]
+    assert all(sweep_rule("graft", other) != name for other in others if other != lams)
+
+
+def test_sweeps_over_other_lam_values_get_other_rules(smoke):
+    groups = sweep_groups([xp for xp in layouts(smoke) if not xp.x["stages"]])
+    assert {sweep_rule("graft", lams) for lams in groups} == {"graft_lam_1", "graft_lam_0p5"}  # grafts, merges
+    # expert's graft of its donor at each SFT epoch, unmasked then masked; its merge masked at epoch 2 alone.
+    assert groups[("1",)]["expert"] == [
+        ("step~50", "1e-3", "1", "none", "0"),
+        ("step~50", "1e-3", "2", "none", "0"),
+        ("step~50", "1e-3", "1", "diag", "0.1"),
+        ("step~50", "1e-3", "2", "diag", "0.1"),
+    ]
+    assert groups[("0.5",)]["expert"] == [
+        ("post", "1e-3", "1", "none", "0"),
+        ("post", "1e-3", "2", "none", "0"),
+        ("post", "1e-3", "2", "diag", "0.1"),
+    ]
 
 
 def test_runs_keeping_other_checkpoints_get_other_rules(smoke):

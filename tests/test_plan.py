@@ -57,10 +57,11 @@ def test_hand_computed_plan(tmp_path, bound):
     assert c["rollouts"].flops == pytest.approx(2e9 * 100e3)
     # Only the diagonal Fisher (the sensitivity analysis needs it): 6 x 1e9 per token, 4 GB in fp32.
     assert (c["fisher"].jobs, c["fisher"].flops, c["fisher"].written) == (1, pytest.approx(6e9 * 100e3), 4e9)
-    # A graft and a merge, 2 GB each in bf16, written but not kept: each job evaluates its own model,
-    # (50 + 10 problems) x 2 samples, and measures its sensitivity share.
-    assert (c["graft"].jobs, c["graft"].written, c["graft"].kept) == (2, 4e9, 0)
-    assert c["graft"].flops == pytest.approx(2 * 2e9 * 60 * 2 * 1000)
+    # A graft and a merge, 2 GB each in bf16, written but not kept: each a sweep of one lam whose job
+    # evaluates its model, (50 + 10 problems) x 2 samples, and measures its sensitivity share.
+    for sweep in ("graft_lam_1", "graft_lam_0p5"):  # the graft's lam, the merge's
+        assert (c[sweep].jobs, c[sweep].written, c[sweep].kept) == (1, 2e9, 0)
+        assert c[sweep].flops == pytest.approx(2e9 * 60 * 2 * 1000)
     # post in an evaluation job of its own; SFT of post at epochs 1 and 2 in one job (rules/evaluate.smk).
     assert (c["evaluate"].jobs, c["evaluate"].flops) == (1, pytest.approx(2e9 * 60 * 2 * 1000))
     run = c["evaluate_run_epoch_1_2"]
@@ -80,6 +81,23 @@ def test_hand_computed_plan(tmp_path, bound):
     # Kept: 16 GB of SFT checkpoints, 4 GB of Fisher, 4 GB fetched; one graft on disk at once (--jobs 1).
     assert plan.peak_disk == pytest.approx(24e9 + 2e9)
     assert "| **total** | **" in render(plan)
+
+
+def test_a_sweep_is_one_job_charged_every_graft_with_one_on_disk_at_a_time(tmp_path):
+    """HAND's graft at three lam values and its merge at two: a job a sweep, charged each of its grafts'
+    evaluations and bytes written, which hold one graft on disk at a time; the plan counts the starts saved."""
+    x = copy.deepcopy(HAND)
+    x["experiments"]["x"] |= {
+        "graft": {"lam": ["0.25", "0.5", "1"], "epochs": [2]},
+        "merge": {"lam": ["0.5", "1"], "epochs": [2]},
+    }
+    plan = estimate(resolve(x), Assumptions(prompt_tokens=256, jobs=1), root=tmp_path)
+    one = 2e9 * 60 * 2 * 1000  # a graft's evaluation: (50 + 10 problems) x 2 samples x 1,000 tokens, 2 x 1e9 FLOPs
+    graft, merge = plan.costs["graft_lam_0p25_0p5_1"], plan.costs["graft_lam_0p5_1"]
+    assert (graft.jobs, graft.flops, graft.written, graft.kept) == (1, pytest.approx(3 * one), 3 * 2e9, 0)
+    assert (merge.jobs, merge.flops, merge.written) == (1, pytest.approx(2 * one), 2 * 2e9)
+    assert plan.temp_peak == 2e9
+    assert "Grafts: 2 jobs make and score the 5 grafts and merges of 2 sweeps, 3 job starts" in " ".join(plan.notes)
 
 
 def test_stated_params_win_over_the_name(tmp_path):

@@ -8,16 +8,16 @@ import yaml
 
 from tests.conftest import REPO, job_requests, snakemake
 
-# Jobs of a dry-run from nothing: fetches, data sets, traces, SFT, grafts, evaluations (a training run's
-# checkpoints in one job), analysis.
+# Jobs of a dry-run from nothing: fetches, data sets, traces, SFT, graft sweeps (every lam of one in one
+# job), evaluations (a training run's checkpoints in one job), analysis.
 PRESETS = {
-    "qwen3-1.7b-star.yaml": 75,
-    "qwen3-1.7b-teacher.yaml": 132,
-    "qwen3-8b-star.yaml": 204,  # every evaluation and graft sampled in 3 parts (eval.parts)
-    "olmo3-7b-knowledge.yaml": 555,
-    "qwen3-4b-sdpo.yaml": 104,
+    "qwen3-1.7b-star.yaml": 51,
+    "qwen3-1.7b-teacher.yaml": 84,
+    "qwen3-8b-star.yaml": 108,  # every evaluation and graft sweep sampled in 3 parts (eval.parts)
+    "olmo3-7b-knowledge.yaml": 267,
+    "qwen3-4b-sdpo.yaml": 92,
     "qwen3-4b-continual.yaml": 209,  # 52 of them a chain's drift after a stage each
-    "qwen3-4b-thinking.yaml": 183,
+    "qwen3-4b-thinking.yaml": 180,
 }
 
 

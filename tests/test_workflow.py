@@ -3,6 +3,7 @@ schedules nothing, a new lambda or rho schedules only its grafts and evaluations
 only that SFT and what depends on it, a Fisher is computed once per kind however many grafts use it."""
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -41,7 +42,8 @@ def planned_jobs(
         if line.startswith("job ") and "count" in line:
             table = True
         elif table and len(parts) == 2 and parts[1].isdigit() and parts[0] != "total":
-            jobs[parts[0]] = int(parts[1])
+            # The graft sweeps' rules, one a list of lam values (graftlab.planning.layout.sweep_rule), as one.
+            jobs[re.sub(r"_lam(_\w+)$", "", parts[0])] += int(parts[1])
         elif table and parts[:1] == ["total"]:
             break
     return jobs
@@ -118,7 +120,8 @@ def test_grafts_on_disk_never_exceed_the_cap_and_the_run_reports_its_disk(smoke)
     assert count == 1 and peak == max(r["model_bytes"] for r in records)
     # results/disk.tsv, written when the run succeeded: every rule that left outputs, and the grafts' peak.
     disk = pl.read_csv(smoke / "results/disk.tsv", separator="\t")
-    assert {"sft", "fisher", "evaluate", "graft", "world_pretrain", "graft (temporary, peak)"} <= set(disk["rule"])
+    rules = {"sft", "fisher", "evaluate", "graft_lam_1", "world_pretrain", "graft (temporary, peak)"}
+    assert rules <= set(disk["rule"])
     sft = disk.filter(rule="sft")
     assert sft["outputs"].item() == 12
 
@@ -280,10 +283,11 @@ def test_second_run_schedules_nothing(smoke):
     assert planned_jobs(smoke) == Counter()
 
 
-def test_new_lambda_schedules_only_its_grafts_and_evaluations(smoke, tmp_path):
+def test_new_lambda_schedules_only_its_sweeps_and_their_evaluations(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "lam", {"graft": {"lam": ["1", "2"]}}))
-    # Unmasked and diag-masked (masks.lam follows graft.lam) at both epochs. Each graft job evaluates its
-    # model and measures its update for the sensitive-weight analysis (rules/graft.smk).
+    # The unmasked and diag-masked sweeps (masks.lam follows graft.lam) at both epochs, now over lam 1 and 2:
+    # each sweep's job makes and evaluates both grafts and measures their updates for the sensitive-weight
+    # analysis (rules/graft.smk). The merges' sweeps are kept.
     assert jobs == {"graft": 4} | ANALYSES
 
 
@@ -324,8 +328,9 @@ def test_each_fisher_is_planned_once_however_many_grafts_use_it(tmp_path):
     masks = {"kinds": ["diag", "kfac"], "rho": ["0.01", "0.1", "0.5"]}
     sweep = overlay(tmp_path, "sweep", {"graft": {"lam": ["0.5", "1"], "masks": masks}, "merge": {"masks": masks}})
     jobs = planned_jobs(tmp_path, sweep, targets=("results/expert/summary.parquet",))
-    # Masked: 2 kinds x 3 rho x (2 epochs x 2 graft lam + 1 merge epoch x 1 merge lam); unmasked 4 + 2.
-    assert jobs["fisher"] == 2 and jobs["rollouts"] == 1 and jobs["graft"] == 6 * (4 + 1) + 4 + 2
+    # A job a sweep (both graft lam values in one): masked, 2 kinds x 3 rho x (2 graft epochs + 1 merge epoch);
+    # unmasked, the graft's and the merge's 2 epochs each.
+    assert jobs["fisher"] == 2 and jobs["rollouts"] == 1 and jobs["graft"] == 6 * (2 + 1) + 2 + 2
 
 
 def test_evaluations_and_grafts_sampled_in_parts_score_byte_for_byte_as_one_job(smoke, tmp_path):
@@ -336,6 +341,7 @@ def test_evaluations_and_grafts_sampled_in_parts_score_byte_for_byte_as_one_job(
 
     work = tmp_path / "run"
     shutil.copytree(smoke, work, symlinks=True)
+    sweep = "graft/step~50/lr~1e-3/epoch~2/mask~none/rho~0"  # the sweep of one lam, 1
     graft = "graft/step~50/lr~1e-3/epoch~2/lam~1/mask~none/rho~0"
     runs = ["post", "sft/step~50/lr~1e-3/epoch~1", "sft/step~50/lr~1e-3/epoch~2", graft]
     metrics = [work / "results/expert/eval" / run / "metrics.json" for run in runs]
@@ -349,11 +355,11 @@ def test_evaluations_and_grafts_sampled_in_parts_score_byte_for_byte_as_one_job(
     assert [m.read_bytes() for m in metrics] == before
     logs = sorted(p.relative_to(work / "logs/expert").as_posix() for p in (work / "logs/expert").rglob("part~*"))
     assert logs == [
-        f"{where}/part~{i}of2.log" for where in ("eval/post", "eval/sft/step~50/lr~1e-3", graft) for i in (0, 1)
+        f"{where}/part~{i}of2.log" for where in ("eval/post", "eval/sft/step~50/lr~1e-3", sweep) for i in (0, 1)
     ]
     assert not list((work / "results").rglob("part~*")) and not (work / "resume").exists()
     # Each job read every call back from its parts' chunks (the tiny world's calls are one chunk each).
-    for log in ("eval/post.log", "eval/sft/step~50/lr~1e-3.log", f"{graft}.log"):
+    for log in ("eval/post.log", "eval/sft/step~50/lr~1e-3.log", f"{sweep}.log"):
         assert "sampling: 1 of 1 chunks read back" in (work / "logs/expert" / log).read_text()
 
 

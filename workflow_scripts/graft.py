@@ -1,8 +1,9 @@
-"""Graft one donor update onto the post model (merging when the donor is the post model), masked by the
-post model's retention Fisher unless the mask is `none`, into this job's scratch directory; evaluate it,
-measure its update's sensitivity share, delete it. `seconds.json` holds the graft's seconds, and when its
-model was written and deleted (unix seconds) and its bytes: the latency analysis reads the one,
-`graftlab.planning.disk` the others."""
+"""Make and score a graft sweep (rules/graft.smk): for each lam in turn, one donor update grafted onto the post
+model (merging when the donor is the post model), masked by the post model's retention Fisher unless the mask
+is `none`, into this job's scratch directory; evaluated, its update's sensitivity share measured, deleted.
+One sampling engine for the sweep (with vLLM, each next graft's weights read into it in place). Each graft's
+`seconds.json` holds its seconds, and when its model was written and deleted (unix seconds) and its bytes: the
+latency analysis reads the one, `graftlab.planning.disk` the others."""
 
 from graftlab.io.warm import hand_off
 
@@ -21,46 +22,49 @@ from graftlab.io.atomic import write_json
 from graftlab.io.joblog import job_log, timed
 from graftlab.planning.disk import size_of
 from graftlab.sample_chunks import chunks_kept
-from graftlab.sampling import Engine, SamplingConfig
+from graftlab.sampling import Engine, SamplingConfig, load_sampler
 from graftlab.train.resume import resume_dir
 from graftlab.train.shard import job_gpus_processes
 
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
-graft = (inp.post, p.donor, f"{inp.tuned}/epoch~{p.epoch}", float(p.lam))
 mask = {"mask": p.mask, "fisher": inp.fisher, "rho": p.rho, **p.mask_settings}
-record = {}
+benchmarks = Benchmark.all_of(p.benchmarks)
+grafts = zip(p.lams, p.runs, out.metrics, out.share, out.seconds, strict=True)
 with job_log(snakemake.log[0], snakemake.threads):
-    scratch = Path(tempfile.mkdtemp(prefix="graft-", dir=snakemake.resources.tmpdir))
-    try:
-        model = scratch / "model"
-        record["model_written_at"] = time.time()
-        with timed(record, "graft_s"):  # one figure for mask and graft
-            masked_graft(*graft, model, **mask)
-        record["model_bytes"] = size_of(model)
-        benchmarks = Benchmark.all_of(p.benchmarks)
-        # Sampled in chunks as an evaluation job samples (the same draws), each finished one kept under the
-        # graft's inputs and settings (the model is made anew each attempt), or drawn before by its parts;
-        # a job one engine would take beyond its limit runs several at once, one a GPU group.
-        processes = job_gpus_processes(snakemake.resources)
-        store, fingerprint = resume_dir(out.metrics), graft_fingerprint(*graft, **mask)
-        # An adaptive sweep's graft screened out on the validation problems is scored no further.
-        if inp.screened and (decision := screened_out(inp.screened, p.run)):
-            write_screened(f"results/{snakemake.wildcards.exp}/screen/{p.run}/metrics.json", out.metrics, decision)
-        else:
-            with chunks_kept(Engine.of(p.backend, seed=p.seed), store, processes, fingerprint=fingerprint) as engine:
-                evaluate(
-                    model,
-                    benchmarks,
-                    SamplingConfig.from_config(p.sampling, p.seed),
-                    Path(out.metrics).parent,
-                    p.run,
-                    engine,
-                    validation=p.validation,
-                    # Named by the directory of its record: the scratch directory is deleted, and random.
-                    model_name=str(Path(out.seconds).parent),
-                )
-        write_update_sensitivity(inp.sensitivity_fisher, inp.post, p.run, model, out.share, top=p.top)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        record["model_deleted_at"] = time.time()
-    write_json(out.seconds, record)
+    # A job one engine would take beyond its limit runs several at once, one a GPU group.
+    processes, sampler = job_gpus_processes(snakemake.resources), None
+    for lam, run, metrics, share, seconds in grafts:
+        graft, record = (inp.post, p.donor, f"{inp.tuned}/epoch~{p.epoch}", float(lam)), {}
+        scratch = Path(tempfile.mkdtemp(prefix="graft-", dir=snakemake.resources.tmpdir))
+        try:
+            model = scratch / "model"
+            record["model_written_at"] = time.time()
+            with timed(record, "graft_s"):  # one figure for mask and graft
+                masked_graft(*graft, model, **mask)
+            record["model_bytes"] = size_of(model)
+            # An adaptive sweep's graft screened out on the validation problems is scored no further.
+            if inp.screened and (decision := screened_out(inp.screened, run)):
+                write_screened(f"results/{snakemake.wildcards.exp}/screen/{run}/metrics.json", metrics, decision)
+            else:
+                # Sampled in chunks as an evaluation job samples (the same draws), each finished one kept under
+                # the graft's inputs and settings (the model is made anew each attempt), or drawn before by
+                # the sweep's parts.
+                store, engine = resume_dir(metrics), Engine.of(p.backend, seed=p.seed)
+                with chunks_kept(engine, store, processes, fingerprint=graft_fingerprint(*graft, **mask)) as engine:
+                    sampler = load_sampler(model, engine, after=sampler)
+                    evaluate(
+                        model,
+                        benchmarks,
+                        SamplingConfig.from_config(p.sampling, p.seed),
+                        Path(metrics).parent,
+                        run,
+                        sampler=sampler,
+                        validation=p.validation,
+                        # Named by the directory of its record: the scratch directory is deleted, and random.
+                        model_name=str(Path(seconds).parent),
+                    )
+            write_update_sensitivity(inp.sensitivity_fisher, inp.post, run, model, share, top=p.top)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+            record["model_deleted_at"] = time.time()
+        write_json(seconds, record)

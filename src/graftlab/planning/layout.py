@@ -232,6 +232,28 @@ def checkpoint_rule(checkpoints: list[str]) -> str:
     return "_".join([EVALUATE_RUN, *names, *(c.split("~", 1)[1] for c in checkpoints)])
 
 
+# A graft sweep's wildcards: every key of its grafts but lam (`Experiment.sweeps`).
+SWEEP = ("donor", "lr", "epoch", "mask", "rho")
+
+
+def sweep_rule(prefix: str, lams: list[str]) -> str:
+    """The rule making (`graft`) or screening (`graft_screen`) the sweeps over `lams`, named by them
+    (["0.25", "1"] -> `graft_lam_0p25_1`): a rule's outputs are fixed but for its wildcards, so each list of
+    lam values has its rule, as each list of checkpoints does (`checkpoint_rule`)."""
+    spelled = [lam.replace(".", "p").replace("-", "m").replace("+", "") for lam in lams]
+    return "_".join([prefix, "lam", *spelled])
+
+
+def sweep_groups(layouts: list[Experiment]) -> dict[tuple[str, ...], dict[str, list[tuple[str, ...]]]]:
+    """The graft sweeps of every experiment (`Experiment.sweeps`) by their lam values: for each list,
+    {experiment: [its sweeps over that list]}."""
+    groups: dict[tuple[str, ...], dict[str, list[tuple[str, ...]]]] = {}
+    for layout in layouts:
+        for sweep, lams in layout.sweeps().items():
+            groups.setdefault(tuple(lams), {}).setdefault(layout.name, []).append(sweep)
+    return groups
+
+
 def checkpoint_groups(layouts: list[Experiment]) -> dict[tuple[str, ...], dict[str, list[str]]]:
     """The training runs of every experiment (`Experiment.checkpointed`) by the checkpoints they keep: for each
     list, {experiment: [run keys]}."""
@@ -356,6 +378,16 @@ class Experiment:
         epochs = [f"epoch~{e}" for e in range(1, self.x["sft"]["epochs"] + 1)]
         sft = {run("sft", b, lr=lr).key: epochs for b in [POST, *evaluated] for lr in self.x["sft"]["lr"]}
         return sft | {r.key: [f"step~{s}" for s in self.steps(r)] for r in self.on_policy_runs()}
+
+    def sweeps(self) -> dict[tuple[str, ...], list[str]]:
+        """Each graft sweep, its (donor, lr, epoch, mask, rho) as the path holds them (`SWEEP`), with its lam
+        values in `run_list` order: the grafts of a sweep share every input but lam, so one job makes and
+        scores them all (rules/graft.smk), paying its start-up and its sampling engine's once."""
+        swept: dict[tuple[str, ...], list[str]] = {}
+        for r in self.run_list():
+            if r.kind == "graft":
+                swept.setdefault((r.donor, *(r.keys[k] for k in SWEEP[1:])), []).append(r.keys["lam"])
+        return swept
 
     def on_policy_runs(self) -> list[Run]:
         """Every on-policy training run (a directory of checkpoints), without its step key, in method order."""

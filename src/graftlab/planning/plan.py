@@ -31,10 +31,12 @@ from graftlab.planning.chains import (
 from graftlab.planning.layout import (
     EVALUATE_RUN,
     POST,
+    SWEEP,
     TRAINED_KINDS,
     Experiment,
     checkpoint_rule,
     study_experiments,
+    sweep_rule,
     world_checkpoint,
     world_key,
 )
@@ -116,11 +118,13 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     grafts = [r for r in runs if r.kind == "graft"]
     # The sensitivity analysis always ranks by the diagonal Fisher; masks may add kfac.
     kinds = sorted({"diag", *layout.mask_kinds()})
-    jobs += retention_jobs(layout, kinds) + [("graft", {})] * len(grafts)
-    # An adaptive sweep scores each graft on the validation problems first (rules/graft.smk).
-    jobs += [("graft_screen", {})] * len(grafts) + [("screen", {})] if x["eval"]["adaptive"] else []
-    # A graft job evaluates its own model and measures its sensitivity share (rules/graft.smk); a training
-    # run's checkpoints are evaluated in one job (rules/evaluate.smk).
+    # A graft sweep's job makes, evaluates and measures the sensitivity share of each of its grafts
+    # (rules/graft.smk); an adaptive experiment screens each sweep first, in a job of its own.
+    sweeps = [(lams, dict(zip(SWEEP, sweep))) for sweep, lams in layout.sweeps().items()]
+    jobs += retention_jobs(layout, kinds) + [(sweep_rule("graft", lams), w) for lams, w in sweeps]
+    if x["eval"]["adaptive"]:
+        jobs += [(sweep_rule("graft_screen", lams), w) for lams, w in sweeps] + [("screen", {})]
+    # A training run's checkpoints are evaluated in one job (rules/evaluate.smk).
     trained = layout.checkpointed()
     jobs += [("evaluate", {"run": r.key}) for r in runs if r.kind not in ("graft", *TRAINED_KINDS)]
     jobs += [(checkpoint_rule(cs), {"trainrun": key}) for key, cs in trained.items()]
@@ -146,9 +150,13 @@ SIZED_AS |= {m.chain_rule: m.rule for m in METHODS.values() if m.chain_rule and 
 def sized_as(rule: str) -> str:
     """The rule name `graftlab.planning.work` sizes a job of `rule` as: a continual rule's single-domain one
     (`SIZED_AS`), `evaluate_run` for each rule evaluating a training run's checkpoints (`evaluate_run_part`
-    for each of their parts' rules)."""
+    for each of their parts' rules), `graft` and `graft_screen` for each rule making or screening the graft
+    sweeps over one list of lam values (`sweep_rule`)."""
     if rule.startswith(f"{EVALUATE_RUN}_"):
         return f"{EVALUATE_RUN}_part" if rule.endswith("_part") else EVALUATE_RUN
+    for swept in ("graft_screen", "graft"):  # the rules making or screening each list of lam values' sweeps
+        if rule.startswith(f"{swept}_lam_"):
+            return swept
     return SIZED_AS.get(rule, rule)
 
 
@@ -353,17 +361,19 @@ def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root
     for rule, wildcards in experiment_jobs(layout):
         if _shared_once(rule, wildcards, seen):
             continue
-        job = work.job_work(sized_as(rule), config, layout, wildcards, a, root)
-        if rule == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps
+        kind = sized_as(rule)
+        job = work.job_work(kind, config, layout, wildcards, a, root)
+        if kind == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps
             job = replace(job, generate=a.adaptive_kept * job.generate, kv_read=a.adaptive_kept * job.kv_read)
-        if sized_as(rule) in PARTS and parts > 1:
+        if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
-            costs[f"{rule}_part"].add(replace(job, written=0.0, kept=0.0), jobs=parts)
+            part_rule = PARTS[kind] if kind == "graft" else f"{rule}_part"  # one parts rule for every sweep
+            costs[part_rule].add(replace(job, written=0.0, kept=0.0), jobs=parts)
             costs[rule].add(replace(job, generate=0.0, kv_read=0.0))
         else:
             costs[rule].add(job)
-        if rule == "graft":
-            grafts.append(job.written)
+        if kind == "graft":  # one graft of the sweep on disk at a time, the post model's size
+            grafts.append(job.model.bytes)
     return grafts
 
 
@@ -417,9 +427,13 @@ def _shared_starts(config: dict, shared: set) -> list[str]:
     single = [Experiment.of(config, e) for e, x in config["experiments"].items() if not is_continual(x)]
     runs = [cs for layout in single for cs in layout.checkpointed().values()]
     models = sum(len(cs) for cs in runs)
+    sweeps = [lams for layout in single for lams in layout.sweeps().values()]
+    grafts = sum(len(lams) for lams in sweeps)
     notes = [
         f"Evaluation: {len(runs)} jobs score the {models} kept checkpoints of {len(runs)} training runs, "
-        f"{models - len(runs)} job starts (and vLLM engine starts) fewer than a job per checkpoint"
+        f"{models - len(runs)} job starts (and vLLM engine starts) fewer than a job per checkpoint",
+        f"Grafts: {len(sweeps)} jobs make and score the {grafts} grafts and merges of {len(sweeps)} sweeps, "
+        f"{grafts - len(sweeps)} job starts (and vLLM engine starts) fewer than a job per graft",
     ]
     # Every single-domain experiment has a retention Fisher: its sensitivity analysis ranks by it.
     homes = sum(1 for rule, _ in shared if rule == "rollouts")
@@ -438,7 +452,8 @@ class _Costs(dict):
 ORDER = (
     "fetch_model world_tokenizer world_corpus world_pretrain world_posttrain world_benchmarks world_candidates "
     "dataset stage_data mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces "
-    "sft chain_sft opsd grpo sdpo chain_opsd chain_grpo chain_sdpo rollouts fisher graft chain_graft "
+    "sft chain_sft opsd grpo sdpo chain_opsd chain_grpo chain_sdpo rollouts fisher graft_screen screen graft "
+    "graft_part chain_graft "
     "chain_rollouts chain_fisher evaluate evaluate_run sensitivity_update summary pareto latency sensitivity "
     "gain_forgetting continual stage_drift param_drift response_kl drift takeover study moe report_tables all"
 ).split()

@@ -29,7 +29,15 @@ from graftlab import memory
 from graftlab.memory import Memory, Shape
 from graftlab.methods import METHODS, on_policy
 from graftlab.planning.chains import KNOWLEDGE, Chain
-from graftlab.planning.layout import POST, Experiment, fisher_options, kept_steps, parse_run, world_checkpoint
+from graftlab.planning.layout import (
+    POST,
+    SWEEP,
+    Experiment,
+    fisher_options,
+    kept_steps,
+    parse_run,
+    world_checkpoint,
+)
 from graftlab.tasks import get_task
 
 # The tiny world's character tokenizer: its specials plus its printable characters (graftlab.world.tokenizer).
@@ -432,13 +440,14 @@ def job_work(
         checkpoints = layout.checkpointed()[key]
         one = job_work("evaluate", config, layout, {"run": f"{key}/{checkpoints[0]}"}, a, root)
         return replace(one, generate=len(checkpoints) * one.generate, kv_read=len(checkpoints) * one.kv_read)
-    if rule in ("graft", "graft_screen"):  # grafted in the job's scratch, evaluated there and deleted
+    if rule in ("graft", "graft_screen"):  # a sweep: each graft made in the job's scratch, evaluated, deleted
         # An adaptive sweep's first pass scores its share of the problems alone (graftlab.analysis.screen).
         share = x["eval"]["adaptive"] if rule == "graft_screen" else 1.0
-        answers = {b: n * share for b, n in eval_answers(layout, a).items()}
+        grafts = len(layout.sweeps()[tuple(str(wildcards[k]) for k in SWEEP)])
+        answers = {b: n * share * grafts for b, n in eval_answers(layout, a).items()}
         decoded = eval_decoding(post, layout, answers, a, root)
         engine = sampler_memory(config, post, p + x["eval"]["max_new_tokens"])
-        return Work(post, **decoded, written=post.bytes, kept=0, memory=engine)
+        return Work(post, **decoded, written=grafts * post.bytes, kept=0, memory=engine)
     if rule == "fetch_model":
         model = model_of(config, layout, wildcards["name"], root)
         return Work(model, written=model.bytes)
