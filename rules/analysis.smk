@@ -10,7 +10,7 @@ rule summary:
         metrics=lambda w: layout(w).eval_metrics(),
         data="results/{exp}/data/sft.json",
         source=lambda w: (
-            f"results/{w.exp}/data/sources/problems.json"
+            source_file(xcfg(w, "problems"), ".json")
             if xcfg(w, "problems")
             else []
         ),

@@ -30,6 +30,8 @@ from graftlab.planning.layout import (
     kept_steps,
     retention_homes,
     section_of,
+    shared_sources,
+    source_file,
     study_experiments,
     sweep_groups,
     sweep_rule,
@@ -185,6 +187,11 @@ def checkpoint_metrics(checkpoints):
     return lambda w: [
         f"results/{w.exp}/eval/{w.trainrun}/{c}/metrics.json" for c in checkpoints
     ]
+
+
+# Every configured data set by its id under results/sources/ (rules/data.smk), with the config key it is
+# named by and its settings.
+SOURCES = shared_sources(LAYOUTS.values())
 
 
 # Each retention home (results/fisher/<id>/, rules/fisher.smk) with the experiments sharing it; the first

@@ -15,7 +15,7 @@ rule stage_data:
         # Old benchmarks: no stage draws a problem of them (stages' own domains never overlap).
         benchmarks=lambda w: [f for f, _ in chains(w).old_benchmarks().values()],
         problems=lambda w: (
-            f"results/{w.exp}/data/sources/stage~{chains(w).domain(stage_of(w))}~problems.parquet"
+            source_file(chains(w).stage(stage_of(w))["problems"])
             if chains(w).stage(stage_of(w))["problems"]
             else []
         ),

@@ -2,7 +2,9 @@
 # knowledge world. The traces each method learns from are written in rules/synth.smk.
 
 
-# A hub data set downloads where Snakemake runs (a login node with internet), like rules/models.smk.
+# A hub data set downloads where Snakemake runs (a login node with internet), like rules/models.smk. Each data
+# set is read once, under its source and a digest of its settings (graftlab.planning.layout.source_id),
+# whichever experiments read it: their jobs keyed by its file (a retention home's, say) are shared too.
 localrules:
     dataset,
 
@@ -10,23 +12,24 @@ localrules:
 rule dataset:
     input:
         # A local file is an input: edited, or built by another rule, it is read again.
-        lambda w: local_source(layout(w).dataset(w.source)["source"]),
+        lambda w: local_source(SOURCES[w.source][1]["source"]),
     output:
-        problems="results/{exp}/data/sources/{source}.parquet",
-        stats="results/{exp}/data/sources/{source}.json",
+        problems="results/sources/{source}.parquet",
+        stats="results/sources/{source}.json",
     log:
-        "logs/{exp}/data/sources/{source}.log",
+        "logs/sources/{source}.log",
     benchmark:
-        "benchmarks/jobs/{exp}/data/sources/{source}.tsv"
+        "benchmarks/jobs/sources/{source}.tsv"
     wildcard_constraints:
-        # A continual experiment's stage data sets: stage~<domain>~problems, stage~<domain>~benchmark.
-        source="problems|retention|benchmark~[A-Za-z0-9_-]+|stage~[A-Za-z0-9_]+~(problems|benchmark)",
+        source="|".join(re.escape(s) for s in SOURCES) or "(?!)",
     conda:
         "../envs/cpu.yaml"
     resources:
         **sized("dataset"),
     params:
-        source=lambda w: layout(w).dataset(w.source),
+        # The config key of its first reader, which its errors name.
+        name=lambda w: SOURCES[w.source][0],
+        source=lambda w: SOURCES[w.source][1],
     script:
         "../workflow_scripts/dataset.py"
 

@@ -26,6 +26,9 @@ from graftlab.planning.layout import (
     parse_run,
     retention_homes,
     run,
+    shared_sources,
+    source_file,
+    source_id,
     study_experiments,
     sweep_groups,
     sweep_rule,
@@ -164,7 +167,7 @@ def test_models_and_benchmarks_lie_in_the_experiments_world(smoke):
     assert narrow.candidates() == "results/worlds/narrow/candidates.parquet"
     assert narrow.eval_benchmarks()[0] == ["add", "results/worlds/narrow/benchmarks/add.parquet", "old", "arith"]
     assert narrow.eval_benchmarks()[-1] == ["mul", "results/narrow/data/heldout.parquet", "new", "arith"]
-    assert teacher.candidates() == "results/teacher/data/sources/problems.parquet"
+    assert teacher.candidates() == source_file(teacher.x["problems"])  # read once, in results/sources/
     assert teacher.new_benchmark() == ("heldout", "arith")
     assert Experiment.of(smoke, "knowledge").new_benchmark() == ("knowledge", "knowledge")
     assert Experiment.of(load("configs/qwen3-1.7b-star.yaml"), "star").post_dir.startswith("resources/models/")
@@ -191,10 +194,21 @@ def test_only_masked_grafts_read_a_fisher_and_its_settings(smoke):
         xp.graft_fisher("none", "0.1")
 
 
-def test_a_data_set_the_experiment_does_not_configure_is_an_error(smoke):
-    assert Experiment.of(smoke, "star").dataset("problems")["task"] == "arith"
-    with pytest.raises(ValueError, match="configures no data set 'benchmark~gsm8k'"):
-        Experiment.of(smoke, "star").dataset("benchmark~gsm8k")
+def test_experiments_reading_one_data_set_share_its_file_and_any_change_to_it_makes_another(smoke):
+    """star, teacher and pedagogical read the same problems: one file, named by the source and its settings;
+    a setting of the read changed (a limit) names another, a benchmark's response_tokens (sizing only) none."""
+    star, teacher = Experiment.of(smoke, "star"), Experiment.of(smoke, "teacher")
+    assert star.sources()["experiments.star.problems"]["task"] == "arith"
+    source = Path(star.x["problems"]["source"]).stem  # the file's name, then a digest of its settings
+    assert star.candidates() == teacher.candidates() and star.candidates().startswith(f"results/sources/{source}-")
+    assert (
+        shared_sources(layouts(smoke))[source_id(star.x["problems"])][0] == "experiments.teacher.problems"
+    )  # its first reader
+    limited = copy.deepcopy(smoke)
+    limited["experiments"]["teacher"]["problems"]["limit"] = 5
+    assert Experiment.of(resolve(limited), "teacher").candidates() != star.candidates()
+    spec = dict(star.x["problems"])
+    assert source_id(spec | {"response_tokens": 99}) == source_id(spec)
 
 
 def test_the_study_takes_its_experiments_and_the_tiny_world_tables(smoke):

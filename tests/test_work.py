@@ -139,7 +139,8 @@ def test_an_evaluation_is_charged_each_benchmarks_mean_response_length(tmp_path)
     work, layout = evaluation()
     assert (work.generate, work.kv_read) == charged(100, 744)
     # The data set job does not see it: setting it re-reads nothing.
-    assert "response_tokens" not in layout.dataset("benchmark~b") and layout.dataset("benchmark~b")["limit"] == 50
+    read = layout.sources()["experiments.x.benchmarks.b"]
+    assert "response_tokens" not in read and read["limit"] == 50
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -10,6 +10,7 @@ import yaml
 from conftest import WHOLE_RUN, build_pico_model, in_background
 
 from graftlab.analysis.pareto import data_title
+from graftlab.planning.layout import source_file
 
 pytestmark = pytest.mark.workflow
 
@@ -96,7 +97,8 @@ def test_real_models_and_data_run_every_stage_without_the_tiny_world(real):
 
 def test_the_skipped_data_row_is_counted_in_the_summary(real):
     summary = pl.read_parquet(real / "results/real/summary.parquet")
-    stats = json.loads((real / "results/real/data/sources/problems.json").read_text())
+    problems = source_file(real_config(real)["experiments"]["real"]["problems"], ".json")  # read once, shared
+    stats = json.loads((real / problems).read_text())
     assert stats["skipped"]["empty"] == 1 and stats["kept"] == 14
     # 14 problems: 4 held out, 10 trained on, each with its written solution as the trace.
     assert summary["data_rows_skipped"].unique().to_list() == [1]

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from conftest import snakemake
 
+from graftlab.planning.layout import source_file
 from graftlab.tasks import is_correct
 
 pytestmark = pytest.mark.workflow
@@ -95,8 +96,9 @@ def test_a_data_set_missing_its_answer_column_fails_clearly_and_writes_nothing(t
     pl.DataFrame({"problem": ["1+1?"], "solution": ["2"]}).write_parquet(tmp_path / "bad.parquet")
     bad = {"problems": {"source": str(tmp_path / "bad.parquet")}}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"experiments": {"bad": bad}}))
-    target = "results/bad/data/sources/problems.parquet"
+    target = source_file(bad["problems"])
     proc = snakemake(tmp_path, "--cores", "1", target, configs=(tmp_path / "bad.yaml",))
     assert proc.returncode != 0
-    assert "no column 'answer' (mapped as answer)" in (tmp_path / "logs/bad/data/sources/problems.log").read_text()
+    log = (tmp_path / target.replace("results/", "logs/")).with_suffix(".log").read_text()
+    assert "dataset experiments.bad.problems: " in log and "no column 'answer' (mapped as answer)" in log
     assert not (tmp_path / target).exists() and not (tmp_path / "results/world").exists()

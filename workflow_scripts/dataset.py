@@ -1,4 +1,5 @@
-"""One configured data set (new-task problems, retention prompts or a benchmark) as problems."""
+"""One configured data set (new-task problems, retention prompts or a benchmark) as problems, read once for
+every experiment that configures it (rules/data.smk)."""
 
 from graftlab.io.fetch import hub_online
 
@@ -12,5 +13,5 @@ from graftlab.io.joblog import job_log
 from graftlab.tasks.sources import ProblemSource, write_problems
 
 with job_log(snakemake.log[0]):
-    source = ProblemSource.from_config(snakemake.wildcards.source, snakemake.params.source)
+    source = ProblemSource.from_config(snakemake.params.name, snakemake.params.source)
     write_problems(source, snakemake.output.problems, snakemake.output.stats)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 from graftlab.methods import METHODS, on_policy, sections
 from graftlab.methods.sdpo import parse_schedule
-from graftlab.planning.layout import POST, Experiment, as_read, kept_steps, run, section_of
+from graftlab.planning.layout import POST, Experiment, as_read, kept_steps, run, section_of, source_file
 
 # The methods of a continual experiment, in the order tables and plots list them.
 CHAIN_KINDS = tuple(m.name for m in METHODS.values() if m.chained)
@@ -123,6 +123,16 @@ class Continual:
 
     def retention_prompts(self) -> str | list:
         return self.base.retention_prompts()
+
+    def sources(self) -> dict[str, dict]:
+        """Every data set the experiment reads (`Experiment.sources`), each stage's problems and benchmark too."""
+        stages = {
+            f"experiments.{self.name}.stages.{i}.{part}": as_read(stage[part])
+            for i, stage in enumerate(self.stages)
+            for part in ("problems", "benchmark")
+            if stage[part]
+        }
+        return self.base.sources() | stages
 
     @property
     def stages(self) -> list[dict]:
@@ -283,24 +293,13 @@ class Continual:
         task = (stage["problems"] or stage["benchmark"] or {}).get("task") or stage_data_kind(stage)
         task = "arith" if task == "expert" else task  # a tiny-world operation is graded as arithmetic
         if stage["benchmark"]:
-            return stage["domain"], f"{self.root}/data/sources/stage~{stage['domain']}~benchmark.parquet", task
+            return stage["domain"], source_file(stage["benchmark"]), task
         return stage["domain"], self.stage_data(k, "heldout.parquet"), task
 
     def eval_benchmarks(self) -> list[list[str]]:
         """[name, parquet, role, task]: the old benchmarks, then each stage's (role `new`)."""
         old = [[n, f, "old", t] for n, (f, t) in self.old_benchmarks().items()]
         return old + [[n, f, "new", t] for n, f, t in map(self.stage_benchmark, range(1, len(self.stages) + 1))]
-
-    def dataset(self, name: str) -> dict:
-        """A data set the `dataset` rule reads: an old benchmark `benchmark~N`, or a stage's
-        `stage~<domain>~problems` / `stage~<domain>~benchmark`."""
-        if not name.startswith("stage~"):
-            return self.base.dataset(name)
-        _, domain, part = name.split("~")
-        found = next((s[part] for s in self.stages if s["domain"] == domain), None)
-        if found is None:
-            raise ValueError(f"experiment {self.name} has no stage {domain!r} with {part}")
-        return as_read(found)
 
     def stage_numbers(self) -> range:
         return range(1, len(self.stages) + 1)

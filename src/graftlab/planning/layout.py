@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -264,6 +265,16 @@ def checkpoint_groups(layouts: list[Experiment]) -> dict[tuple[str, ...], dict[s
     return groups
 
 
+def shared_sources(layouts) -> dict[str, tuple[str, dict]]:
+    """Each data set of any experiment (`Experiment.sources`, a continual one's stages too) by its
+    `source_id`: the config key of its first reader, which its errors name, and its config as read."""
+    found: dict[str, tuple[str, dict]] = {}
+    for layout in layouts:
+        for key, source in layout.sources().items():
+            found.setdefault(source_id(source), (key, source))
+    return found
+
+
 def retention_homes(config: dict) -> dict[str, list[Experiment]]:
     """Each retention home's id (its directory under results/fisher/) with the experiments that share it, in
     config order: the first one's settings are its rules' (`Experiment.retention_home`)."""
@@ -308,6 +319,26 @@ def as_read(source: dict) -> dict:
     """A data set's config as its `dataset` job reads it: a benchmark's `response_tokens` sizes jobs only,
     and changing it must not re-read the data set."""
     return {key: value for key, value in source.items() if key != "response_tokens"}
+
+
+# Where every configured data set is read to: results/sources/<source_id>.parquet and .json.
+SOURCES_DIR = "results/sources"
+
+
+def source_id(source: dict) -> str:
+    """A data set's name under `SOURCES_DIR`: the last part of its `source` and a digest of all it is read
+    with (`as_read`), so experiments that read the same data set share one `dataset` job, its file, and every
+    job keyed by that file (a retention home's rollouts, say)."""
+    read = as_read(source)
+    name = str(read["source"]).rstrip("/").rsplit("/", 1)[-1]
+    stem = re.sub(r"[^A-Za-z0-9_]+", "-", re.sub(r"\.(parquet|jsonl?|csv|arrow)$", "", name)).strip("-")
+    digest = hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()[:12]
+    return f"{stem or 'data'}-{digest}"
+
+
+def source_file(source: dict, suffix: str = ".parquet") -> str:
+    """The problems (`.parquet`) or read statistics (`.json`) of a configured data set."""
+    return f"{SOURCES_DIR}/{source_id(source)}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -512,7 +543,7 @@ class Experiment:
         """{name: (parquet, task)} of the old-task benchmarks: the experiment's own data sets, else its
         tiny world's arithmetic benchmarks."""
         if sources := self.x["benchmarks"]:
-            return {n: (f"{self.root}/data/sources/benchmark~{n}.parquet", s["task"]) for n, s in sources.items()}
+            return {n: (source_file(s), s["task"]) for n, s in sources.items()}
         return {t: (f"{self.world_dir}/benchmarks/{t}.parquet", "arith") for t in self.world["old_tasks"]}
 
     def new_benchmark(self) -> tuple[str, str]:
@@ -537,19 +568,15 @@ class Experiment:
     def candidates(self) -> str:
         """The problems mining samples: the experiment's data set, else the tiny world's candidates."""
         if self.x["problems"]:
-            return f"{self.root}/data/sources/problems.parquet"
+            return source_file(self.x["problems"])
         return f"{self.world_dir}/candidates.parquet"
 
     def retention_prompts(self) -> str | list:
         """The configured old-domain prompts; none means fresh tiny-world problems."""
-        return f"{self.root}/data/sources/retention.parquet" if self.x["fisher"]["prompts"] else []
+        return source_file(self.x["fisher"]["prompts"]) if self.x["fisher"]["prompts"] else []
 
-    def dataset(self, name: str) -> dict:
-        """The config of data set `name`: problems, retention or benchmark~N."""
-        if name.startswith("benchmark~"):
-            found = (self.x["benchmarks"] or {}).get(name.split("~", 1)[1])
-        else:
-            found = {"problems": self.x["problems"], "retention": self.x["fisher"]["prompts"]}.get(name)
-        if found is None:
-            raise ValueError(f"experiment {self.name} configures no data set {name!r}")
-        return as_read(found)
+    def sources(self) -> dict[str, dict]:
+        """Every data set the experiment reads, by its config key (`experiments.<name>.problems`), as read."""
+        named = {"problems": self.x["problems"], "fisher.prompts": self.x["fisher"]["prompts"]}
+        named |= {f"benchmarks.{n}": s for n, s in (self.x["benchmarks"] or {}).items()}
+        return {f"experiments.{self.name}.{key}": as_read(s) for key, s in named.items() if s}

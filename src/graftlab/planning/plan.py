@@ -31,10 +31,13 @@ from graftlab.planning.chains import (
 from graftlab.planning.layout import (
     EVALUATE_RUN,
     POST,
+    SOURCES_DIR,
     SWEEP,
     TRAINED_KINDS,
     Experiment,
     checkpoint_rule,
+    source_file,
+    source_id,
     study_experiments,
     sweep_rule,
     world_checkpoint,
@@ -110,8 +113,8 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
         "star": [("star", {})],
         "pedagogical": [("pedagogical_teacher", {}), ("pedagogical_traces", {})],
     }[x["data"]]
-    sources = (["problems"] if x["problems"] else []) + (["retention"] if x["fisher"]["prompts"] else [])
-    jobs += [("dataset", {})] * (len(sources) + len(x["benchmarks"] or {}))
+    # Each data set read once, whichever experiments read it (rules/data.smk).
+    jobs += [("dataset", {"source": source_id(s)}) for s in layout.sources().values()]
     jobs += [("sft", {"donor": d}) for d in [POST, *x["donors"]] for _ in x["sft"]["lr"]]
     jobs += [(METHODS[r.kind].rule, {}) for r in layout.on_policy_runs()]  # sdpo_cot runs are the sdpo rule's
     runs = layout.run_list()
@@ -206,9 +209,9 @@ def _stage_jobs(c: Continual, chain: Chain, k: int) -> list[tuple[str, dict]]:
 def _continual_sources(c: Continual, fisher: bool) -> list[str]:
     """The data sets (the `dataset` rule's `source`) a continual experiment reads: its old benchmarks, each
     stage's problems and benchmark, and the retention prompts where a Fisher is computed."""
-    prefix = f"{c.root}/data/sources/"
+    prefix = f"{SOURCES_DIR}/"
     files = [f for _, f, _, _ in c.eval_benchmarks()]
-    files += [f"{prefix}stage~{s['domain']}~problems.parquet" for s in c.stages if s["problems"]]
+    files += [source_file(s["problems"]) for s in c.stages if s["problems"]]
     files += [c.retention_prompts()] if fisher and c.retention_prompts() else []
     kept = [f.removeprefix(prefix).removesuffix(".parquet") for f in files if f.startswith(prefix)]
     return list(dict.fromkeys(kept))
@@ -337,8 +340,9 @@ def _fetched(config: dict, x: dict) -> set[str]:
 
 
 def _shared_once(rule: str, wildcards: dict, seen: set) -> bool:
-    """Whether the job is a retention home's (`retention_jobs`) that an earlier experiment already counted."""
-    if "home" not in wildcards:
+    """Whether the job is one experiments share (a retention home's, `retention_jobs`, or a data set's) that an
+    earlier experiment already counted."""
+    if "home" not in wildcards and rule != "dataset":
         return False
     key = (rule, tuple(sorted(wildcards.items())))
     if key in seen:
