@@ -10,9 +10,7 @@ rule summary:
         metrics=lambda w: layout(w).eval_metrics(),
         data="results/{exp}/data/sft.json",
         source=lambda w: (
-            source_file(xcfg(w, "problems"), ".json")
-            if xcfg(w, "problems")
-            else []
+            source_file(xcfg(w, "problems"), ".json") if xcfg(w, "problems") else []
         ),
         # SDPO's step logs: how much of each response was answer (graftlab.analysis.summary).
         sdpo=lambda w: [

@@ -20,6 +20,7 @@ from graftlab.planning.chains import (
     stage_data_kind,
 )
 from graftlab.planning.layout import (
+    MINED,
     ROLLOUT_KEYS,
     TRAINED_KINDS,
     Experiment,
@@ -28,8 +29,10 @@ from graftlab.planning.layout import (
     checkpoint_rule,
     fisher_options,
     kept_steps,
+    mining_homes,
     retention_homes,
     section_of,
+    shared_evaluations,
     shared_sources,
     source_file,
     study_experiments,
@@ -205,12 +208,56 @@ def retention_layout(wildcards):
     return RETENTION[wildcards.home][0]
 
 
-MINED = (
-    "expert",
-    "teacher",
-    "star",
-    "pedagogical",
-)  # data kinds that learn from mined problems
+# The evaluations several experiments ask for alike (the post model's, a donor's as it is), one job each
+# (rules/evaluate.smk), by a digest of what they are computed from.
+SHARED_EVALS = shared_evaluations(LAYOUTS[e] for e in EXPERIMENTS)
+
+
+# The `exp` wildcard of the `evaluate` rule: any experiment, except where the rest of the path is an evaluation
+# a shared job writes (a lookahead).
+SHARED_EVALS_EXCLUDED = (
+    "(?!(?:"
+    + "|".join(
+        re.escape(f"{exp}/eval/{run}/metrics.json")
+        for members in SHARED_EVALS.values()
+        for exp, run in members
+    )
+    + ")$)(?:"
+    + "|".join(map(re.escape, EXPERIMENTS + CONTINUAL))
+    + ")"
+    if SHARED_EVALS
+    else "|".join(map(re.escape, EXPERIMENTS + CONTINUAL))
+)
+
+
+class FixedWildcards(dict):
+    """The wildcards of a job a wildcard-free rule runs for (a shared evaluation's, as its first experiment's)."""
+
+    __getattr__ = dict.get
+
+
+def bound(functions, wildcards):
+    """A rule's input or params, each function of the wildcards called now with `wildcards`."""
+    return {k: (f(wildcards) if callable(f) else f) for k, f in functions.items()}
+
+
+def evaluate_inputs():
+    """What an evaluation job reads (rules/evaluate.smk): the model, the benchmarks, its parts' markers."""
+    return {
+        "model": lambda w: layout(w).eval_model(w.run)[0],
+        "benchmarks": lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+        "parts": part_files("evaluate", lambda w: f"results/{w.exp}/eval/{w.run}"),
+    }
+
+
+# Each mining home (results/mined/<id>/, rules/data.smk) with the experiments mining into it; the first one's
+# layout serves its job.
+MINING = mining_homes(LAYOUTS[e] for e in EXPERIMENTS)
+
+
+def mining_layout(wildcards):
+    """The layout of the first experiment whose mined problems live in the job's home."""
+    return MINING[wildcards.mined][0]
 
 
 def experiments_with(*kinds):
@@ -392,9 +439,13 @@ def job_sizes(rule_name, wildcards):
     """(the work of a job as `job_resources` takes it, its parts): a part rule's job sized as its share of
     the job it samples for (`part_of`), and that job, once split, sized without the sampling its parts did.
     """
-    # A job of a retention home is sized as its first experiment's.
-    home = getattr(wildcards, "home", None)
-    exp = RETENTION[home][0].name if home else getattr(wildcards, "exp", None)
+    # A job of a retention or mining home is sized as its first experiment's.
+    home, mined = getattr(wildcards, "home", None), getattr(wildcards, "mined", None)
+    exp = (
+        RETENTION[home][0].name
+        if home
+        else MINING[mined][0].name if mined else getattr(wildcards, "exp", None)
+    )
     whole = PART_OF.get(rule_name, rule_name)
     own = tuple(sorted((k, v) for k, v in wildcards.items() if k not in PART_WILDCARDS))
     work = work_of(whole, exp, own)
@@ -436,12 +487,14 @@ def part_files(rule_name, where):
     return files
 
 
-def sized(rule_name):
-    """The `resources:` of a rule: each a function of the job's wildcards and attempt."""
+def sized(rule_name, fixed=None):
+    """The `resources:` of a rule: each a function of the job's wildcards (`fixed` ones for a wildcard-free
+    rule) and attempt."""
     whole = PART_OF.get(rule_name, rule_name)
 
     def get(key):
         def resource(wildcards, attempt):
+            wildcards = fixed or wildcards
             work, sizes, _ = job_sizes(rule_name, wildcards)
             if key == "gpu" and work is not None and work.memory is not None:
                 if problem := misfit(whole, work.memory, CLUSTER, work.batch):

@@ -34,30 +34,32 @@ rule dataset:
         "../workflow_scripts/dataset.py"
 
 
+# Mined once for every experiment that mines alike: its mining home, results/mined/<model>-<digest>/, keyed by
+# all it is mined from (graftlab.planning.layout.Experiment.mining_home); the first such experiment's settings.
 rule mine:
     input:
-        model=post_dir,
-        candidates=lambda w: layout(w).candidates(),
+        model=lambda w: mining_layout(w).post_dir,
+        candidates=lambda w: mining_layout(w).candidates(),
         # Checked for leaks: a candidate that an old-task benchmark holds (mining.leaks).
-        benchmarks=lambda w: [f for f, _ in layout(w).old_benchmarks().values()],
+        benchmarks=lambda w: [f for f, _ in mining_layout(w).old_benchmarks().values()],
     output:
-        train="results/{exp}/data/train.parquet",
-        heldout="results/{exp}/data/heldout.parquet",
+        train="results/mined/{mined}/train.parquet",
+        heldout="results/mined/{mined}/heldout.parquet",
     log:
-        "logs/{exp}/mine.log",
+        "logs/mined/{mined}.log",
     benchmark:
-        "benchmarks/jobs/{exp}/mine.tsv"
+        "benchmarks/jobs/mined/{mined}.tsv"
     wildcard_constraints:
-        exp=experiments_with(*MINED),
+        mined="|".join(re.escape(home) for home in MINING) or "(?!)",
     conda:
         "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
     resources:
         **sized("mine"),
     params:
-        mining=lambda w: xcfg(w, "mining"),
-        task=lambda w: layout(w).new_task,
-        seed=lambda w: xcfg(w, "seed"),
+        mining=lambda w: mining_layout(w).x["mining"],
+        task=lambda w: mining_layout(w).new_task,
+        seed=lambda w: mining_layout(w).x["seed"],
         backend={"backend": config["sampling_backend"], **config["vllm"]},
     script:
         "../workflow_scripts/mine.py"

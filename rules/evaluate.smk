@@ -8,9 +8,7 @@
 
 rule evaluate:
     input:
-        model=lambda w: layout(w).eval_model(w.run)[0],
-        benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
-        parts=part_files("evaluate", lambda w: f"results/{w.exp}/eval/{w.run}"),
+        **evaluate_inputs(),
     output:
         metrics="results/{exp}/eval/{run}/metrics.json",
     log:
@@ -18,8 +16,10 @@ rule evaluate:
     benchmark:
         "benchmarks/jobs/{exp}/eval/{run}.tsv"
     wildcard_constraints:
-        # A single-domain training run's checkpoints are evaluated together, below; a graft by its sweep's job.
+        # A single-domain training run's checkpoints are evaluated together, below; a graft by its sweep's job;
+        # an evaluation several experiments share by its own job, below.
         run=f"(?!(?:{'|'.join((*TRAINED_KINDS, 'graft'))})/).+",
+        exp=SHARED_EVALS_EXCLUDED,
     conda:
         "../envs/gpu.yaml"
     threads: config["threads"]["sample"]
@@ -131,3 +131,38 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
             ),
         script:
             "../workflow_scripts/evaluate_part.py"
+
+
+# An evaluation several experiments ask for alike (the post model's, or a donor's as it is, on the same
+# benchmarks with the same settings: graftlab.planning.layout.shared_evaluations) is one job, which scores the
+# model once and writes its records and metrics.json for each experiment. Its rule has no wildcards: its
+# outputs are every such experiment's.
+for digest, members in SHARED_EVALS.items():
+    first = FixedWildcards(exp=members[0][0], run=members[0][1])
+
+    rule:
+        name:
+            f"evaluate_shared_{digest}"
+        input:
+            **bound(evaluate_inputs(), first),
+        output:
+            metrics=[f"results/{exp}/eval/{run}/metrics.json" for exp, run in members],
+        log:
+            f"logs/eval/shared~{digest}.log",
+        benchmark:
+            f"benchmarks/jobs/eval/shared~{digest}.tsv"
+        conda:
+            "../envs/gpu.yaml"
+        threads: config["threads"]["sample"]
+        resources:
+            **sized("evaluate", first),
+        params:
+            **bound(
+                eval_params(
+                    runs=lambda w: [run for _, run in members],
+                    models=lambda w: [layout(w).eval_model(w.run)[1]] * len(members),
+                ),
+                first,
+            ),
+        script:
+            "../workflow_scripts/evaluate.py"

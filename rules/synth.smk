@@ -4,7 +4,7 @@
 
 rule expert_traces:
     input:
-        "results/{exp}/data/train.parquet",
+        lambda w: layout(w).new_data("train"),
     output:
         sft="results/{exp}/data/sft.parquet",
         stats="results/{exp}/data/sft.json",
@@ -23,7 +23,7 @@ rule expert_traces:
 rule teacher_traces:
     input:
         model=lambda w: layout(w).model_input(xcfg(w, "teacher", "model")),
-        problems="results/{exp}/data/train.parquet",
+        problems=lambda w: layout(w).new_data("train"),
     output:
         sft="results/{exp}/data/sft.parquet",
         stats="results/{exp}/data/sft.json",
@@ -52,7 +52,7 @@ rule teacher_traces:
 rule star:
     input:
         model=post_dir,
-        problems="results/{exp}/data/train.parquet",
+        problems=lambda w: layout(w).new_data("train"),
     output:
         sft="results/{exp}/data/sft.parquet",
         stats="results/{exp}/data/sft.json",
@@ -80,7 +80,7 @@ rule star:
 rule pedagogical_teacher:
     input:
         post=post_dir,
-        problems="results/{exp}/data/train.parquet",
+        problems=lambda w: layout(w).new_data("train"),
     output:
         teacher=directory("results/{exp}/pedagogical/teacher"),
         steps="results/{exp}/pedagogical/steps.jsonl",
@@ -124,7 +124,7 @@ rule pedagogical_teacher:
 rule pedagogical_traces:
     input:
         model="results/{exp}/pedagogical/teacher",
-        problems="results/{exp}/data/train.parquet",
+        problems=lambda w: layout(w).new_data("train"),
     output:
         sft="results/{exp}/data/sft.parquet",
         stats="results/{exp}/data/sft.json",

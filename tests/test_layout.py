@@ -23,9 +23,11 @@ from graftlab.planning.layout import (
     eval_root,
     fisher_name,
     fisher_options,
+    mining_homes,
     parse_run,
     retention_homes,
     run,
+    shared_evaluations,
     shared_sources,
     source_file,
     source_id,
@@ -166,7 +168,8 @@ def test_models_and_benchmarks_lie_in_the_experiments_world(smoke):
     assert narrow.model_input("step~50") == "results/worlds/narrow/ladder"
     assert narrow.candidates() == "results/worlds/narrow/candidates.parquet"
     assert narrow.eval_benchmarks()[0] == ["add", "results/worlds/narrow/benchmarks/add.parquet", "old", "arith"]
-    assert narrow.eval_benchmarks()[-1] == ["mul", "results/narrow/data/heldout.parquet", "new", "arith"]
+    assert narrow.eval_benchmarks()[-1] == ["mul", f"{narrow.mining_home()}/heldout.parquet", "new", "arith"]
+    assert narrow.mining_home().startswith("results/mined/worlds-narrow-post-")
     assert teacher.candidates() == source_file(teacher.x["problems"])  # read once, in results/sources/
     assert teacher.new_benchmark() == ("heldout", "arith")
     assert Experiment.of(smoke, "knowledge").new_benchmark() == ("knowledge", "knowledge")
@@ -362,6 +365,43 @@ def test_runs_keeping_other_checkpoints_get_other_rules(smoke):
     assert groups[("epoch~1", "epoch~2")]["expert"] == ["sft/post/lr~1e-3", "sft/step~50/lr~1e-3"]
     with pytest.raises(ValueError, match="not of one kind"):
         checkpoint_rule(["epoch~1", "step~2"])
+
+
+def test_experiments_share_mining_and_the_post_models_evaluation_exactly_when_their_inputs_agree(smoke):
+    """star, teacher and pedagogical mine one data set alike: one mining home, whose held-out problems each
+    evaluates the post model on, so that evaluation is one job too; any input or setting of either changed
+    makes another."""
+    single = [xp for xp in layouts(smoke) if not xp.x["stages"]]
+    homes = mining_homes(single)
+    assert sorted(sorted(x.name for x in users) for users in homes.values()) == [
+        ["expert"],
+        ["narrow"],
+        ["pedagogical", "star", "teacher"],
+    ]
+    star = Experiment.of(smoke, "star")
+    assert star.new_data("heldout") == f"{star.mining_home()}/heldout.parquet" == star.eval_benchmarks()[-1][1]
+    assert Experiment.of(smoke, "knowledge").new_data("train") == "results/knowledge/data/train.parquet"
+    shared = shared_evaluations(single)
+    assert list(shared.values()) == [[("teacher", "post"), ("star", "post"), ("pedagogical", "post")]]
+    for change in (
+        {"mining": {"samples": 3}},
+        {"seed": 3},
+        {"eval": {"samples": 3}},
+        {"eval": {"validation": 0.5}},
+        {"problems": {"limit": 7}},
+    ):
+        changed = copy.deepcopy(smoke)
+        for key, value in change.items():
+            section = changed["experiments"]["star"]
+            section[key] = section[key] | value if isinstance(value, dict) else value
+        moved = Experiment.of(changed, "star")
+        assert moved.eval_digest("post") != star.eval_digest("post"), change
+        if "eval" not in change:
+            assert moved.mining_home() != star.mining_home(), change
+    # How an evaluation runs shapes no score: the job stays shared.
+    same = copy.deepcopy(smoke)
+    same["experiments"]["star"]["eval"] |= {"parts": 2, "donor_sft": False}
+    assert Experiment.of(same, "star").eval_digest("post") == star.eval_digest("post")
 
 
 def test_experiments_share_a_retention_home_exactly_when_its_inputs_agree(smoke):

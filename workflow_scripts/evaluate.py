@@ -1,5 +1,6 @@
-"""Evaluate models on the old benchmarks and the held-out new-task problems: one model, or every kept
-checkpoint of a training run, one after another in this process (each into its own metrics.json)."""
+"""Evaluate models on the old benchmarks and the held-out new-task problems: one model, every kept checkpoint
+of a training run one after another in this process (each into its own metrics.json), or one model that
+several experiments evaluate alike, once (its records and metrics.json then written for each)."""
 
 from graftlab.io.warm import hand_off
 
@@ -7,7 +8,7 @@ hand_off()  # in the run's warm process, if there is one (graftlab.io.warm)
 
 from pathlib import Path
 
-from graftlab.evaluate.run import Benchmark, evaluate
+from graftlab.evaluate.run import Benchmark, copy_evaluation, evaluate
 from graftlab.io.joblog import job_log
 from graftlab.sample_chunks import chunks_kept
 from graftlab.sampling import Engine, SamplingConfig, load_sampler
@@ -18,8 +19,12 @@ p = snakemake.params
 benchmarks = Benchmark.all_of(p.benchmarks)
 with job_log(snakemake.log[0], snakemake.threads):
     # Engines sampling at once, one a GPU group: a job one engine would take beyond its limit has several.
-    processes, sampler = job_gpus_processes(snakemake.resources), None
+    processes, sampler, scored = job_gpus_processes(snakemake.resources), None, {}
     for run, model, metrics in zip(p.runs, p.models, snakemake.output, strict=True):
+        if (run, model) in scored:  # an evaluation several experiments share: the same, written for each
+            copy_evaluation(scored[run, model], Path(metrics).parent)
+            continue
+        scored[run, model] = Path(metrics).parent
         # Each model's finished chunks kept until it is scored: a killed job's rerun samples only the rest.
         with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(metrics), processes) as engine:
             sampler = load_sampler(model, engine, after=sampler)  # one vLLM engine for every model it can

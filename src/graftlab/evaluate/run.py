@@ -212,3 +212,15 @@ def evaluate(
     with atomic_file(out_dir / "metrics.json") as tmp:
         tmp.write_text(json.dumps(metrics, indent=2))
     return metrics
+
+
+def copy_evaluation(src: Path, dst: Path) -> None:
+    """The finished evaluation in `src` written into `dst` too, for another experiment that asks for the same
+    one (rules/evaluate.smk): its records, then its metrics.json, last, as `evaluate` writes them."""
+    import shutil
+
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "metrics.json").unlink(missing_ok=True)
+    for name in [*(f.name for f in sorted(src.glob("*.parquet"))), "metrics.json"]:
+        with atomic_file(dst / name) as tmp:
+            shutil.copyfile(src / name, tmp)

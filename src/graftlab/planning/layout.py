@@ -176,6 +176,12 @@ def kept_steps(section: dict) -> list[int]:
     return [round(steps * i / n) for i in range(1, n + 1)]
 
 
+# The `eval` settings that shape how an evaluation runs, never what it scores.
+EVAL_JOB_SETTINGS = ("donor_sft", "parts", "adaptive")
+
+# The data kinds that learn from problems mined on the post model (rules/data.smk: `mine`).
+MINED = ("expert", "teacher", "star", "pedagogical")
+
 # The settings the retention rollouts are sampled with; the Fisher's batch size is memory, not results.
 ROLLOUT_KEYS = ("rollouts", "temperature", "max_new_tokens")
 
@@ -273,6 +279,28 @@ def shared_sources(layouts) -> dict[str, tuple[str, dict]]:
         for key, source in layout.sources().items():
             found.setdefault(source_id(source), (key, source))
     return found
+
+
+def shared_evaluations(layouts) -> dict[str, list[tuple[str, str]]]:
+    """The evaluations that several single-domain experiments ask for alike, by a digest of their spec
+    (`Experiment.eval_spec`): [(experiment, run)] for each, of two or more. Only the runs whose model lies
+    outside every experiment can be: the post model and the donors as they are."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for layout in layouts:
+        for r in layout.run_list():
+            if r.kind in (POST, "donor"):
+                found.setdefault(layout.eval_digest(r.key), []).append((layout.name, r.key))
+    return {digest: members for digest, members in found.items() if len(members) > 1}
+
+
+def mining_homes(layouts) -> dict[str, list[Experiment]]:
+    """Each mining home's id (its directory under results/mined/) with the single-domain experiments that mine
+    into it, in config order: the first one's settings are its job's (`Experiment.mining_home`)."""
+    homes: dict[str, list[Experiment]] = {}
+    for layout in layouts:
+        if isinstance(layout, Experiment) and layout.x["data"] in MINED:
+            homes.setdefault(layout.mining_home().removeprefix("results/mined/"), []).append(layout)
+    return homes
 
 
 def retention_homes(config: dict) -> dict[str, list[Experiment]]:
@@ -493,6 +521,22 @@ class Experiment:
             return self.model_input(name), self.model_dir(name)
         raise ValueError(f"no model for evaluation key {key!r}: expected post, donor/..., sft/... or graft/...")
 
+    def eval_spec(self, key: str) -> dict:
+        """What run `key`'s evaluation is computed from: its model, the benchmarks, the settings that shape its
+        scores and the seed (its job's inputs and params, less the sampling backend and `EVAL_JOB_SETTINGS`)."""
+        scoring = {k: v for k, v in self.x["eval"].items() if k not in EVAL_JOB_SETTINGS}
+        return {
+            "run": key,
+            "model": self.eval_model(key)[1],
+            "benchmarks": self.eval_benchmarks(),
+            "eval": scoring,
+            "seed": self.x["seed"],
+        }
+
+    def eval_digest(self, key: str) -> str:
+        """A digest of run `key`'s `eval_spec`: equal for the evaluations that are one computation."""
+        return hashlib.sha256(json.dumps(self.eval_spec(key), sort_keys=True).encode()).hexdigest()[:12]
+
     def retention_home(self) -> str:
         """The directory of the post model's retention rollouts and Fishers, `results/fisher/<model>-<digest>`,
         keyed by all they are computed from: the model, the benchmarks the fresh prompts avoid, the configured
@@ -547,7 +591,7 @@ class Experiment:
         return {t: (f"{self.world_dir}/benchmarks/{t}.parquet", "arith") for t in self.world["old_tasks"]}
 
     def new_benchmark(self) -> tuple[str, str]:
-        """(name, task) of the held-out new-task problems, `results/{exp}/data/heldout.parquet`."""
+        """(name, task) of the held-out new-task problems (`new_data("heldout")`)."""
         if self.x["data"] == "knowledge":
             return "knowledge", "knowledge"
         if self.x["problems"]:
@@ -563,7 +607,31 @@ class Experiment:
         """[name, parquet, role, task] of every benchmark, old ones first."""
         old = [[n, f, "old", t] for n, (f, t) in self.old_benchmarks().items()]
         name, task = self.new_benchmark()
-        return old + [[name, f"{self.root}/data/heldout.parquet", "new", task]]
+        return old + [[name, self.new_data("heldout"), "new", task]]
+
+    def new_data(self, part: str) -> str:
+        """The new-task problems trained on (`train`) or held out (`heldout`): mined ones in their mining
+        home, shared by every experiment that mines alike (`mining_home`); a knowledge world's its own."""
+        if self.x["data"] in MINED:
+            return f"{self.mining_home()}/{part}.parquet"
+        return f"{self.root}/data/{part}.parquet"
+
+    def mining_home(self) -> str:
+        """The directory of the problems mined on the post model, `results/mined/<model>-<digest>`, keyed by all
+        they are mined from: the model, the candidates, the benchmarks a candidate must not leak from, the
+        mining settings, the task grading them and the seed. Experiments that agree on all of it share one
+        mining job (star, teacher and pedagogical experiments over one data set, say)."""
+        spec = {
+            "model": self.post_dir,
+            "candidates": self.candidates(),
+            "benchmarks": [file for file, _ in self.old_benchmarks().values()],
+            "mining": self.x["mining"],
+            "task": self.new_task,
+            "seed": self.x["seed"],
+        }
+        model = self.post_dir.removeprefix("results/").removeprefix("resources/models/").replace("/", "-")
+        digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+        return f"results/mined/{model}-{digest[:12]}"
 
     def candidates(self) -> str:
         """The problems mining samples: the experiment's data set, else the tiny world's candidates."""

@@ -30,12 +30,14 @@ from graftlab.planning.chains import (
 )
 from graftlab.planning.layout import (
     EVALUATE_RUN,
+    MINED,
     POST,
     SOURCES_DIR,
     SWEEP,
     TRAINED_KINDS,
     Experiment,
     checkpoint_rule,
+    shared_evaluations,
     source_file,
     source_id,
     study_experiments,
@@ -44,7 +46,7 @@ from graftlab.planning.layout import (
     world_key,
 )
 from graftlab.planning.resources import GPU_MEMORY_GB, PARTS, TEMP_GRAFTS, Cluster, misfit
-from graftlab.planning.work import MINED, Work
+from graftlab.planning.work import Work
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
     """Every job of an experiment's own rules, as (rule, wildcards): the wildcards `graftlab.planning.work`
     reads (sft's donor, fisher's mask, evaluate's run)."""
     x = layout.x
-    jobs: list[tuple[str, dict]] = [("mine", {})] if x["data"] in MINED else []
+    # Mined once for every experiment that mines alike (rules/data.smk), its home's job.
+    mined = [("mine", {"mined": layout.mining_home().removeprefix("results/mined/")})] if x["data"] in MINED else []
+    jobs: list[tuple[str, dict]] = mined
     jobs += {
         "expert": [("expert_traces", {})],
         "knowledge": [("knowledge", {})],
@@ -129,7 +133,12 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
         jobs += [(sweep_rule("graft_screen", lams), w) for lams, w in sweeps] + [("screen", {})]
     # A training run's checkpoints are evaluated in one job (rules/evaluate.smk).
     trained = layout.checkpointed()
-    jobs += [("evaluate", {"run": r.key}) for r in runs if r.kind not in ("graft", *TRAINED_KINDS)]
+    # The post model's evaluation and the donors' as they are may be another experiment's too (`shared`).
+    jobs += [
+        ("evaluate", {"run": r.key} | ({"shared": layout.eval_digest(r.key)} if r.kind in (POST, "donor") else {}))
+        for r in runs
+        if r.kind not in ("graft", *TRAINED_KINDS)
+    ]
     jobs += [(checkpoint_rule(cs), {"trainrun": key}) for key, cs in trained.items()]
     grafted = {r.key for r in grafts}
     jobs += [("sensitivity_update", {})] * len(set(layout.sensitivity_runs()) - grafted)
@@ -154,12 +163,14 @@ def sized_as(rule: str) -> str:
     """The rule name `graftlab.planning.work` sizes a job of `rule` as: a continual rule's single-domain one
     (`SIZED_AS`), `evaluate_run` for each rule evaluating a training run's checkpoints (`evaluate_run_part`
     for each of their parts' rules), `graft` and `graft_screen` for each rule making or screening the graft
-    sweeps over one list of lam values (`sweep_rule`)."""
+    sweeps over one list of lam values (`sweep_rule`), `evaluate` for an evaluation experiments share."""
     if rule.startswith(f"{EVALUATE_RUN}_"):
         return f"{EVALUATE_RUN}_part" if rule.endswith("_part") else EVALUATE_RUN
     for swept in ("graft_screen", "graft"):  # the rules making or screening each list of lam values' sweeps
         if rule.startswith(f"{swept}_lam_"):
             return swept
+    if rule.startswith("evaluate_shared_"):  # an evaluation several experiments share
+        return "evaluate"
     return SIZED_AS.get(rule, rule)
 
 
@@ -340,9 +351,9 @@ def _fetched(config: dict, x: dict) -> set[str]:
 
 
 def _shared_once(rule: str, wildcards: dict, seen: set) -> bool:
-    """Whether the job is one experiments share (a retention home's, `retention_jobs`, or a data set's) that an
-    earlier experiment already counted."""
-    if "home" not in wildcards and rule != "dataset":
+    """Whether the job is one experiments share (a retention home's, `retention_jobs`, a mining home's, a data
+    set's, an evaluation's) that an earlier experiment already counted."""
+    if not {"home", "mined", "shared"} & set(wildcards) and rule != "dataset":
         return False
     key = (rule, tuple(sorted(wildcards.items())))
     if key in seen:
@@ -351,7 +362,9 @@ def _shared_once(rule: str, wildcards: dict, seen: set) -> bool:
     return False
 
 
-def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root: Path, seen: set) -> list[float]:
+def _experiment_costs(
+    costs: dict, config: dict, name: str, a: Assumptions, root: Path, seen: set, shared: dict
+) -> list[float]:
     """Add an experiment's jobs to `costs`; returns the bytes of its temp() grafts. A continual experiment's
     jobs are sized as the rule each one runs (`SIZED_AS`), by `graftlab.planning.work.continual_work`."""
     if is_continual(config["experiments"][name]):
@@ -365,13 +378,16 @@ def _experiment_costs(costs: dict, config: dict, name: str, a: Assumptions, root
     for rule, wildcards in experiment_jobs(layout):
         if _shared_once(rule, wildcards, seen):
             continue
+        if wildcards.get("shared") in shared:  # one job for every experiment asking for it (rules/evaluate.smk)
+            rule = f"evaluate_shared_{wildcards['shared']}"
         kind = sized_as(rule)
         job = work.job_work(kind, config, layout, wildcards, a, root)
         if kind == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps
             job = replace(job, generate=a.adaptive_kept * job.generate, kv_read=a.adaptive_kept * job.kv_read)
         if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
-            part_rule = PARTS[kind] if kind == "graft" else f"{rule}_part"  # one parts rule for every sweep
+            # Each checkpoint list's parts rule; one for every sweep, and every evaluation, shared or not.
+            part_rule = f"{rule}_part" if kind == EVALUATE_RUN else PARTS[kind]
             costs[part_rule].add(replace(job, written=0.0, kept=0.0), jobs=parts)
             costs[rule].add(replace(job, generate=0.0, kv_read=0.0))
         else:
@@ -388,11 +404,13 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     each job holds a `temp_grafts` resource: at most min(`a.jobs`, `a.temp_grafts`) are on disk at once.
     """
     costs = _Costs()
+    single = [Experiment.of(config, e) for e, x in config["experiments"].items() if not is_continual(x)]
+    evaluations = shared_evaluations(single)
     grafts: list[float] = []
     fetched: set[str] = set()
     shared: set = set()  # the retention jobs counted so far, which experiments share
     for name, x in config["experiments"].items():
-        grafts += _experiment_costs(costs, config, name, a, root, shared)
+        grafts += _experiment_costs(costs, config, name, a, root, shared, evaluations)
         fetched |= _fetched(config, x)
     notes = []
     for name in sorted(fetched):
@@ -443,6 +461,14 @@ def _shared_starts(config: dict, shared: set) -> list[str]:
     homes = sum(1 for rule, _ in shared if rule == "rollouts")
     if len(single) > homes:
         notes.append(f"Retention rollouts and Fishers: {homes} computed, shared by {len(single)} experiments")
+    mining = [layout for layout in single if layout.x["data"] in MINED]
+    if (mined := len({layout.mining_home() for layout in mining})) < len(mining):
+        notes.append(f"Mining: {mined} jobs, shared by {len(mining)} experiments")
+    if evaluations := shared_evaluations(single):
+        runs = sum(len(members) for members in evaluations.values())
+        notes.append(
+            f"Evaluations shared by experiments: {runs} runs of the post model or a donor scored in {len(evaluations)}"
+        )
     return notes
 
 

@@ -44,7 +44,6 @@ from graftlab.tasks import get_task
 WORLD_VOCAB = 84
 FP32 = 4
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-MINED = ("expert", "teacher", "star", "pedagogical")
 # The on-policy methods by the rule that trains them (sdpo_cot's is sdpo's, sized alike).
 TRAINED_BY = {m.rule: m for m in on_policy()}
 
