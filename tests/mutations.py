@@ -32,6 +32,7 @@ class Mutation(NamedTuple):
 OPSD, STAR, FISHER, KFAC = "tests/test_opsd.py", "tests/test_star.py", "tests/test_fisher.py", "tests/test_kfac.py"
 SDPO, TEACHER, GRPO = "tests/test_sdpo.py", "tests/test_teacher.py", "tests/test_grpo.py"
 CHUNKS, SCREEN = "tests/test_sample_chunks.py", "tests/test_screen.py"
+SAMPLING, LAYOUT = "tests/test_sampling_vllm.py", "tests/test_layout.py"
 TEACHER_READS = f"{OPSD}::test_the_teacher_reads_the_demonstration_and_the_loss_is_the_teacher_topk_divergence"
 KFAC_DEF = f"{KFAC}::test_kfac_mask_equals_the_eigenbasis_definition_on_square_and_non_square_layers"
 KFAC_GRAFT = f"{KFAC}::test_kfac_mask_zeroes_the_top_scored_eigen_directions"
@@ -346,6 +347,43 @@ MUTATIONS = [
         '        if out[f"{role}_val_hi"] == 0:',
         "        if False:",
         (f"{SCREEN}::test_an_interval_collapsed_at_zero_or_one_is_widened_to_the_exact_binomial_bound",),
+    ),
+    Mutation(
+        "kept-engine-any-model",
+        "sampling.py",
+        "    if not all(_read(kept.model_dir, name) == _read(model_dir, name) for name in ENGINE_FILES):",
+        "    if False:",
+        (f"{SAMPLING}::test_a_job_scoring_several_models_keeps_one_engine_for_every_model_alike_but_for_its_weights",),
+    ),
+    Mutation(
+        "kept-engine-old-weights",
+        "sampling.py",
+        '            self.llm.collective_rpc("graftlab_swap", args=(self.model_dir,))',
+        "            pass",
+        (f"{SAMPLING}::test_a_job_scoring_several_models_keeps_one_engine_for_every_model_alike_but_for_its_weights",),
+    ),
+    Mutation(
+        "source-id-ignores-settings",
+        "planning/layout.py",
+        "    digest = hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()[:12]",
+        '    digest = "0"',
+        (f"{LAYOUT}::test_experiments_reading_one_data_set_share_its_file_and_any_change_to_it_makes_another",),
+    ),
+    Mutation(
+        "mining-home-ignores-settings",
+        "planning/layout.py",
+        '            "mining": self.x["mining"],',
+        '            "mining": None,',
+        (f"{LAYOUT}::test_experiments_share_mining_and_the_post_models_evaluation_exactly_when_their_inputs_agree",),
+    ),
+    Mutation(
+        "copied-evaluation-without-records",
+        "evaluate/run.py",
+        '    for name in [*(f.name for f in sorted(src.glob("*.parquet"))), "metrics.json"]:',
+        '    for name in ["metrics.json"]:',
+        (
+            "tests/test_evaluate.py::test_an_evaluation_copied_for_another_experiment_is_the_same_files_its_metrics_last",
+        ),
     ),
     Mutation(
         "summary-keeps-screened-out",

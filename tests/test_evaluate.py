@@ -102,6 +102,24 @@ def test_each_benchmark_is_graded_by_its_task(setup):
         assert tuple(records.columns) == RECORD_COLUMNS and records["correct"].dtype == pl.Boolean
 
 
+def test_an_evaluation_copied_for_another_experiment_is_the_same_files_its_metrics_last(setup):
+    """A shared evaluation's job (rules/evaluate.smk) scores once and writes the same records and metrics.json
+    for each experiment; over an older evaluation there, every file is replaced."""
+    from graftlab.evaluate.run import copy_evaluation
+
+    tmp_path, benches, sampler = setup
+    run(tmp_path, benches, sampler)
+    other = tmp_path / "other" / "eval"
+    other.mkdir(parents=True)
+    (other / "add.parquet").write_text("an older record")
+    (other / "metrics.json").write_text("{}")
+    copy_evaluation(tmp_path / "eval", other)
+    written = sorted(f.name for f in (tmp_path / "eval").iterdir())
+    assert written == sorted(f.name for f in other.iterdir()) and {"add.parquet", "metrics.json"} <= set(written)
+    assert all((tmp_path / "eval" / name).read_bytes() == (other / name).read_bytes() for name in written)
+    assert (other / "metrics.json").stat().st_mtime_ns >= max((other / n).stat().st_mtime_ns for n in written)
+
+
 def test_knowledge_is_greedy_once_after_an_empty_think_whatever_the_sampling_config(setup):
     tmp_path, benches, sampler = setup
     run(tmp_path, benches, sampler)

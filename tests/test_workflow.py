@@ -279,6 +279,21 @@ def test_mining_keeps_never_solved_and_splits_disjointly(smoke):
     assert (pl.concat([train, heldout])["pass_rate"] == 0).any()
 
 
+def test_experiments_that_mine_and_evaluate_alike_share_those_jobs(smoke):
+    """star, teacher and pedagogical read one data set, mine it alike and evaluate the post model alike: one
+    data set job, one mining job, one evaluation, whose records and metrics.json each experiment holds."""
+    exps = ("star", "teacher", "pedagogical")
+    assert len(list((smoke / "logs/sources").glob("*.log"))) == 1
+    assert len(list((smoke / "results/mined").iterdir())) == 3  # expert's, theirs, narrow's
+    assert not any((smoke / f"logs/{e}/mine.log").exists() for e in exps)
+    assert len(list((smoke / "logs/eval").glob("shared~*.log"))) == 1
+    assert not any((smoke / f"logs/{e}/eval/post.log").exists() for e in exps)
+    dirs = [smoke / f"results/{e}/eval/post" for e in exps]
+    names = [sorted(f.name for f in d.iterdir()) for d in dirs]
+    assert names[0] == names[1] == names[2] and "heldout.parquet" in names[0] and "metrics.json" in names[0]
+    assert all(len({(d / n).read_bytes() for d in dirs}) == 1 for n in names[0])
+
+
 def test_second_run_schedules_nothing(smoke):
     assert planned_jobs(smoke) == Counter()
 
