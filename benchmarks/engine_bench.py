@@ -12,6 +12,7 @@ what the start costs is the engine's own set-up, not reading weights. Prints a M
 """
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -89,6 +90,8 @@ def main() -> None:
         assert sampler.model_dir == str(models[-1])  # the same engine, now the last model's
         timed(lambda: sampler(PROMPTS, greedy))  # warm-up
         samples = [timed(lambda: sampler(PROMPTS, greedy)) for _ in range(args.repeats)]
+        sampler.llm = None  # the engine's processes shut down now: left to the interpreter's exit, they hang
+        gc.collect()
 
     import_s = statistics.median(s["import_s"] for s in starts)
     start_s, swap_s, sample_s = (statistics.median(x) for x in ([s["start_s"] for s in starts], swaps, samples))
