@@ -148,9 +148,9 @@ for digest, members in SHARED_EVALS.items():
         output:
             metrics=[f"results/{exp}/eval/{run}/metrics.json" for exp, run in members],
         log:
-            f"logs/eval/shared~{digest}.log",
+            f"logs/shared/eval~{digest}.log",
         benchmark:
-            f"benchmarks/jobs/eval/shared~{digest}.tsv"
+            f"benchmarks/jobs/shared/eval~{digest}.tsv"
         conda:
             "../envs/gpu.yaml"
         threads: config["threads"]["sample"]

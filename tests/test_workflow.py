@@ -286,7 +286,7 @@ def test_experiments_that_mine_and_evaluate_alike_share_those_jobs(smoke):
     assert len(list((smoke / "logs/sources").glob("*.log"))) == 1
     assert len(list((smoke / "results/mined").iterdir())) == 3  # expert's, theirs, narrow's
     assert not any((smoke / f"logs/{e}/mine.log").exists() for e in exps)
-    assert len(list((smoke / "logs/eval").glob("shared~*.log"))) == 1
+    assert len(list((smoke / "logs/shared").glob("eval~*.log"))) == 1
     assert not any((smoke / f"logs/{e}/eval/post.log").exists() for e in exps)
     dirs = [smoke / f"results/{e}/eval/post" for e in exps]
     names = [sorted(f.name for f in d.iterdir()) for d in dirs]
