@@ -77,6 +77,19 @@ def pico_model(tmp_path: Path) -> Callable[..., Path]:
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "configs" / "smoke.yaml"
+
+
+def new_data(exp: str, part: str, config: Path = SMOKE) -> str:
+    """Where `config`'s experiment `exp` keeps its new-task problems (`train`, `heldout`): mined ones in the
+    mining home it shares with the experiments that mine alike (graftlab.planning.layout)."""
+    import yaml
+
+    from graftlab.planning.config import resolve
+    from graftlab.planning.layout import Experiment
+
+    return Experiment.of(resolve(yaml.safe_load(config.read_text())), exp).new_data(part)
+
+
 # The tiny world's architecture at its smallest, with the world's character tokenizer: what a trainer test
 # trains in seconds (SFT, OPSD, the teacher, resume).
 WORLD_PICO = dict(hidden_size=16, intermediate_size=32, layers=1, heads=2, kv_heads=1, max_positions=256)

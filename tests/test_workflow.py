@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-from conftest import REPO, SMOKE, snakemake
+from conftest import REPO, SMOKE, new_data, snakemake
 
 pytestmark = pytest.mark.workflow
 # The per-experiment analyses every change of a run re-makes, once each (takeover: on the tiny world's
@@ -239,7 +239,8 @@ def test_takeover_reads_every_run_of_the_tiny_world_experiments(smoke):
 
 def test_every_job_has_a_log(smoke):
     logs = {p.relative_to(smoke / "logs").as_posix() for p in (smoke / "logs").rglob("*.log")}
-    assert {"world/pretrain.log", "world/posttrain.log", "expert/mine.log", "expert/sft/post/lr~1e-3.log"} <= logs
+    assert {"world/pretrain.log", "world/posttrain.log", "expert/sft/post/lr~1e-3.log"} <= logs
+    assert any(log.startswith("mined/") for log in logs)  # mining, by its home (results/mined/)
     assert "it/s" in (smoke / "logs/world/pretrain.log").read_text()  # the progress bar went to the log
     # Each trainer's live metrics, under its log's path (TRL's SFT and GRPO, our own OPSD and SDPO loops).
     board = smoke / "logs/tensorboard/expert"
@@ -272,8 +273,7 @@ def test_every_timed_job_ran_in_a_warm_worker_that_recorded_its_own_usage(smoke)
 
 
 def test_mining_keeps_never_solved_and_splits_disjointly(smoke):
-    data = smoke / "results/expert/data"
-    train, heldout = pl.read_parquet(data / "train.parquet"), pl.read_parquet(data / "heldout.parquet")
+    train, heldout = (pl.read_parquet(smoke / new_data("expert", part)) for part in ("train", "heldout"))
     assert heldout.height == 16 and train.height == 48 - 16
     assert not set(train["id"]) & set(heldout["id"])
     assert (pl.concat([train, heldout])["pass_rate"] == 0).any()
@@ -494,7 +494,7 @@ def test_a_named_world_is_built_apart_and_its_experiment_learns_on_it(smoke):
     assert sft["inputs"]["model"] == "results/worlds/narrow/ladder/step~50"
     # The world's own seed draws its own problems; the experiment mines those.
     narrow, main = (set(pl.read_parquet(r / "candidates.parquet")["id"]) for r in (root, smoke / "results/world"))
-    assert narrow != main and set(pl.read_parquet(smoke / "results/narrow/data/train.parquet")["id"]) <= narrow
+    assert narrow != main and set(pl.read_parquet(smoke / new_data("narrow", "train"))["id"]) <= narrow
     assert (smoke / "logs/worlds/narrow/pretrain.log").exists()
     assert (smoke / "benchmarks/jobs/worlds/narrow/pretrain.tsv").exists()
 
@@ -510,7 +510,8 @@ def test_an_experiment_seed_reruns_that_experiment_and_own_seeds_outlive_the_top
     # The main world and its five experiments follow the top-level seed (so does the moe model); the
     # narrow world and experiment, with seeds of their own, are kept.
     jobs = planned_jobs(smoke, write_config(tmp_path, "top", {"seed": 5}))
-    assert jobs["world_pretrain"] == 1 and jobs["summary"] == 5 and jobs["mine"] == 4 and jobs["moe"] == 1
+    # expert mines apart; star, teacher and pedagogical mine alike, once.
+    assert jobs["world_pretrain"] == 1 and jobs["summary"] == 5 and jobs["mine"] == 2 and jobs["moe"] == 1
 
 
 def test_experiments_on_a_named_world_share_its_build_and_leave_the_main_world_alone(tmp_path):
@@ -524,7 +525,7 @@ def test_experiments_on_a_named_world_share_its_build_and_leave_the_main_world_a
     path = write_config(tmp_path, "worlds", config)
     jobs = planned_jobs(tmp_path, path, base=())
     assert {rule: n for rule, n in jobs.items() if rule.startswith("world_")} == WORLD_BUILD  # once for both
-    assert jobs["mine"] == 2 and jobs["summary"] == 2
+    assert jobs["mine"] == 1 and jobs["summary"] == 2  # x and y mine alike: once
     # Only what some experiment needs is built: neither the main world nor world b.
     proc = snakemake(tmp_path, "-n", configs=(path,))
     assert "results/worlds/a/post" in proc.stdout and "logs/worlds/a/pretrain.log" in proc.stdout
@@ -622,6 +623,7 @@ def test_the_real_model_preset_plans_every_stage_without_the_tiny_world(tmp_path
     # Hub ids are never contacted by a dry-run: the preset's DAG is checked here, its downloads on a cluster.
     proc = snakemake(tmp_path, "-n", "--quiet", "rules", configs=(REPO / "configs" / "qwen3-1.7b-star.yaml",))
     assert proc.returncode == 0, proc.stderr
-    for rule in ("fetch_model", "dataset", "mine", "star", "sft", "rollouts", "fisher", "graft", "evaluate", "summary"):
+    for rule in ("fetch_model", "dataset", "mine", "star", "sft", "rollouts", "fisher", "evaluate", "summary"):
         assert f"\n{rule} " in proc.stdout, rule
+    assert "\ngraft_lam_" in proc.stdout  # a graft sweep's rule, named by its lam values
     assert "world_pretrain" not in proc.stdout

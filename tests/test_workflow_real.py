@@ -10,7 +10,8 @@ import yaml
 from conftest import WHOLE_RUN, build_pico_model, in_background
 
 from graftlab.analysis.pareto import data_title
-from graftlab.planning.layout import source_file
+from graftlab.planning.config import resolve
+from graftlab.planning.layout import Experiment
 
 pytestmark = pytest.mark.workflow
 
@@ -97,8 +98,8 @@ def test_real_models_and_data_run_every_stage_without_the_tiny_world(real):
 
 def test_the_skipped_data_row_is_counted_in_the_summary(real):
     summary = pl.read_parquet(real / "results/real/summary.parquet")
-    problems = source_file(real_config(real)["experiments"]["real"]["problems"], ".json")  # read once, shared
-    stats = json.loads((real / problems).read_text())
+    problems = Experiment.of(resolve(real_config(real)), "real").candidates()  # its data set, as read
+    stats = json.loads((real / problems).with_suffix(".json").read_text())
     assert stats["skipped"]["empty"] == 1 and stats["kept"] == 14
     # 14 problems: 4 held out, 10 trained on, each with its written solution as the trace.
     assert summary["data_rows_skipped"].unique().to_list() == [1]

@@ -8,9 +8,10 @@ from collections import Counter
 import polars as pl
 import pytest
 import yaml
-from conftest import snakemake
+from conftest import new_data, snakemake
 
-from graftlab.planning.layout import source_file
+from graftlab.planning.config import resolve
+from graftlab.planning.layout import Experiment
 from graftlab.tasks import is_correct
 
 pytestmark = pytest.mark.workflow
@@ -42,8 +43,8 @@ def traces_and_stats(smoke, exp):
 
 @pytest.mark.parametrize("exp", ["teacher", "star", "pedagogical"])
 def test_sampled_traces_are_verified_one_per_problem_and_carry_the_bare_prompt(smoke, exp):
-    traces, stats, data = traces_and_stats(smoke, exp)
-    problems = pl.read_parquet(data / "train.parquet")
+    traces, stats, _ = traces_and_stats(smoke, exp)
+    problems = pl.read_parquet(smoke / new_data(exp, "train"))
     assert traces["id"].n_unique() == traces.height == stats["traces"]
     assert stats["problems"] == problems.height and stats["skipped"] == problems.height - traces.height
     answers = dict(zip(problems["id"], problems["answer"]))
@@ -52,7 +53,7 @@ def test_sampled_traces_are_verified_one_per_problem_and_carry_the_bare_prompt(s
         assert is_correct(row["completion"], answers[row["id"]])
         assert row["prompt"] == prompts[row["id"]]  # never the hinted or the teacher's prompt
         assert "hint" not in row["completion"].lower() and "reference" not in row["completion"].lower()
-    heldout = pl.read_parquet(data / "heldout.parquet")
+    heldout = pl.read_parquet(smoke / new_data(exp, "heldout"))
     assert not set(heldout["id"]) & set(traces["id"])
 
 
@@ -96,7 +97,7 @@ def test_a_data_set_missing_its_answer_column_fails_clearly_and_writes_nothing(t
     pl.DataFrame({"problem": ["1+1?"], "solution": ["2"]}).write_parquet(tmp_path / "bad.parquet")
     bad = {"problems": {"source": str(tmp_path / "bad.parquet")}}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"experiments": {"bad": bad}}))
-    target = source_file(bad["problems"])
+    target = Experiment.of(resolve({"experiments": {"bad": bad}}), "bad").candidates()  # as resolved: the read
     proc = snakemake(tmp_path, "--cores", "1", target, configs=(tmp_path / "bad.yaml",))
     assert proc.returncode != 0
     log = (tmp_path / target.replace("results/", "logs/")).with_suffix(".log").read_text()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+import yaml
 
 if os.environ.get("GRAFTLAB_REAL_VLLM") == "1":
     import vllm
@@ -45,7 +46,15 @@ def snakemake(workdir: Path, *args: str) -> str:
     return done.stdout + done.stderr
 
 
-GREEDY = ("results/expert/data/train.parquet", "results/expert/eval/post/metrics.json")
+def mined(exp: str) -> str:
+    """The problems `exp` mined (their mining home: graftlab.planning.layout)."""
+    from graftlab.planning.config import resolve
+    from graftlab.planning.layout import Experiment
+
+    return Experiment.of(resolve(yaml.safe_load(CONFIG.read_text())), exp).new_data("train")
+
+
+GREEDY = (mined("expert"), "results/expert/eval/post/metrics.json")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +75,7 @@ def backends(workdir: Path) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
     for rule, log in re.findall(r"^rule (\w+):\n(?:    .*\n)*?    log: (\S+)$", planned, re.M):
         text = (workdir / log).read_text()
-        found.setdefault(re.sub(r"_(epoch|step)_.*", "", rule), set()).update(
+        found.setdefault(re.sub(r"_(epoch|step|lam|shared)_.*", "", rule), set()).update(
             re.findall(r"^sampling backend: (\S+)", text, re.M)
         )
     return {rule: backends for rule, backends in found.items() if backends}
