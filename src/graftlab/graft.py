@@ -560,7 +560,7 @@ def graft(
 
 def masked_graft(post, donor, donor_tuned, scale: float, out, mask: str = "none", fisher=None, rho=0.0, **settings):
     """`graft`, its update masked by the post model's retention Fisher (`fisher`, of kind `mask`, zeroing the
-    top-`rho` share; `settings`: scope and score) unless `mask` is `none`: what a workflow graft job runs.
+    top-`rho` share; `settings`: scope and score) unless `mask` is `none`: what a graft sweep's job runs for each lam.
     The mask may rank lazily, tensor by tensor, while the graft runs."""
     project = None
     if mask != "none":
@@ -572,7 +572,7 @@ def masked_graft(post, donor, donor_tuned, scale: float, out, mask: str = "none"
 
 def graft_fingerprint(post, donor, donor_tuned, scale: float, mask: str = "none", fisher=None, rho=0.0, **settings):
     """What identifies the model `masked_graft` makes from the same arguments before it is made: its inputs'
-    files and its settings. A graft job's samples are kept under it (graftlab.sample_chunks), since each
+    files and its settings. A graft's samples are kept under it (graftlab.sample_chunks), since each
     attempt, and each part of its sampling, grafts its own copy into a scratch directory of its own."""
     from graftlab.sample_chunks import inputs_fingerprint
 

@@ -46,7 +46,7 @@ def outputs_by_rule(workdir: Path) -> dict[str, list[Path]]:
 
 
 def graft_peak(workdir: Path) -> tuple[int, int]:
-    """(grafts, bytes) on disk together at the worst moment, from every graft job's `seconds.json`."""
+    """(grafts, bytes) on disk together at the worst moment, from every graft's `seconds.json`."""
     events = []
     for record in (workdir / "results").glob("**/graft/**/seconds.json"):
         seconds = json.loads(record.read_text())

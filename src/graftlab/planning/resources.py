@@ -125,8 +125,8 @@ CPU_FLOPS = 5e9  # float64 decompositions on a CPU job's few cores (torch's SVD,
 SETUP_MIN = 10  # loading the model, compiling the engine, writing the results
 MAX_RUNTIME_MIN = 48 * 60
 GROWTH = 1.5
-# Grafted models on disk at once (each graft job holds one, rules/graft.smk) unless a profile or the command
-# line gives `--resources temp_grafts=N`; `graftlab plan --temp-grafts N` prices the disk a cap needs.
+# Grafted models on disk at once (each graft sweep's job holds one at a time, rules/graft.smk) unless a profile
+# or the command line gives `--resources temp_grafts=N`; `graftlab plan --temp-grafts N` prices the disk a cap needs.
 TEMP_GRAFTS = 2
 BASE_MEM_MB = 4000
 GPU_JOB_CPUS = 8  # tokenization and vLLM's scheduler and detokenizer run on the CPU beside the GPU
