@@ -101,5 +101,5 @@ def test_a_data_set_missing_its_answer_column_fails_clearly_and_writes_nothing(t
     proc = snakemake(tmp_path, "--cores", "1", target, configs=(tmp_path / "bad.yaml",))
     assert proc.returncode != 0
     log = (tmp_path / target.replace("results/", "logs/")).with_suffix(".log").read_text()
-    assert "dataset experiments.bad.problems: " in log and "no column 'answer' (mapped as answer)" in log
+    assert "dataset experiments.bad.problems (" in log and "no column 'answer' (mapped as answer)" in log
     assert not (tmp_path / target).exists() and not (tmp_path / "results/world").exists()
