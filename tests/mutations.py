@@ -351,7 +351,7 @@ MUTATIONS = [
     Mutation(
         "kept-engine-any-model",
         "sampling.py",
-        "    if not all(_read(kept.model_dir, name) == _read(model_dir, name) for name in ENGINE_FILES):",
+        "    if kept.files != engine_files(model_dir):",
         "    if False:",
         (f"{SAMPLING}::test_a_job_scoring_several_models_keeps_one_engine_for_every_model_alike_but_for_its_weights",),
     ),

@@ -311,6 +311,7 @@ def test_a_job_scoring_several_models_keeps_one_engine_for_every_model_alike_but
         shutil.copytree(world / "model", path)
     (models["c"] / "generation_config.json").write_text('{"top_k": 5}')  # another generation default
     ours = load_sampler(models["a"], ENGINE)
+    shutil.rmtree(models["a"])  # a sweep's job deletes each graft before it makes the next
     kept = load_sampler(models["b"], ENGINE, after=ours)
     assert kept is ours and calls(vllm, "collective_rpc") == [
         {"method": "graftlab_swap", "args": (str(models["b"]),), "kwargs": {}}

@@ -184,15 +184,19 @@ def kept_engine(after, model_dir, engine: Engine) -> VllmSampler | None:
     kept = getattr(after, "__dict__", {}).get("inner", after)  # a ChunkedSampler's engine is its own
     if not isinstance(kept, VllmSampler) or kept.policy is not None or kept.engine.bare() != engine.bare():
         return None
-    if not all(_read(kept.model_dir, name) == _read(model_dir, name) for name in ENGINE_FILES):
+    if kept.files != engine_files(model_dir):
         return None
     kept.swap(model_dir)
     return kept
 
 
-def _read(model_dir, name: str) -> bytes | None:
-    path = Path(model_dir) / name
-    return path.read_bytes() if path.is_file() else None
+def engine_files(model_dir) -> tuple[str | None, ...]:
+    """A digest of each of `ENGINE_FILES` in `model_dir` (None where absent), taken when an engine loads the
+    model: a sweep's job deletes each graft's directory before it makes the next."""
+    import hashlib
+
+    paths = [Path(model_dir) / name for name in ENGINE_FILES]
+    return tuple(hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in paths)
 
 
 def policy_sampler(model, tokenizer, backend="auto"):
@@ -277,6 +281,7 @@ class VllmSampler:
                 "or use sampling_backend: transformers"
             )
         self.model_dir, self.engine, self.policy = str(model_dir), engine or Engine("vllm"), policy
+        self.files = engine_files(model_dir)  # what the engine read besides the weights (`kept_engine`)
         # `pending`: weights were asked for before the engine started, which it takes as it starts.
         self.llm, self.max_model_len, self.pending = None, None, False
         if self.engine.max_model_len is not None:
@@ -340,7 +345,7 @@ class VllmSampler:
         """Sample `model_dir` from now on, a model differing from the present one in its weights alone
         (`kept_engine`): a running engine reads them in place, once per worker; one not yet started, or
         restarted larger, starts from it."""
-        self.model_dir = str(model_dir)
+        self.model_dir, self.files = str(model_dir), engine_files(model_dir)
         if self.llm is not None:
             print(f"vLLM engine: kept, the weights of {model_dir} written into it", flush=True)
             self.llm.collective_rpc("graftlab_swap", args=(self.model_dir,))

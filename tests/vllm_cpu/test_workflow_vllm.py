@@ -88,6 +88,14 @@ def test_every_sampling_stage_ran_on_the_real_engine(runs):
     assert {rule: seen[rule] for rule in SAMPLING} == {rule: {"vllm"} for rule in SAMPLING}
 
 
+def test_a_sweeps_job_reads_each_next_graft_into_its_one_engine(runs):
+    """expert's unmasked sweep over lam 0.5 and 1: one job, one engine start, the second graft swapped in."""
+    real, _ = runs
+    log = (real / "logs/expert/graft/step~50/lr~1e-3/epoch~1/mask~none/rho~0.log").read_text()
+    assert log.count("vLLM engine: kept") == 1 and log.count("sampling backend: vllm") == 2
+    assert (real / "results/expert/eval/graft/step~50/lr~1e-3/epoch~1/lam~0.5/mask~none/rho~0/metrics.json").exists()
+
+
 def test_greedy_stages_equal_a_transformers_run(runs):
     real, reference = runs
     mined = [pl.read_parquet(d / GREEDY[0]) for d in runs]
