@@ -298,7 +298,7 @@ def mining_homes(layouts) -> dict[str, list[Experiment]]:
     into it, in config order: the first one's settings are its job's (`Experiment.mining_home`)."""
     homes: dict[str, list[Experiment]] = {}
     for layout in layouts:
-        if isinstance(layout, Experiment) and layout.x["data"] in MINED:
+        if layout.x["data"] in MINED:
             homes.setdefault(layout.mining_home().removeprefix("results/mined/"), []).append(layout)
     return homes
 
@@ -349,6 +349,12 @@ def as_read(source: dict) -> dict:
     return {key: value for key, value in source.items() if key != "response_tokens"}
 
 
+def digest(spec: dict) -> str:
+    """A short digest of all a shared job is computed from: the name under which experiments that agree on
+    all of it share the job (a data set's, a mining or retention home's, an evaluation's)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
 # Where every configured data set is read to: results/sources/<source_id>.parquet and .json.
 SOURCES_DIR = "results/sources"
 
@@ -360,8 +366,7 @@ def source_id(source: dict) -> str:
     read = as_read(source)
     name = str(read["source"]).rstrip("/").rsplit("/", 1)[-1]
     stem = re.sub(r"[^A-Za-z0-9_]+", "-", re.sub(r"\.(parquet|jsonl?|csv|arrow)$", "", name)).strip("-")
-    digest = hashlib.sha256(json.dumps(read, sort_keys=True).encode()).hexdigest()[:12]
-    return f"{stem or 'data'}-{digest}"
+    return f"{stem or 'data'}-{digest(read)}"
 
 
 def source_file(source: dict, suffix: str = ".parquet") -> str:
@@ -535,16 +540,19 @@ class Experiment:
 
     def eval_digest(self, key: str) -> str:
         """A digest of run `key`'s `eval_spec`: equal for the evaluations that are one computation."""
-        return hashlib.sha256(json.dumps(self.eval_spec(key), sort_keys=True).encode()).hexdigest()[:12]
+        return digest(self.eval_spec(key))
+
+    def _home(self, where: str, spec: dict) -> str:
+        """`where/<post model>-<digest of spec>`: the directory of a job the post model's experiments share."""
+        model = self.post_dir.removeprefix("results/").removeprefix("resources/models/").replace("/", "-")
+        return f"{where}/{model}-{digest(spec)}"
 
     def retention_home(self) -> str:
         """The directory of the post model's retention rollouts and Fishers, `results/fisher/<model>-<digest>`,
         keyed by all they are computed from: the model, the benchmarks the fresh prompts avoid, the configured
         prompts, the old tasks, the sampling settings and the seed. Experiments that agree on all of it share
         one computation; a change to any of it makes a new home (`retention_spec`)."""
-        model = self.post_dir.removeprefix("results/").removeprefix("resources/models/").replace("/", "-")
-        digest = hashlib.sha256(json.dumps(self.retention_spec(), sort_keys=True).encode()).hexdigest()
-        return f"results/fisher/{model}-{digest[:12]}"
+        return self._home("results/fisher", self.retention_spec())
 
     def retention_spec(self) -> dict:
         """What the retention rollouts are computed from (the rollouts rule's inputs and params, less the
@@ -629,9 +637,7 @@ class Experiment:
             "task": self.new_task,
             "seed": self.x["seed"],
         }
-        model = self.post_dir.removeprefix("results/").removeprefix("resources/models/").replace("/", "-")
-        digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
-        return f"results/mined/{model}-{digest[:12]}"
+        return self._home("results/mined", spec)
 
     def candidates(self) -> str:
         """The problems mining samples: the experiment's data set, else the tiny world's candidates."""
