@@ -350,10 +350,13 @@ def _fetched(config: dict, x: dict) -> set[str]:
     return {n for n in named if n in config["models"]}
 
 
+# The wildcards that name a job experiments share: a retention home, a mining home, a data set, an evaluation.
+SHARED_KEYS = {"home", "mined", "source", "shared"}
+
+
 def _shared_once(rule: str, wildcards: dict, seen: set) -> bool:
-    """Whether the job is one experiments share (a retention home's, `retention_jobs`, a mining home's, a data
-    set's, an evaluation's) that an earlier experiment already counted."""
-    if not {"home", "mined", "shared"} & set(wildcards) and rule != "dataset":
+    """Whether the job is one experiments share (`SHARED_KEYS`) that an earlier experiment already counted."""
+    if not SHARED_KEYS & set(wildcards):
         return False
     key = (rule, tuple(sorted(wildcards.items())))
     if key in seen:
@@ -363,7 +366,7 @@ def _shared_once(rule: str, wildcards: dict, seen: set) -> bool:
 
 
 def _experiment_costs(
-    costs: dict, config: dict, name: str, a: Assumptions, root: Path, seen: set, shared: dict
+    costs: dict, config: dict, name: str, a: Assumptions, root: Path, seen: set, evaluations: dict
 ) -> list[float]:
     """Add an experiment's jobs to `costs`; returns the bytes of its temp() grafts. A continual experiment's
     jobs are sized as the rule each one runs (`SIZED_AS`), by `graftlab.planning.work.continual_work`."""
@@ -378,7 +381,7 @@ def _experiment_costs(
     for rule, wildcards in experiment_jobs(layout):
         if _shared_once(rule, wildcards, seen):
             continue
-        if wildcards.get("shared") in shared:  # one job for every experiment asking for it (rules/evaluate.smk)
+        if wildcards.get("shared") in evaluations:  # one job for every experiment asking (rules/evaluate.smk)
             rule = f"evaluate_shared_{wildcards['shared']}"
         kind = sized_as(rule)
         job = work.job_work(kind, config, layout, wildcards, a, root)
@@ -426,7 +429,7 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     for key, uses in by_world.items():
         _world(costs, worlds[key], uses)
     _analysis(costs, config)
-    notes += _shared_starts(config, shared)
+    notes += _shared_starts(single, shared, evaluations)
     temp_peak = sum(sorted(grafts, reverse=True)[: min(a.jobs, a.temp_grafts)])
     plan = Plan({r: c for r, c in costs.items() if c.jobs}, a, notes, temp_peak)
     adaptive = [e for e, x in config["experiments"].items() if x["eval"]["adaptive"]]
@@ -443,10 +446,10 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     return plan
 
 
-def _shared_starts(config: dict, shared: set) -> list[str]:
-    """What evaluating a training run's checkpoints in one job, and sharing retention homes (`shared`, the
-    retention jobs counted), save: job starts, each an interpreter, a model load and (with vLLM) an engine."""
-    single = [Experiment.of(config, e) for e, x in config["experiments"].items() if not is_continual(x)]
+def _shared_starts(single: list[Experiment], shared: set, evaluations: dict) -> list[str]:
+    """What the single-domain experiments `single` save by evaluating a training run's checkpoints and a
+    sweep's grafts in one job, and by sharing retention homes (`shared`, the retention jobs counted), mining
+    and `evaluations`: job starts, each an interpreter, a model load and (with vLLM) an engine."""
     runs = [cs for layout in single for cs in layout.checkpointed().values()]
     models = sum(len(cs) for cs in runs)
     sweeps = [lams for layout in single for lams in layout.sweeps().values()]
@@ -464,7 +467,7 @@ def _shared_starts(config: dict, shared: set) -> list[str]:
     mining = [layout for layout in single if layout.x["data"] in MINED]
     if (mined := len({layout.mining_home() for layout in mining})) < len(mining):
         notes.append(f"Mining: {mined} jobs, shared by {len(mining)} experiments")
-    if evaluations := shared_evaluations(single):
+    if evaluations:
         runs = sum(len(members) for members in evaluations.values())
         notes.append(
             f"Evaluations shared by experiments: {runs} runs of the post model or a donor scored in {len(evaluations)}"
