@@ -20,7 +20,7 @@ from graftlab.planning.chains import (
     stage_data_kind,
 )
 from graftlab.planning.layout import (
-    MINED,
+    EVAL_JOB_SETTINGS,
     ROLLOUT_KEYS,
     TRAINED_KINDS,
     Experiment,
@@ -152,7 +152,7 @@ SWEEP_CONSTRAINTS = {key: "[^/]+" for key in SWEEP}
 
 def sweep_dir(w):
     """A graft sweep's directory under results/{exp}/: its grafts' paths without their lam."""
-    return f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/mask~{w.mask}/rho~{w.rho}"
+    return SWEEP_KEY.format(**{key: w[key] for key in SWEEP})
 
 
 def sweep_inputs():
@@ -260,6 +260,10 @@ def mining_layout(wildcards):
     return MINING[wildcards.mined][0]
 
 
+# Each kind of home by the wildcard that names it: a job of one is sized as its first experiment's.
+HOMES = {"home": RETENTION, "mined": MINING}
+
+
 def experiments_with(*kinds):
     """The experiments whose new-task data is of one of `kinds`, as a wildcard pattern that matches no
     experiment name when there are none (a rule of that kind then never applies)."""
@@ -314,7 +318,7 @@ def eval_params(**first):
         "sampling": lambda w: {
             k: v
             for k, v in xcfg(w, "eval").items()
-            if k not in ("donor_sft", "validation", "parts", "adaptive")
+            if k not in (*EVAL_JOB_SETTINGS, "validation")  # validation: its own param
         },
         "validation": lambda w: xcfg(w, "eval", "validation"),
         "seed": lambda w: xcfg(w, "seed"),
@@ -330,7 +334,7 @@ def sweep_lams(w):
 def graft_runs(w):
     """The evaluation keys of a graft sweep's models (graftlab.planning.layout), one a lam."""
     return [
-        f"graft/{w.donor}/lr~{w.lr}/epoch~{w.epoch}/lam~{lam}/mask~{w.mask}/rho~{w.rho}"
+        GRAFT_KEY.format(lam=lam, **{key: w[key] for key in SWEEP})
         for lam in sweep_lams(w)
     ]
 
@@ -440,12 +444,10 @@ def job_sizes(rule_name, wildcards):
     the job it samples for (`part_of`), and that job, once split, sized without the sampling its parts did.
     """
     # A job of a retention or mining home is sized as its first experiment's.
-    home, mined = getattr(wildcards, "home", None), getattr(wildcards, "mined", None)
-    exp = (
-        RETENTION[home][0].name
-        if home
-        else MINING[mined][0].name if mined else getattr(wildcards, "exp", None)
-    )
+    homes = [
+        HOMES[key][home] for key in HOMES if (home := getattr(wildcards, key, None))
+    ]
+    exp = homes[0][0].name if homes else getattr(wildcards, "exp", None)
     whole = PART_OF.get(rule_name, rule_name)
     own = tuple(sorted((k, v) for k, v in wildcards.items() if k not in PART_WILDCARDS))
     work = work_of(whole, exp, own)
