@@ -6,6 +6,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -175,20 +177,27 @@ def _smoke_run(workdir: Path) -> tuple[tuple[str, ...], tuple[Path, ...]]:
 
 
 class Background:
-    """The whole runs some selected test needs, each started once, at the start of the session."""
+    """The whole runs some selected test needs, each started once a session, at its start.
 
-    def __init__(self, tmp_path_factory) -> None:
-        self.factory = tmp_path_factory
-        self.runs: dict[str, tuple[Path, subprocess.Popen, Path]] = {}
-        self.done: dict[str, Path] = {}
+    Under pytest-xdist the workers share them: a run lives in a directory beside the workers' own
+    (`shared`), the first worker to create it starts the run, and a thread of that worker writes the
+    run's exit status there when it ends (`exit`). Any worker's test waits for that file, so the worker
+    that started a run waits for it too before it ends (another may still need it)."""
+
+    def __init__(self, shared: Path) -> None:
+        self.shared = shared
+        self.runs: dict[str, tuple[subprocess.Popen, threading.Thread]] = {}
 
     def start(self, fixture: str) -> None:
-        if fixture in self.runs:
-            return
-        workdir = self.factory.mktemp(fixture)
+        home = self.shared / f"background-{fixture}"
+        try:
+            home.mkdir()
+        except FileExistsError:
+            return  # started by this worker or another
+        workdir = home / "work"
+        workdir.mkdir()
         args, configs = BACKGROUND[fixture][1](workdir)
-        err = self.factory.mktemp(f"{fixture}-stderr") / "stderr.txt"
-        with open(err, "w") as stderr:
+        with open(home / "stderr.txt", "w") as stderr:
             proc = subprocess.Popen(
                 snakemake_cmd(workdir, *args, configs=configs),
                 stdout=subprocess.DEVNULL,
@@ -196,21 +205,30 @@ class Background:
                 cwd=workdir,
                 start_new_session=True,
             )
-        self.runs[fixture] = (workdir, proc, err)
+
+        def reap() -> None:
+            code = proc.wait()
+            (home / "exit.tmp").write_text(str(code))
+            (home / "exit.tmp").rename(home / "exit")
+
+        self.runs[fixture] = (proc, threading.Thread(target=reap, daemon=True))
+        self.runs[fixture][1].start()
 
     def wait(self, fixture: str) -> Path:
         """The run's workdir once it has finished, asserting that it succeeded."""
         self.start(fixture)  # not started at the session's start (a fixture of another module): now
-        workdir, proc, err = self.runs[fixture]
-        proc.wait()
-        assert proc.returncode == 0, err.read_text()[-3000:]
-        return workdir
+        home = self.shared / f"background-{fixture}"
+        while not (home / "exit").exists():
+            time.sleep(0.5)
+        assert (home / "exit").read_text() == "0", (home / "stderr.txt").read_text()[-3000:]
+        return home / "work"
 
-    def stop(self) -> None:
-        for _, proc, _ in self.runs.values():
-            if proc.poll() is None:
+    def stop(self, interrupted: bool) -> None:
+        """Kill this worker's runs if the session was cut short; otherwise wait for them to end."""
+        for proc, reaper in self.runs.values():
+            if interrupted and proc.poll() is None:
                 os.killpg(proc.pid, 9)
-                proc.wait()
+            reaper.join()
 
 
 def _uses(item: pytest.Item, fixture: str, module: str | None) -> bool:
@@ -244,12 +262,15 @@ def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def background(request, tmp_path_factory):
     """Starts, before the first test, every registered whole run that a selected test uses."""
-    runs = Background(tmp_path_factory)
+    base = tmp_path_factory.getbasetemp()
+    runs = Background(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
     for fixture, (module, _) in BACKGROUND.items():
         if any(_uses(item, fixture, module) for item in request.session.items):
             runs.start(fixture)
     yield runs
-    runs.stop()
+    session = request.session
+    cut_short = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
+    runs.stop(interrupted=bool(cut_short))
 
 
 @pytest.fixture(scope="session")

@@ -310,39 +310,26 @@ def test_evaluation_killed_between_benchmarks_leaves_no_scores_and_the_rerun_sco
 
 # The tiny world of configs/smoke.yaml up to its donor ladder: 3 jobs (tokenizer, corpus, pretraining),
 # made by a snakemake killed mid-run and recovered, then compared with the same files of the smoke run's.
-# Two tests share one session-scoped recovery: the first runs in file order, beside the smoke run; the
-# second, which waits for that run, goes last (conftest), so no core idles while the kill is rerun.
 WORLD = ["tokenizer", "corpus.parquet", "init", "ladder"]
 
 
-@pytest.fixture(scope="session")
-def killed_snakemake(tmp_path_factory) -> dict:
+@pytest.mark.workflow
+def test_snakemake_killed_mid_run_recovers_as_documented_to_the_uninterrupted_outputs(tmp_path, smoke):
     """The world built by a snakemake killed -9 mid-run, then by the recovery docs/sweeps.md gives: the
     same command (which refuses the killed run's lock and names --unlock), with --unlock, then as it was."""
-    workdir = tmp_path_factory.mktemp("killed-snakemake")
     cores, threads, quiet = WHOLE_RUN[:2], WHOLE_RUN[2:4], WHOLE_RUN[4:]  # the smoke run's flags
     args = (*cores, *threads, "results/world/ladder", *quiet)
-    world = workdir / "results" / "world"
+    world = tmp_path / "results" / "world"
     # Pretraining has saved its first ladder checkpoint and goes on training: jobs are running.
     first_rung = f".ladder.tmp-{HOST}-*/.work-step~50/checkpoint-50"
-    kill_mid_way(snakemake_cmd(workdir, *args), lambda: any(world.glob(first_rung)), workdir, workdir / "killed.log")
-    ladder_after_kill = (world / "ladder").exists()
-    locked = snakemake(workdir, *args)
-    recoveries = [snakemake(workdir, *recovery) for recovery in ((*args, "--unlock"), args)]
-    return {"world": world, "ladder_after_kill": ladder_after_kill, "locked": locked, "recoveries": recoveries}
+    kill_mid_way(snakemake_cmd(tmp_path, *args), lambda: any(world.glob(first_rung)), tmp_path, tmp_path / "killed.log")
+    assert not (world / "ladder").exists()
 
-
-@pytest.mark.workflow
-def test_snakemake_killed_mid_run_recovers_as_documented(killed_snakemake):
-    assert not killed_snakemake["ladder_after_kill"]
-    locked = killed_snakemake["locked"]
+    locked = snakemake(tmp_path, *args)
     assert locked.returncode != 0 and "--unlock" in locked.stderr + locked.stdout
-    for done in killed_snakemake["recoveries"]:
+    for recovery in ((*args, "--unlock"), args):
+        done = snakemake(tmp_path, *recovery)
         assert done.returncode == 0, done.stderr[-3000:]
-    assert leftovers(killed_snakemake["world"]) == []
-
-
-@pytest.mark.workflow
-def test_snakemake_killed_mid_run_ends_with_the_uninterrupted_outputs(killed_snakemake, smoke):
+    assert leftovers(world) == []
     for name in WORLD:
-        assert_same_output(killed_snakemake["world"] / name, smoke / "results" / "world" / name)
+        assert_same_output(world / name, smoke / "results" / "world" / name)

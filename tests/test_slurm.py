@@ -79,40 +79,37 @@ def squeue(*args: str) -> list[list[str]]:
 class Preemption(threading.Thread):
     """Requeues the run's OPSD job once, as a preemption does (`scontrol requeue`: SIGTERM, then back into
     the queue), after it has saved a step and before its last, and lets it start again at once: a requeued
-    job otherwise waits two minutes for its begin time."""
+    job otherwise waits two minutes for its begin time. What it did goes to `preemption.json` beside the
+    run, for the test, which may run in another pytest-xdist worker than this thread."""
 
     def __init__(self, workdir: Path) -> None:
         super().__init__(daemon=True)
         self.workdir = workdir
-        self.requeued: tuple[str, int] | None = None  # (job id, the last step saved before the requeue)
-        self.missed = "the run ended before OPSD saved a step"
 
     def run(self) -> None:
         log = self.workdir / "logs" / f"{OPSD_RUN}.log"
+        outcome = {"missed": "the run ended before OPSD saved a step"}
         deadline = time.monotonic() + 1800
-        while self.requeued is None and time.monotonic() < deadline:
+        while not (self.workdir.parent / "exit").exists() and time.monotonic() < deadline:
             saved = re.findall(r"resume: saved OPSD step (\d+)", log.read_text()) if log.exists() else []
             if saved:
-                self.requeue(int(saved[-1]))
-                return
+                outcome = self.requeue(int(saved[-1]))
+                break
             time.sleep(0.2)
+        (self.workdir.parent / "preemption.json").write_text(json.dumps(outcome))
 
-    def requeue(self, step: int) -> None:
+    def requeue(self, step: int) -> dict:
         running = squeue("-t", "RUNNING", "-o", "%i|%k|%Z")
         jobs = [j for j, comment, where in running if Path(where) == self.workdir and comment.startswith("rule_opsd")]
         if not jobs:
-            self.missed = f"OPSD had saved step {step} but was no longer running"
-            return
+            return {"missed": f"OPSD had saved step {step} but was no longer running"}
         subprocess.run(["scontrol", "requeue", jobs[0]], check=True)
-        self.requeued = (jobs[0], step)
         for _ in range(600):
             if squeue("-j", jobs[0], "-o", "%T") == [["PENDING"]]:
                 subprocess.run(["scontrol", "update", f"JobId={jobs[0]}", "StartTime=now"], check=True)
-                return
+                break
             time.sleep(0.1)
-
-
-PREEMPTIONS: dict[Path, Preemption] = {}
+        return {"requeued": [jobs[0], step]}
 
 
 # Both runs start with the session, in the background (conftest.Background), beside the smoke run: the
@@ -120,8 +117,7 @@ PREEMPTIONS: dict[Path, Preemption] = {}
 @in_background("slurm_run", __file__)
 def _slurm_run(workdir: Path):
     start_cluster()
-    PREEMPTIONS[workdir] = Preemption(workdir)
-    PREEMPTIONS[workdir].start()
+    Preemption(workdir).start()
     return ("--profile", str(write_profile(workdir.parent / f"{workdir.name}-profile")), *TARGETS), (CONFIG,)
 
 
@@ -232,10 +228,14 @@ def test_multi_gpu_sft_ran_as_several_processes_two_jobs_at_once(slurm_run):
 
 def test_a_requeued_trainer_resumes_and_ends_bit_identical_to_an_uninterrupted_run(slurm_run, local_run):
     workdir, _ = slurm_run
-    preemption = PREEMPTIONS[workdir]
-    preemption.join(timeout=10)
-    assert preemption.requeued, preemption.missed
-    job, saved = preemption.requeued
+    outcome = workdir.parent / "preemption.json"
+    for _ in range(100):  # written by the Preemption thread once the run has ended, if not before
+        if outcome.exists():
+            break
+        time.sleep(0.1)
+    preemption = json.loads(outcome.read_text())
+    assert "requeued" in preemption, preemption["missed"]
+    job, saved = preemption["requeued"]
     assert 1 <= saved < OPSD_STEPS
     query = ["sacct", "-j", job, "--duplicates", "-X", "-P", "-n", "-o", "State"]
     states = subprocess.run(query, capture_output=True, text=True, check=True).stdout.split()
