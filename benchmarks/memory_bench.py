@@ -111,8 +111,8 @@ def _predicted(kind: str, model: Path, cuda: bool):
     return mm.sampler(P, shape, tokens=PROMPTS * 4 * seq, weight_bytes=mm.FP32)  # the checkpoint's dtype
 
 
-def run(kind: str, model: Path, out: Path) -> None:
-    """One kind in this process; prints {"measured": bytes}."""
+def run(kind: str, model: Path, out: Path, threads: int) -> None:
+    """One kind in this process on `threads` threads; prints {"measured": bytes}."""
     import torch
 
     # Everything any kind imports, before the baseline.
@@ -136,13 +136,13 @@ def run(kind: str, model: Path, out: Path) -> None:
         cfg = SamplingConfig(n=1, temperature=1.0, top_p=1.0, max_new_tokens=NEW, seed=0)
         frame = sample_rollouts(load_sampler(model, "transformers"), AutoTokenizer.from_pretrained(model), rl, cfg)
         frame.write_parquet(out / "rollouts.parquet")
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
     else:
         base = rss()
-    common = {"threads": 2, "micro_batch_size": MICRO, "backend": "transformers"}
+    common = {"threads": threads, "micro_batch_size": MICRO, "backend": "transformers"}
     if kind == "sft":
         import random
 
@@ -198,11 +198,13 @@ def main() -> int:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--out", type=Path, default=Path("/tmp/memory_bench"))
+    # 1 where other processes share the cores (the test suite): torch's threads spin-wait for a busy core.
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each job")
     parser.add_argument("--run", choices=KINDS, help=argparse.SUPPRESS)  # one kind, in the child process
     args = parser.parse_args()
     model = args.out / "model"
     if args.run:
-        run(args.run, model, args.out / args.run)
+        run(args.run, model, args.out / args.run, args.threads)
         return 0
     import torch
 
@@ -215,7 +217,7 @@ def main() -> int:
     rows, worst = [], 0.0
     for kind in args.kinds:
         (args.out / kind).mkdir(exist_ok=True)
-        cmd = [sys.executable, __file__, "--run", kind, "--out", str(args.out), "--hidden", str(args.hidden)]
+        cmd = [sys.executable, __file__, "--run", kind, "--out", str(args.out), "--threads", str(args.threads)]
         # glibc hands every block of 64 KiB or more straight back to the kernel when freed, so a CPU's
         # resident memory follows the live tensors (by default it keeps freed blocks for reuse).
         env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_ARENA_MAX": "1"}

@@ -100,6 +100,34 @@ def test_a_sweep_is_one_job_charged_every_graft_with_one_on_disk_at_a_time(tmp_p
     assert "Grafts: 2 jobs make and score the 5 grafts and merges of 2 sweeps, 3 job starts" in " ".join(plan.notes)
 
 
+@pytest.mark.parametrize("lams", [["1"], [str(lam / 4) for lam in range(1, 41)]])
+def test_adaptive_sweeps_are_priced_against_full_scoring_with_the_kept_share_a_third_needs(tmp_path, lams):
+    """HAND with its grafts screened on a tenth of the problems and 0.4 of them kept: the note's hours are
+    full scoring's with each graft's evaluation charged 0.1 + 0.4 of itself, and the kept share at which
+    they are a third of full scoring's solves that line, or is out of reach where screening alone exceeds it."""
+    x = copy.deepcopy(HAND)
+    x["experiments"]["x"]["graft"]["lam"] = lams
+    x["experiments"]["x"]["merge"]["lam"] = lams
+    x["experiments"]["x"]["eval"] |= {"validation": 0.5}
+    a = Assumptions(prompt_tokens=256, jobs=1, gpu_bandwidth=1e18, adaptive_kept=0.4)  # hours are FLOPs
+    full = estimate(resolve(copy.deepcopy(x)), a, root=tmp_path).total_gpu_hours
+    x["experiments"]["x"]["eval"] |= {"adaptive": 0.1}
+    plan = estimate(resolve(x), a, root=tmp_path)
+    grafts = 2 * len(lams) * 2e9 * 60 * 2 * 1000 / (a.decode_mfu * a.gpu_flops) / 3600  # each scored fully
+    assert plan.total_gpu_hours == pytest.approx(full - grafts + (0.1 + 0.4) * grafts)
+    note = next(n for n in plan.notes if n.startswith("Adaptive sweeps (x)"))
+    hours = [float(h) for h in re.findall(r"([\d.e+]+) GPU-hours, against ([\d.e+]+)", note)[0]]
+    assert hours == [pytest.approx(plan.total_gpu_hours, rel=1e-2), pytest.approx(full, rel=1e-2)]
+    none = full - grafts + 0.1 * grafts
+    if none >= full / 3:
+        assert f"none kept, screening and every other job take {none:.3g}: a third" in note
+        assert "of full scoring's is out of reach" in note
+    else:
+        kept = float(re.search(r"needs at most ([\d.e-]+) of them kept", note)[1])
+        assert kept == pytest.approx((full / 3 - none) / grafts, rel=0.05)
+    assert (none >= full / 3) == (len(lams) == 1)  # both branches are taken
+
+
 def test_stated_params_win_over_the_name(tmp_path):
     config = resolve(
         {**copy.deepcopy(HAND), "models": {"m": {"source": "org/Model-1B", "params": 3e9}, "d": HAND["models"]["d"]}}

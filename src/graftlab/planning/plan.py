@@ -400,8 +400,9 @@ def _experiment_costs(
     return grafts
 
 
-def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path(".")) -> Plan:
-    """The plan of a resolved config (graftlab.planning.config.resolve): each rule's jobs, FLOPs and bytes.
+def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."), compare: bool = True) -> Plan:
+    """The plan of a resolved config (graftlab.planning.config.resolve): each rule's jobs, FLOPs and bytes;
+    with adaptive sweeps and `compare`, a note pricing them against full scoring.
 
     A grafted model lives in its own job's scratch, which evaluates and deletes it (rules/graft.smk), and
     each job holds a `temp_grafts` resource: at most min(`a.jobs`, `a.temp_grafts`) are on disk at once.
@@ -433,17 +434,32 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     temp_peak = sum(sorted(grafts, reverse=True)[: min(a.jobs, a.temp_grafts)])
     plan = Plan({r: c for r, c in costs.items() if c.jobs}, a, notes, temp_peak)
     adaptive = [e for e, x in config["experiments"].items() if x["eval"]["adaptive"]]
-    if adaptive:  # priced both ways: the same config with every sweep scored fully
-        full = copy.deepcopy(config)
-        for e in adaptive:
-            full["experiments"][e]["eval"]["adaptive"] = 0
-        hours = (plan.total_gpu_hours, estimate(full, a, root).total_gpu_hours)
-        notes.append(
-            f"Adaptive sweeps ({', '.join(adaptive)}): every graft first scored on its eval.adaptive share, "
-            f"{a.adaptive_kept:g} of them then fully (--adaptive-kept): {_hours(hours[0])} GPU-hours, "
-            f"against {_hours(hours[1])} with every graft scored fully"
-        )
+    if adaptive and compare:
+        notes.append(_adaptive_note(config, adaptive, plan, a, root))
     return plan
+
+
+def _adaptive_note(config: dict, adaptive: list[str], plan: Plan, a: Assumptions, root: Path) -> str:
+    """The adaptive plan's GPU-hours against the same config with every sweep scored fully, and the kept
+    share at which they are a third of those: the hours are linear in `--adaptive-kept`, so two more
+    estimates (none kept, all kept) give the line."""
+    full = copy.deepcopy(config)
+    for e in adaptive:
+        full["experiments"][e]["eval"]["adaptive"] = 0
+    full_h = estimate(full, a, root, compare=False).total_gpu_hours
+    none, every = (estimate(config, replace(a, adaptive_kept=k), root, compare=False).total_gpu_hours for k in (0, 1))
+    third = full_h / 3
+    if none >= third:
+        reach = (
+            f"none kept, screening and every other job take {_hours(none)}: a third of full scoring's is out of reach"
+        )
+    else:
+        reach = f"a third of those ({_hours(third)}) needs at most {(third - none) / (every - none):.2g} of them kept"
+    return (
+        f"Adaptive sweeps ({', '.join(adaptive)}): every graft first scored on its eval.adaptive share, "
+        f"{a.adaptive_kept:g} of them then fully (--adaptive-kept): {_hours(plan.total_gpu_hours)} GPU-hours, "
+        f"against {_hours(full_h)} with every graft scored fully; {reach}"
+    )
 
 
 def _shared_starts(single: list[Experiment], shared: set, evaluations: dict) -> list[str]:
