@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -271,6 +272,32 @@ def background(request, tmp_path_factory):
     session = request.session
     cut_short = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
     runs.stop(interrupted=bool(cut_short))
+
+
+@contextlib.contextmanager
+def kept_environment():
+    """os.environ as it was on entry, restored on exit."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+# Each test and each module starts from the session's environment. Code under test sets process-wide
+# variables (an in-process engine's rendezvous: RANK, WORLD_SIZE, MASTER_PORT; accelerate's precision; a
+# tracker's directory) that would otherwise reach the later tests of its worker and every process they
+# start: a workflow job that inherited a rendezvous joined a process group on its port, which a test in
+# another worker held. A module's fixtures set some of them, hence the module scope too.
+@pytest.fixture(autouse=True, scope="module")
+def module_environment():
+    with kept_environment():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def environment():
+    with kept_environment():
+        yield
 
 
 @pytest.fixture(scope="session")
