@@ -207,6 +207,8 @@ class Background:
                 start_new_session=True,
             )
 
+        (home / "pid").write_text(str(proc.pid))
+
         def reap() -> None:
             code = proc.wait()
             (home / "exit.tmp").write_text(str(code))
@@ -221,6 +223,9 @@ class Background:
         home = self.shared / f"background-{fixture}"
         while not (home / "exit").exists():
             time.sleep(0.5)
+            if not (home / "exit").exists() and not _alive(home / "pid"):
+                time.sleep(2)  # reaped a moment ago: its status is being written
+                assert (home / "exit").exists(), f"the {fixture} run ended and its starter wrote no status: {home}"
         assert (home / "exit").read_text() == "0", (home / "stderr.txt").read_text()[-3000:]
         return home / "work"
 
@@ -230,6 +235,17 @@ class Background:
             if interrupted and proc.poll() is None:
                 os.killpg(proc.pid, 9)
             reaper.join()
+
+
+def _alive(pid_file: Path) -> bool:
+    """Whether the process named in `pid_file` exists (a run being started has not written it yet)."""
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+    except (FileNotFoundError, ValueError):
+        return True
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _uses(item: pytest.Item, fixture: str, module: str | None) -> bool:
