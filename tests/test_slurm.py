@@ -90,13 +90,15 @@ class Preemption(threading.Thread):
         log = self.workdir / "logs" / f"{OPSD_RUN}.log"
         outcome = {"missed": "the run ended before OPSD saved a step"}
         deadline = time.monotonic() + 1800
+        # Until the run has ended: conftest.Background writes its exit status beside its directory.
         while not (self.workdir.parent / "exit").exists() and time.monotonic() < deadline:
             saved = re.findall(r"resume: saved OPSD step (\d+)", log.read_text()) if log.exists() else []
             if saved:
                 outcome = self.requeue(int(saved[-1]))
                 break
             time.sleep(0.2)
-        (self.workdir.parent / "preemption.json").write_text(json.dumps(outcome))
+        (self.workdir.parent / "preemption.tmp").write_text(json.dumps(outcome))
+        (self.workdir.parent / "preemption.tmp").rename(self.workdir.parent / "preemption.json")  # whole or absent
 
     def requeue(self, step: int) -> dict:
         running = squeue("-t", "RUNNING", "-o", "%i|%k|%Z")
