@@ -344,8 +344,8 @@ class VllmSampler:
     def swap(self, model_dir) -> None:
         """Sample `model_dir` from now on, a model differing from the present one in its weights alone
         (`kept_engine`): a running engine reads them in place, once per worker; one not yet started, or
-        restarted larger, starts from it."""
-        self.model_dir, self.files = str(model_dir), engine_files(model_dir)
+        restarted larger, starts from it. `files` stand: `kept_engine` has found them the same."""
+        self.model_dir = str(model_dir)
         if self.llm is not None:
             print(f"vLLM engine: kept, the weights of {model_dir} written into it", flush=True)
             self.llm.collective_rpc("graftlab_swap", args=(self.model_dir,))
