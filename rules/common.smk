@@ -462,6 +462,7 @@ def job_sizes(rule_name, wildcards):
             "memory": work.memory,
             "batch": work.batch,
             "host": work.host,
+            "streams": work.streams,
         }
     )
     if whole not in PARTS:

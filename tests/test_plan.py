@@ -10,7 +10,9 @@ import pytest
 
 from graftlab.commands.cli import main
 from graftlab.planning.config import resolve
+from graftlab.planning.layout import SWEEP, Experiment
 from graftlab.planning.plan import Assumptions, estimate, load_config, render
+from graftlab.planning.work import job_work
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
@@ -98,6 +100,13 @@ def test_a_sweep_is_one_job_charged_every_graft_with_one_on_disk_at_a_time(tmp_p
     assert (merge.jobs, merge.flops, merge.written) == (1, pytest.approx(2 * one), 2 * 2e9)
     assert plan.temp_peak == 2e9
     assert "Grafts: 2 jobs make and score the 5 grafts and merges of 2 sweeps, 3 job starts" in " ".join(plan.notes)
+    # Its runtime charges each graft's streaming through host memory (graftlab.planning.resources), one
+    # graft after another: a job of 3 streams 3 models, as it evaluates 3.
+    config = resolve(x)
+    layout = Experiment.of(config, "x")
+    sweeps = layout.sweeps().items()
+    streams = {len(lams): job_work("graft", config, layout, dict(zip(SWEEP, key))).streams for key, lams in sweeps}
+    assert streams == {3: 3, 2: 2}
 
 
 @pytest.mark.parametrize("lams", [["1"], [str(lam / 4) for lam in range(1, 41)]])

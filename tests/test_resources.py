@@ -90,6 +90,17 @@ def test_sampling_and_cpu_jobs_by_hand():
     assert job_resources("mine", 1e12, generate=2e23)["runtime"] == 48 * 60  # capped
 
 
+@given(grafts=st.integers(1, 40), params=st.floats(1e6, 1e11), minutes=st.floats(0, 1e4))
+def test_a_sweep_asks_for_every_grafts_streaming_through_host_memory(grafts, params, minutes):
+    # Each graft streams 16 bytes/param through host memory at 50 MB/s before it is evaluated, one graft
+    # after another; the sampling is each graft's (`minutes` of KV-cache reads at 0.2 x 3.35e12 B/s).
+    uncapped = Cluster(gpu_max_runtime=10**9)
+    kv_read = grafts * minutes * 60 * 0.2 * 3.35e12
+    job = job_resources("graft", params, kv_read=kv_read, streams=grafts, cluster=uncapped)
+    expected = 10 + grafts * params * 16 / 50e6 / 60 + grafts * minutes
+    assert job["runtime"] == math.ceil(expected) or math.isclose(job["runtime"], expected, abs_tol=1)
+
+
 @given(gb=st.floats(0.01, 1000), batch=st.integers(1, 256), sharded=st.booleans(), node=st.integers(1, 16))
 def test_the_gpus_of_a_job_are_the_fewest_on_a_node_that_hold_it_and_divide_its_batch(gb, batch, sharded, node):
     need = nominal_memory("sft", 8e9)

@@ -200,6 +200,7 @@ def job_resources(
     memory: Memory | None = None,
     batch: int | None = None,
     host: float = 0.0,
+    streams: int = 1,
     attempt: int = 1,
     cluster: Cluster = Cluster(),
     capped: bool = True,
@@ -209,7 +210,8 @@ def job_resources(
     reading `kv_read` bytes of KV cache, and passes `compute` FLOPs over whole sequences, holds `memory` on
     its GPUs and takes `batch` examples a step (`graftlab.planning.work.Work`; without `memory`,
     `nominal_memory`), and a CPU job `host` bytes of host memory beyond its base and `compute` FLOPs at
-    `CPU_FLOPS`, at try `attempt`, on `cluster` (its partitions, GPU size and count a node, time limits, and
+    `CPU_FLOPS`, streaming `streams` models through host memory one after another (`HOST_BYTES_PER_PARAM`
+    each: a sweep's grafts), at try `attempt`, on `cluster` (its partitions, GPU size and count a node, time limits, and
     the GPU rules' model, constraint and QoS, each set only where the cluster names one). Not `capped`:
     its runtime as estimated, beyond its partition's limit. `part_of`: the job decodes one of that many
     parts of it (`sampling_parts`)."""
@@ -220,7 +222,8 @@ def job_resources(
     grow = GROWTH ** (attempt - 1)
     gpus = 0
     host_bytes = HOST_BYTES_PER_PARAM.get(rule, 0)
-    streamed = params * host_bytes / 50e6 / 60  # minutes of tensors streamed through host memory at ~50 MB/s
+    # Minutes of tensors streamed through host memory at ~50 MB/s, model after model.
+    streamed = streams * params * host_bytes / 50e6 / 60
     if kind == "gpu":
         need = memory or nominal_memory(rule, params)
         # A job no count holds asks for one GPU: more would sit idle (`misfit` says why it will not fit).

@@ -103,6 +103,9 @@ class Work:
     kv_read: float = 0.0  # bytes of KV cache its decoding reads (`decoding`)
     batch: int | None = None  # examples of one optimizer step: a data-parallel job's GPUs must divide it
     host: float = 0.0  # a CPU job's peak host memory beyond its base, in bytes, where its work sets it
+    # Models the job makes by streaming tensors through host memory, one after another (a sweep's grafts:
+    # `graftlab.planning.resources.HOST_BYTES_PER_PARAM` each), for its runtime.
+    streams: int = 1
 
 
 def decoder_model(c: dict, bytes_per_param: int, source: str) -> Model:
@@ -446,7 +449,7 @@ def job_work(
         answers = {b: n * share * grafts for b, n in eval_answers(layout, a).items()}
         decoded = eval_decoding(post, layout, answers, a, root)
         engine = sampler_memory(config, post, p + x["eval"]["max_new_tokens"])
-        return Work(post, **decoded, written=grafts * post.bytes, kept=0, memory=engine)
+        return Work(post, **decoded, written=grafts * post.bytes, kept=0, memory=engine, streams=grafts)
     if rule == "fetch_model":
         model = model_of(config, layout, wildcards["name"], root)
         return Work(model, written=model.bytes)
