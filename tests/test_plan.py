@@ -129,12 +129,47 @@ def test_adaptive_sweeps_are_priced_against_full_scoring_with_the_kept_share_a_t
     assert hours == [pytest.approx(plan.total_gpu_hours, rel=1e-2), pytest.approx(full, rel=1e-2)]
     none = full - grafts + 0.1 * grafts
     if none >= full / 3:
-        assert f"none kept, screening and every other job take {none:.3g}: a third" in note
+        assert f"none of them kept, screening and every other job take {none:.3g}: a third" in note
         assert "of full scoring's is out of reach" in note
     else:
         kept = float(re.search(r"needs at most ([\d.e-]+) of them kept", note)[1])
         assert kept == pytest.approx((full / 3 - none) / grafts, rel=0.05)
     assert (none >= full / 3) == (len(lams) == 1)  # both branches are taken
+
+
+@pytest.mark.parametrize("decided", ["graft", "both"])
+def test_a_finished_screening_prices_its_sweeps_as_it_decided_whatever_is_assumed(tmp_path, decided):
+    """HAND's graft at three lam values and its merge at two, screened on a tenth of the problems: a sweep
+    whose screening has decided every graft (results/x/screen/decisions.json) is charged the grafts it kept,
+    1 of the graft's 3 and both merges; a sweep it has not decided, the assumed 0.4."""
+    x = copy.deepcopy(HAND)
+    x["experiments"]["x"] |= {
+        "graft": {"lam": ["0.25", "0.5", "1"], "epochs": [2]},
+        "merge": {"lam": ["0.5", "1"], "epochs": [2]},
+    }
+    x["experiments"]["x"]["eval"] |= {"validation": 0.5}
+    a = Assumptions(prompt_tokens=256, jobs=1, gpu_bandwidth=1e18, adaptive_kept=0.4)  # hours are FLOPs
+    full = estimate(resolve(copy.deepcopy(x)), a, root=tmp_path).total_gpu_hours
+    x["experiments"]["x"]["eval"] |= {"adaptive": 0.1}
+    config = resolve(x)
+    sweeps = sorted(Experiment.of(config, "x").sweep_runs().values(), key=len)  # the merge's 2, the graft's 3
+    decisions = {r.key: {"kept": i == 0} for i, r in enumerate(sweeps[1])}
+    decisions |= {r.key: {"kept": True} for r in sweeps[0]} if decided == "both" else {}
+    (tmp_path / "results/x/screen").mkdir(parents=True)
+    (tmp_path / "results/x/screen/decisions.json").write_text(json.dumps(decisions))
+    plan = estimate(config, a, root=tmp_path)
+    one = 2e9 * 60 * 2 * 1000 / (a.decode_mfu * a.gpu_flops) / 3600  # a graft's evaluation, in GPU-hours
+    kept = 1 + (2 if decided == "both" else 2 * 0.4)
+    assert plan.total_gpu_hours == pytest.approx(full - 5 * one + 0.1 * 5 * one + kept * one)
+    note = next(n for n in plan.notes if n.startswith("Adaptive sweeps (x)"))
+    screened = "3 of the 5 grafts" if decided == "both" else "1 of the 3 grafts"
+    assert f"{screened} screened so far kept" in note
+    if decided == "both":
+        assert f"{plan.total_gpu_hours / full:.2g} of full scoring's" in note
+    else:  # the line is over the merge's 2 grafts, the only ones assumed
+        none = full - 5 * one + 0.5 * one + one
+        assert none >= full / 3  # HAND's other jobs alone are more than a third
+        assert f"none of the others kept, screening and every other job take {none:.3g}: a third" in note
 
 
 def test_stated_params_win_over_the_name(tmp_path):

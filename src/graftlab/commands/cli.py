@@ -242,7 +242,7 @@ ASSUMED = {
     "problems": "candidates of a data set with no limit",
     "benchmark_problems": "problems per benchmark",
     "kept": "share of candidates mining keeps",
-    "adaptive_kept": "share of an adaptive sweep's grafts scored fully (eval.adaptive)",
+    "adaptive_kept": "share of an adaptive sweep's grafts scored fully (eval.adaptive), where no screening has decided",
     "checkpoint_bytes": "bytes per saved parameter",
     "jobs": "jobs at once, as snakemake --jobs",
     "temp_grafts": "grafts on disk at once, as --resources temp_grafts=N",

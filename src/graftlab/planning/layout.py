@@ -447,10 +447,14 @@ class Experiment:
         """Each graft sweep, its (donor, lr, epoch, mask, rho) as the path holds them (`SWEEP`), with its lam
         values in `run_list` order: the grafts of a sweep share every input but lam, so one job makes and
         scores them all (rules/graft.smk), paying its start-up and its sampling engine's once."""
-        swept: dict[tuple[str, ...], list[str]] = {}
+        return {key: [r.keys["lam"] for r in runs] for key, runs in self.sweep_runs().items()}
+
+    def sweep_runs(self) -> dict[tuple[str, ...], list[Run]]:
+        """The grafts of each sweep (`sweeps`), by the sweep's (donor, lr, epoch, mask, rho)."""
+        swept: dict[tuple[str, ...], list[Run]] = {}
         for r in self.run_list():
             if r.kind == "graft":
-                swept.setdefault((r.donor, *(r.keys[k] for k in SWEEP[1:])), []).append(r.keys["lam"])
+                swept.setdefault((r.donor, *(r.keys[k] for k in SWEEP[1:])), []).append(r)
         return swept
 
     def on_policy_runs(self) -> list[Run]:

@@ -385,8 +385,11 @@ def _experiment_costs(
             rule = f"evaluate_shared_{wildcards['shared']}"
         kind = sized_as(rule)
         job = work.job_work(kind, config, layout, wildcards, a, root)
-        if kind == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps
-            job = replace(job, generate=a.adaptive_kept * job.generate, kv_read=a.adaptive_kept * job.kv_read)
+        if kind == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps:
+            # as its finished screening decided, else as assumed
+            decided = work.screened(layout, tuple(str(wildcards[k]) for k in SWEEP), root)
+            share = a.adaptive_kept if decided is None else decided[0] / decided[1]
+            job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
         if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
             # Each checkpoint list's parts rule; one for every sweep, and every evaluation, shared or not.
@@ -442,23 +445,34 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
 def _adaptive_note(config: dict, adaptive: list[str], plan: Plan, a: Assumptions, root: Path) -> str:
     """The adaptive plan's GPU-hours against the same config with every sweep scored fully, and the kept
     share at which they are a third of those: the hours are linear in `--adaptive-kept`, so two more
-    estimates (none kept, all kept) give the line."""
+    estimates (none kept, all kept) give the line. Sweeps already screened are charged as their screening
+    decided (`graftlab.planning.work.screened`), whatever is assumed; the line is over the others."""
     full = copy.deepcopy(config)
     for e in adaptive:
         full["experiments"][e]["eval"]["adaptive"] = 0
     full_h = estimate(full, a, root, compare=False).total_gpu_hours
     none, every = (estimate(config, replace(a, adaptive_kept=k), root, compare=False).total_gpu_hours for k in (0, 1))
+    layouts = [Experiment.of(config, e) for e in adaptive]
+    decided = [d for x in layouts for sweep in x.sweep_runs() if (d := work.screened(x, sweep, root))]
+    kept, screened = sum(k for k, _ in decided), sum(n for _, n in decided)
+    rest = "the others" if decided else "them"
     third = full_h / 3
-    if none >= third:
+    if every - none <= 1e-9 * full_h:  # every sweep screened: nothing is assumed
+        reach = f"{plan.total_gpu_hours / full_h:.2g} of full scoring's"
+    elif none >= third:
         reach = (
-            f"none kept, screening and every other job take {_hours(none)}: a third of full scoring's is out of reach"
+            f"none of {rest} kept, screening and every other job take {_hours(none)}: "
+            "a third of full scoring's is out of reach"
         )
     else:
-        reach = f"a third of those ({_hours(third)}) needs at most {(third - none) / (every - none):.2g} of them kept"
+        reach = f"a third of those ({_hours(third)}) needs at most {(third - none) / (every - none):.2g} of {rest} kept"
+    measured = (
+        f"{kept} of the {screened} grafts screened so far kept (results/EXP/screen/decisions.json), " if decided else ""
+    )
     return (
         f"Adaptive sweeps ({', '.join(adaptive)}): every graft first scored on its eval.adaptive share, "
-        f"{a.adaptive_kept:g} of them then fully (--adaptive-kept): {_hours(plan.total_gpu_hours)} GPU-hours, "
-        f"against {_hours(full_h)} with every graft scored fully; {reach}"
+        f"{measured}{a.adaptive_kept:g} of {rest} then fully (--adaptive-kept): {_hours(plan.total_gpu_hours)} "
+        f"GPU-hours, against {_hours(full_h)} with every graft scored fully; {reach}"
     )
 
 

@@ -225,6 +225,20 @@ def decoding(model: Model, answers: float, prompt: float, new: float) -> dict[st
     }
 
 
+def screened(layout, sweep: tuple[str, ...], root: Path) -> tuple[int, int] | None:
+    """(kept, grafts) of a sweep (its `SWEEP` values) as its experiment's finished screening decided them
+    (`results/{exp}/screen/decisions.json` under `root`: graftlab.analysis.screen); None where there is no
+    such file or it has not decided every graft of the sweep (one screened before the sweep grew)."""
+    try:
+        decided = json.loads((root / layout.root / "screen" / "decisions.json").read_text())
+        kept = [decided[r.key]["kept"] for r in layout.sweep_runs()[sweep]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not all(isinstance(k, bool) for k in kept):
+        return None
+    return sum(kept), len(kept)
+
+
 def response_tokens(layout, name: str, bound: int, root: Path) -> float:
     """Tokens a model's answer to benchmark `name` takes on average: its data set's `response_tokens`, else
     the mean the experiment's finished evaluation of the post model measured (`response_tokens` in its
