@@ -165,7 +165,8 @@ def test_a_finished_screening_prices_its_sweeps_as_it_decided_whatever_is_assume
     screened = "3 of the 5 grafts" if decided == "both" else "1 of the 3 grafts"
     assert f"{screened} screened so far kept" in note
     if decided == "both":
-        assert f"{plan.total_gpu_hours / full:.2g} of full scoring's" in note
+        assert f"then scored fully: {plan.total_gpu_hours:.3g} GPU-hours, against {full:.3g}" in note
+        assert note.endswith(f", {plan.total_gpu_hours / full:.2g} of it") and "--adaptive-kept" not in note
     else:  # the line is over the merge's 2 grafts, the only ones assumed
         none = full - 5 * one + 0.5 * one + one
         assert none >= full / 3  # HAND's other jobs alone are more than a third

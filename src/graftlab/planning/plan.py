@@ -454,26 +454,23 @@ def _adaptive_note(config: dict, adaptive: list[str], plan: Plan, a: Assumptions
     none, every = (estimate(config, replace(a, adaptive_kept=k), root, compare=False).total_gpu_hours for k in (0, 1))
     layouts = [Experiment.of(config, e) for e in adaptive]
     decided = [d for x in layouts for sweep in x.sweep_runs() if (d := work.screened(x, sweep, root))]
-    kept, screened = sum(k for k, _ in decided), sum(n for _, n in decided)
+    measured = f"{sum(k for k, _ in decided)} of the {sum(n for _, n in decided)} grafts screened so far kept"
+    measured += " (results/EXP/screen/decisions.json)"
+    head = f"Adaptive sweeps ({', '.join(adaptive)}): every graft first scored on its eval.adaptive share, "
+    hours = f"{_hours(plan.total_gpu_hours)} GPU-hours, against {_hours(full_h)} with every graft scored fully"
+    if every - none <= 1e-9 * full_h:  # every sweep screened: nothing is assumed
+        return f"{head}{measured}, then scored fully: {hours}, {plan.total_gpu_hours / full_h:.2g} of it"
     rest = "the others" if decided else "them"
     third = full_h / 3
-    if every - none <= 1e-9 * full_h:  # every sweep screened: nothing is assumed
-        reach = f"{plan.total_gpu_hours / full_h:.2g} of full scoring's"
-    elif none >= third:
+    if none >= third:
         reach = (
             f"none of {rest} kept, screening and every other job take {_hours(none)}: "
             "a third of full scoring's is out of reach"
         )
     else:
         reach = f"a third of those ({_hours(third)}) needs at most {(third - none) / (every - none):.2g} of {rest} kept"
-    measured = (
-        f"{kept} of the {screened} grafts screened so far kept (results/EXP/screen/decisions.json), " if decided else ""
-    )
-    return (
-        f"Adaptive sweeps ({', '.join(adaptive)}): every graft first scored on its eval.adaptive share, "
-        f"{measured}{a.adaptive_kept:g} of {rest} then fully (--adaptive-kept): {_hours(plan.total_gpu_hours)} "
-        f"GPU-hours, against {_hours(full_h)} with every graft scored fully; {reach}"
-    )
+    assumed = f"{a.adaptive_kept:g} of {rest} then fully (--adaptive-kept)"
+    return f"{head}{measured + ', ' if decided else ''}{assumed}: {hours}; {reach}"
 
 
 def _shared_starts(single: list[Experiment], shared: set, evaluations: dict) -> list[str]:
