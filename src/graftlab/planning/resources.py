@@ -211,8 +211,8 @@ def job_resources(
     its GPUs and takes `batch` examples a step (`graftlab.planning.work.Work`; without `memory`,
     `nominal_memory`), and a CPU job `host` bytes of host memory beyond its base and `compute` FLOPs at
     `CPU_FLOPS`, streaming `streams` models through host memory one after another (`HOST_BYTES_PER_PARAM`
-    each: a sweep's grafts), at try `attempt`, on `cluster` (its partitions, GPU size and count a node, time limits, and
-    the GPU rules' model, constraint and QoS, each set only where the cluster names one). Not `capped`:
+    each: a sweep's grafts), at try `attempt`, on `cluster` (its partitions, GPU size and count a node, time
+    limits, and the GPU rules' model, constraint and QoS, each set only where the cluster names one). Not `capped`:
     its runtime as estimated, beyond its partition's limit. `part_of`: the job decodes one of that many
     parts of it (`sampling_parts`)."""
     gpu_memory_gb = cluster.gpu_memory_gb
