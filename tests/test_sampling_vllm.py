@@ -340,3 +340,25 @@ def test_a_policy_engine_is_never_handed_another_model(world, vllm, monkeypatch)
     policy = AutoModelForCausalLM.from_pretrained(world / "model")
     sampler = policy_sampler(policy, AutoTokenizer.from_pretrained(world / "model"), ENGINE)
     assert load_sampler(world / "model", ENGINE, after=sampler) is not sampler
+
+
+@pytest.mark.parametrize(
+    "other", [{"backend": "transformers"}, {"dtype": "bfloat16"}, {"seed": 8}, {"enforce_eager": False}]
+)
+def test_a_chunk_store_is_read_back_by_the_engine_that_wrote_it_alone(world, vllm, tmp_path, capsys, other):
+    """A killed job's rerun reads its finished chunks (graftlab.sample_chunks) only where the same engine
+    samples: on another backend, or with an option of the engine that can change a sample, it samples anew
+    rather than take the other engine's samples for its own."""
+    from dataclasses import replace
+
+    model, store = world / "model", tmp_path / "store"
+    sampler = load_sampler(model, replace(ENGINE, resume=str(store)))
+    prompts = [p["prompt"] for p in arith.sample_problems("add", 3, "test", 0)]
+    sampler(prompts, SamplingConfig(n=1, temperature=0.0, top_p=1.0, max_new_tokens=4, seed=0))
+    chunks = sorted(p.name for p in store.glob("*.json") if p.name != "fingerprint.json")
+    assert len(chunks) == 1 and "discarding" not in capsys.readouterr().out
+    load_sampler(model, replace(ENGINE, resume=str(store), data_parallel=1))  # the same engine: kept
+    assert sorted(p.name for p in store.glob("*.json") if p.name != "fingerprint.json") == chunks
+    load_sampler(model, replace(ENGINE, resume=str(store), **other))
+    assert f"sampling: discarding {store}" in capsys.readouterr().out
+    assert [p.name for p in store.iterdir()] == ["fingerprint.json"]

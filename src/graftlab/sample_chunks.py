@@ -6,7 +6,8 @@ A chunk is named by what determines its samples: the call's kind (texts or token
 sampling config and its index, hashed. A rerun that makes the same calls finds them; a stage whose later
 calls depend on earlier results (STaR's attempts on the still unsolved) finds those too, since the earlier
 results it reads back are the same. The store is opened under the model's fingerprint (its directory and
-its weight files' sizes and times) and emptied when that changed: samples of another model are not reused.
+its weight files' sizes and times) and the engine's (its backend and vLLM options), and emptied when either
+changed: samples of another model, or of another engine, are not reused.
 
 The first chunk of a call samples at the call's seed, so a call of one chunk (every tiny-world call) samples
 exactly what an unchunked call does; chunk i > 0 at a seed drawn from the call's and i (`chunk_seed`). A
@@ -60,14 +61,17 @@ def inputs_fingerprint(model_dirs, settings: dict) -> str:
     return json.dumps({"inputs": [model_fingerprint(d) for d in model_dirs], "settings": settings}, sort_keys=True)
 
 
-def open_store(store, model_dir, fingerprint: str | None = None) -> Path:
+def open_store(store, model_dir, fingerprint: str | None = None, engine: dict | None = None) -> Path:
     """The chunk store `store` for samples of the model at `model_dir` (or of the model `fingerprint`
-    names, `inputs_fingerprint`), emptied first when it holds another model's. Jobs sampling parts of one
-    model start together: a store appears whole, its mark inside, so none takes another's half-made one
-    for a stale one."""
+    names, `inputs_fingerprint`) by `engine` (the backend and its options, as provenance records them),
+    emptied first when it holds another model's or another engine's: a rerun on another backend, dtype or
+    engine option samples anew. Jobs sampling parts of one model start together: a store appears whole,
+    its mark inside, so none takes another's half-made one for a stale one."""
     store = Path(store)
     mark = store / FINGERPRINT
     text = fingerprint or json.dumps(model_fingerprint(model_dir), sort_keys=True)
+    if engine is not None:
+        text = json.dumps({"model": text, "engine": engine}, sort_keys=True)
     if store.exists() and (not mark.exists() or mark.read_text() != text):
         print(f"sampling: discarding {store}, written for another model", flush=True)
         shutil.rmtree(store)

@@ -125,6 +125,11 @@ class Engine:
         """The engine alone: these options, without where and how its samples are kept (`SAMPLES_ALIKE`)."""
         return replace(self, **{k: getattr(Engine(), k) for k in SAMPLES_ALIKE})
 
+    def samples_by(self, backend: str) -> dict:
+        """What samples depend on besides the model and the call: the backend that ran, and a vLLM engine's
+        options (`record` without why it was chosen). A chunk store is kept under it (`open_store`)."""
+        return {k: v for k, v in self.record(backend, "").items() if k != "why"}
+
     def record(self, backend: str, why: str) -> dict:
         """What provenance and stats keep of the sampling: the backend, why, and the engine's options."""
         options = {k: v for k, v in vars(self).items() if k not in ("backend", *SAMPLES_ALIKE)}
@@ -160,7 +165,7 @@ def load_sampler(model_dir, backend="auto", after=None):
 
         # Each process starts its own engine: an engine kept between models is for one process's jobs.
         engines = DataParallel(str(model_dir), engine.bare(), engine.data_parallel)
-        store = open_store(engine.resume, model_dir, engine.fingerprint)
+        store = open_store(engine.resume, model_dir, engine.fingerprint, engine.samples_by(name))
         sampler = ChunkedSampler(None, store, engines=engines, part=engine.part)
         sampler.record = engine.record(name, why)
         return sampler
@@ -172,7 +177,8 @@ def load_sampler(model_dir, backend="auto", after=None):
         return sampler
     from graftlab.sample_chunks import ChunkedSampler, open_store
 
-    return ChunkedSampler(sampler, open_store(engine.resume, model_dir, engine.fingerprint), part=engine.part)
+    store = open_store(engine.resume, model_dir, engine.fingerprint, engine.samples_by(name))
+    return ChunkedSampler(sampler, store, part=engine.part)
 
 
 def kept_engine(after, model_dir, engine: Engine) -> VllmSampler | None:
