@@ -378,6 +378,7 @@ def _experiment_costs(
         return []  # a chain's grafts are kept: the next stage starts from them
     layout, grafts = Experiment.of(config, name), []
     parts = layout.x["eval"]["parts"]
+    decided = work.screened(layout, root) if layout.x["eval"]["adaptive"] else {}
     for rule, wildcards in experiment_jobs(layout):
         if _shared_once(rule, wildcards, seen):
             continue
@@ -387,8 +388,8 @@ def _experiment_costs(
         job = work.job_work(kind, config, layout, wildcards, a, root)
         if kind == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps:
             # as its finished screening decided, else as assumed
-            decided = work.screened(layout, tuple(str(wildcards[k]) for k in SWEEP), root)
-            share = a.adaptive_kept if decided is None else decided[0] / decided[1]
+            kept, of = decided.get(tuple(str(wildcards[k]) for k in SWEEP), (a.adaptive_kept, 1))
+            share = kept / of
             job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
         if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
@@ -452,8 +453,7 @@ def _adaptive_note(config: dict, adaptive: list[str], plan: Plan, a: Assumptions
         full["experiments"][e]["eval"]["adaptive"] = 0
     full_h = estimate(full, a, root, compare=False).total_gpu_hours
     none, every = (estimate(config, replace(a, adaptive_kept=k), root, compare=False).total_gpu_hours for k in (0, 1))
-    layouts = [Experiment.of(config, e) for e in adaptive]
-    decided = [d for x in layouts for sweep in x.sweep_runs() if (d := work.screened(x, sweep, root))]
+    decided = [d for e in adaptive for d in work.screened(Experiment.of(config, e), root).values()]
     measured = f"{sum(k for k, _ in decided)} of the {sum(n for _, n in decided)} grafts screened so far kept"
     measured += " (results/EXP/screen/decisions.json)"
     head = f"Adaptive sweeps ({', '.join(adaptive)}): every graft first scored on its eval.adaptive share, "

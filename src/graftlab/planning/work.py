@@ -225,18 +225,20 @@ def decoding(model: Model, answers: float, prompt: float, new: float) -> dict[st
     }
 
 
-def screened(layout, sweep: tuple[str, ...], root: Path) -> tuple[int, int] | None:
-    """(kept, grafts) of a sweep (its `SWEEP` values) as its experiment's finished screening decided them
-    (`results/{exp}/screen/decisions.json` under `root`: graftlab.analysis.screen); None where there is no
-    such file or it has not decided every graft of the sweep (one screened before the sweep grew)."""
+def screened(layout, root: Path) -> dict[tuple[str, ...], tuple[int, int]]:
+    """(kept, grafts) of each sweep (by its `SWEEP` values) that its experiment's finished screening has
+    decided whole (`results/{exp}/screen/decisions.json` under `root`: graftlab.analysis.screen); a sweep
+    it has not (one screened before the sweep grew), or no such file, is left out."""
     try:
         decided = json.loads((root / layout.root / "screen" / "decisions.json").read_text())
-        kept = [decided[r.key]["kept"] for r in layout.sweep_runs()[sweep]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not all(isinstance(k, bool) for k in kept):
-        return None
-    return sum(kept), len(kept)
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for sweep, runs in layout.sweep_runs().items():
+        kept = [d.get("kept") if isinstance(d := decided.get(r.key), dict) else None for r in runs]
+        if all(isinstance(k, bool) for k in kept):
+            out[sweep] = sum(kept), len(kept)
+    return out
 
 
 def response_tokens(layout, name: str, bound: int, root: Path) -> float:
