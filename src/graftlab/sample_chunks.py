@@ -73,7 +73,7 @@ def open_store(store, model_dir, fingerprint: str | None = None, engine: dict | 
     if engine is not None:
         text = json.dumps({"model": text, "engine": engine}, sort_keys=True)
     if store.exists() and (not mark.exists() or mark.read_text() != text):
-        print(f"sampling: discarding {store}, written for another model", flush=True)
+        print(f"sampling: discarding {store}, written for another model or engine", flush=True)
         shutil.rmtree(store)
     if not store.exists():
         store.parent.mkdir(parents=True, exist_ok=True)

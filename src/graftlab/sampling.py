@@ -127,13 +127,13 @@ class Engine:
 
     def samples_by(self, backend: str) -> dict:
         """What samples depend on besides the model and the call: the backend that ran, and a vLLM engine's
-        options (`record` without why it was chosen). A chunk store is kept under it (`open_store`)."""
-        return {k: v for k, v in self.record(backend, "").items() if k != "why"}
+        options. A chunk store is kept under it (`open_store`)."""
+        options = {k: v for k, v in vars(self).items() if k not in ("backend", *SAMPLES_ALIKE)}
+        return {"backend": backend} | ({"vllm": options} if backend == "vllm" else {})
 
     def record(self, backend: str, why: str) -> dict:
         """What provenance and stats keep of the sampling: the backend, why, and the engine's options."""
-        options = {k: v for k, v in vars(self).items() if k not in ("backend", *SAMPLES_ALIKE)}
-        return {"backend": backend, "why": why} | ({"vllm": options} if backend == "vllm" else {})
+        return {"backend": backend, "why": why} | self.samples_by(backend)
 
 
 def _announce(engine: Engine) -> tuple[str, str]:
