@@ -23,6 +23,7 @@ import pytest
 import yaml
 from conftest import REPO, in_background, job_requests, snakemake_cmd
 
+from graftlab.io.atomic import write_json
 from graftlab.memory import GPU_SHARE
 from graftlab.planning.config import resolve
 from graftlab.planning.layout import Experiment
@@ -97,8 +98,7 @@ class Preemption(threading.Thread):
                 outcome = self.requeue(int(saved[-1]))
                 break
             time.sleep(0.2)
-        (self.workdir.parent / "preemption.tmp").write_text(json.dumps(outcome))
-        (self.workdir.parent / "preemption.tmp").rename(self.workdir.parent / "preemption.json")  # whole or absent
+        write_json(self.workdir.parent / "preemption.json", outcome)  # whole or absent
 
     def requeue(self, step: int) -> dict:
         running = squeue("-t", "RUNNING", "-o", "%i|%k|%Z")
