@@ -19,6 +19,9 @@ CONFIGS = [ROOT / "config.yaml", *sorted((ROOT / "configs").glob("*.yaml"))]
 
 # A 1B-parameter model named by hub id only (nothing fetched: bf16 assumed), one donor, STaR data.
 # Every sequence is 256 prompt + 744 generated = 1,000 tokens.
+# A graft's kept samples (graftlab.planning.work.SAMPLE_BYTES_PER_TOKEN): HAND's (50 + 10 problems) x 2
+# samples of 744 tokens, 4 bytes each.
+SAMPLES = 60 * 2 * 744 * 4
 HAND = {
     "models": {"m": {"source": "org/Model-1B"}, "d": {"source": "org/Model-1B-Base"}},
     "experiments": {
@@ -60,9 +63,10 @@ def test_hand_computed_plan(tmp_path, bound):
     # Only the diagonal Fisher (the sensitivity analysis needs it): 6 x 1e9 per token, 4 GB in fp32.
     assert (c["fisher"].jobs, c["fisher"].flops, c["fisher"].written) == (1, pytest.approx(6e9 * 100e3), 4e9)
     # A graft and a merge, 2 GB each in bf16, written but not kept: each a sweep of one lam whose job
-    # evaluates its model, (50 + 10 problems) x 2 samples, and measures its sensitivity share.
+    # evaluates its model, (50 + 10 problems) x 2 samples, and measures its sensitivity share. Its samples
+    # are kept: 120 answers of 744 tokens at 4 bytes a token.
     for sweep in ("graft_lam_1", "graft_lam_0p5"):  # the graft's lam, the merge's
-        assert (c[sweep].jobs, c[sweep].written, c[sweep].kept) == (1, 2e9, 0)
+        assert (c[sweep].jobs, c[sweep].written, c[sweep].kept) == (1, 2e9 + SAMPLES, SAMPLES)
         assert c[sweep].flops == pytest.approx(2e9 * 60 * 2 * 1000)
     # post in an evaluation job of its own; SFT of post at epochs 1 and 2 in one job (rules/evaluate.smk).
     assert (c["evaluate"].jobs, c["evaluate"].flops) == (1, pytest.approx(2e9 * 60 * 2 * 1000))
@@ -80,8 +84,9 @@ def test_hand_computed_plan(tmp_path, bound):
     kv = answers * 2 * 20 * 3 * 128 * 2 * (256 * 744 + 744**2 / 2) / (0.5 * 2e12)
     decode = decoded / 0.25 / 1e15 if bound == "flops" else kv
     assert plan.total_gpu_hours == pytest.approx((decode + passed / 0.5 / 1e15) / 3600)
-    # Kept: 16 GB of SFT checkpoints, 4 GB of Fisher, 4 GB fetched; one graft on disk at once (--jobs 1).
-    assert plan.peak_disk == pytest.approx(24e9 + 2e9)
+    # Kept: 16 GB of SFT checkpoints, 4 GB of Fisher, 4 GB fetched, the graft's and the merge's samples; one
+    # graft on disk at once (--jobs 1).
+    assert plan.peak_disk == pytest.approx(24e9 + 2 * SAMPLES + 2e9, rel=1e-9)
     assert "| **total** | **" in render(plan)
 
 
@@ -96,8 +101,9 @@ def test_a_sweep_is_one_job_charged_every_graft_with_one_on_disk_at_a_time(tmp_p
     plan = estimate(resolve(x), Assumptions(prompt_tokens=256, jobs=1), root=tmp_path)
     one = 2e9 * 60 * 2 * 1000  # a graft's evaluation: (50 + 10 problems) x 2 samples x 1,000 tokens, 2 x 1e9 FLOPs
     graft, merge = plan.costs["graft_lam_0p25_0p5_1"], plan.costs["graft_lam_0p5_1"]
-    assert (graft.jobs, graft.flops, graft.written, graft.kept) == (1, pytest.approx(3 * one), 3 * 2e9, 0)
-    assert (merge.jobs, merge.flops, merge.written) == (1, pytest.approx(2 * one), 2 * 2e9)
+    assert (graft.jobs, graft.flops, graft.written) == (1, pytest.approx(3 * one), 3 * (2e9 + SAMPLES))
+    assert (merge.jobs, merge.flops, merge.written) == (1, pytest.approx(2 * one), 2 * (2e9 + SAMPLES))
+    assert (graft.kept, merge.kept) == (3 * SAMPLES, 2 * SAMPLES)  # only the samples outlive the job
     assert plan.temp_peak == 2e9
     assert "Grafts: 2 jobs make and score the 5 grafts and merges of 2 sweeps, 3 job starts" in " ".join(plan.notes)
     # Its runtime charges each graft's streaming through host memory (graftlab.planning.resources), one
@@ -161,6 +167,10 @@ def test_a_finished_screening_prices_its_sweeps_as_it_decided_whatever_is_assume
     one = 2e9 * 60 * 2 * 1000 / (a.decode_mfu * a.gpu_flops) / 3600  # a graft's evaluation, in GPU-hours
     kept = 1 + (2 if decided == "both" else 2 * 0.4)
     assert plan.total_gpu_hours == pytest.approx(full - 5 * one + 0.1 * 5 * one + kept * one)
+    # The grafts scored fully keep their samples; the screened-out ones write none.
+    sweeps = [plan.costs[rule] for rule in ("graft_lam_0p25_0p5_1", "graft_lam_0p5_1")]
+    assert sum(c.kept for c in sweeps) == pytest.approx(kept * SAMPLES)
+    assert sum(c.written for c in sweeps) == pytest.approx(5 * 2e9 + kept * SAMPLES)
     note = next(n for n in plan.notes if n.startswith("Adaptive sweeps (x)"))
     screened = "3 of the 5 grafts" if decided == "both" else "1 of the 3 grafts"
     assert f"{screened} screened so far kept" in note

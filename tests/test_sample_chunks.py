@@ -113,6 +113,49 @@ def test_the_workflow_keeps_chunks_until_its_job_is_done(world_pico, tmp_path, m
         assert "data_parallel" not in json.dumps(two.record("vllm", "test"))
 
 
+def test_a_kept_store_outlives_its_job_with_the_chunks_it_used_and_serves_the_next(
+    sampler, prompts, world_pico, tmp_path, monkeypatch
+):
+    """A graft sweep's store (`keep`): the next job sampling the same model reads its calls back instead of
+    sampling them, and a store holds only the chunks of the last job's calls, whether read or written.
+    From another working directory the run's copy (file times kept) keeps its store too."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(world_pico, run / "model")  # copy2: its files' times kept
+    store = run / "resume" / "eval" / "metrics.json"
+    greedy, longer = SamplingConfig(1, 0.0, 1.0, 4, 0), SamplingConfig(1, 0.0, 1.0, 5, 0)
+
+    def job(*cfgs, where=run) -> Counting:
+        counted = Counting(sampler)
+        with chunks_kept(Engine("transformers"), where / "resume" / "eval" / "metrics.json", keep=True) as engine:
+            chunked = load_sampler(where / "model", engine)
+            chunked.inner, chunked.chunk = counted, 4
+            for cfg in cfgs:
+                chunked(prompts, cfg)
+        return counted
+
+    def an_hour_ago() -> None:
+        """The store's chunks as an earlier job left them: a file system stamps times by a clock tick of
+        some milliseconds, within which two jobs of this test may both run."""
+        for chunk in store.glob("*-*.json"):
+            os.utime(chunk, ns=(chunk.stat().st_atime_ns, chunk.stat().st_mtime_ns - 3600 * 10**9))
+
+    monkeypatch.chdir(run)
+    assert len(job(greedy, longer).prompts) == 4  # 2 calls of 2 chunks, sampled and kept
+    assert len(list(store.glob("*-*.json"))) == 4
+    an_hour_ago()
+    assert job(greedy).prompts == []  # read back, and the other call's chunks gone
+    assert len(list(store.glob("*-*.json"))) == 2
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    monkeypatch.chdir(copy)
+    assert job(greedy, where=copy).prompts == []
+    (copy / "model" / "model.safetensors").touch()  # the weights rewritten: sampled anew
+    assert len(job(greedy, where=copy).prompts) == 2
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("kind", ["texts", "ids"])
 def test_engines_sampling_at_once_sample_what_one_engine_does(

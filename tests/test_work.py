@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from graftlab.planning.config import resolve
 from graftlab.planning.layout import Experiment
 from graftlab.planning.work import WORLD_VOCAB, Assumptions, decoder_model, job_work, model_of, size_in_name, world_work
-from tests.test_plan import HAND
+from tests.test_plan import HAND, SAMPLES
 
 QWEN3_1_7B = {
     "hidden_size": 2048,
@@ -100,9 +100,10 @@ def test_one_job_by_hand(tmp_path):
     assert (fisher.compute, fisher.written) == (pytest.approx(6e9 * 100 * 1000), 4e9)
     # Evaluation: (50 benchmark + 10 held-out problems) x 2 samples x 1,000 tokens, by the evaluated model.
     assert work("evaluate", run="sft/d/lr~1e-5/epoch~2").generate == pytest.approx(2e9 * 60 * 2 * 1000)
-    # A sweep of grafts: each graft's evaluation, each written in turn and none kept (a temp() output).
+    # A sweep of grafts: each graft's evaluation, each written in turn and none kept (a temp() output);
+    # its samples kept, 4 bytes a token.
     graft = work("graft", donor="d", lr="1e-5", epoch="2", mask="none", rho="0")
-    assert (graft.generate, graft.written, graft.kept) == (pytest.approx(2e9 * 60 * 2 * 1000), 2e9, 0)
+    assert (graft.generate, graft.written, graft.kept) == (pytest.approx(2e9 * 60 * 2 * 1000), 2e9 + SAMPLES, SAMPLES)
 
 
 def test_an_evaluation_is_charged_each_benchmarks_mean_response_length(tmp_path):

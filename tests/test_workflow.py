@@ -12,6 +12,8 @@ import pytest
 import yaml
 from conftest import REPO, SMOKE, new_data, snakemake
 
+from graftlab.sample_chunks import FINGERPRINT
+
 pytestmark = pytest.mark.workflow
 # The per-experiment analyses every change of a run re-makes, once each (takeover: on the tiny world's
 # arithmetic, as in every experiment these tests change).
@@ -306,6 +308,30 @@ def test_new_lambda_schedules_only_its_sweeps_and_their_evaluations(smoke, tmp_p
     assert jobs == {"graft": 4} | ANALYSES
 
 
+def test_a_sweep_that_gains_a_lambda_samples_only_its_new_graft(smoke, tmp_path):
+    """On a copy of the smoke run (a moved run keeps its stores: graftlab.sample_chunks), the unmasked sweep
+    of epoch 2 given lam 1 and 2: its job remakes the lam 1 graft and reads that graft's samples back from
+    the store the smoke run's job kept, to the same metrics.json, and samples lam 2's alone."""
+    import shutil
+
+    work = tmp_path / "run"
+    shutil.copytree(smoke, work, symlinks=True)
+    graft = "results/expert/eval/graft/step~50/lr~1e-3/epoch~2/lam~{}/mask~none/rho~0/metrics.json"
+    before = (work / graft.format(1)).read_bytes()
+    lam = overlay(tmp_path, "lam", {"graft": {"lam": ["1", "2"]}})
+    proc = snakemake(work, "--cores", "all", graft.format(2), configs=(SMOKE, lam))  # the target after an option
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (work / graft.format(1)).read_bytes() == before
+    log = (work / "logs/expert/graft/step~50/lr~1e-3/epoch~2/mask~none/rho~0.log").read_text()
+    read = re.findall(r"^sampling: (\d+) of (\d+) chunks read back from (\S+)$", log, re.M)
+    kept = [work / "resume" / graft.format(lam) for lam in (1, 2)]
+    assert read and {work / store for _, _, store in read} == {kept[0]}, log[-3000:]
+    assert all(done == whole for done, whole, _ in read)  # every call of lam 1 read back whole
+    # Both stores kept, each with the chunks its graft's calls used: lam 1's read, lam 2's sampled.
+    assert len(list(kept[0].glob("*-*.json"))) == sum(int(whole) for _, whole, _ in read)
+    assert len(list(kept[1].glob("*-*.json"))) == len(read)  # the same calls, one chunk each here
+
+
 def test_new_rho_schedules_only_its_masked_grafts_not_the_fisher(smoke, tmp_path):
     jobs = planned_jobs(smoke, overlay(tmp_path, "rho", {"graft": {"masks": {"rho": ["0.1", "0.2", "0.5"]}}}))
     expected = {"graft": 4}  # 2 rho x 2 epochs
@@ -372,7 +398,10 @@ def test_evaluations_and_grafts_sampled_in_parts_score_byte_for_byte_as_one_job(
     assert logs == [
         f"{where}/part~{i}of2.log" for where in ("eval/post", "eval/sft/step~50/lr~1e-3", sweep) for i in (0, 1)
     ]
-    assert not list((work / "results").rglob("part~*")) and not (work / "resume").exists()
+    # The parts' stores are gone; a sweep's job keeps its grafts' (test_a_sweep_that_gains_a_lambda_...).
+    assert not list((work / "results").rglob("part~*"))
+    stores = {p.parent.relative_to(work / "resume/results") for p in (work / "resume").rglob(FINGERPRINT)}
+    assert stores and all(store.parts[1:3] in (("eval", "graft"), ("eval", "merge")) for store in stores), stores
     # Each job read every call back from its parts' chunks (the tiny world's calls are one chunk each).
     for log in ("eval/post.log", "eval/sft/step~50/lr~1e-3.log", f"{sweep}.log"):
         assert "sampling: 1 of 1 chunks read back" in (work / "logs/expert" / log).read_text()

@@ -48,9 +48,11 @@ with job_log(snakemake.log[0], snakemake.threads):
             else:
                 # Sampled in chunks as an evaluation job samples (the same draws), each finished one kept under
                 # the graft's inputs and settings (the model is made anew each attempt), or drawn before by
-                # the sweep's parts.
+                # the sweep's parts. Kept past the job: a sweep that gains a lam value remakes this graft in
+                # a job of its own, which reads these samples back.
                 store, engine = resume_dir(metrics), Engine.of(p.backend, seed=p.seed)
-                with chunks_kept(engine, store, processes, fingerprint=graft_fingerprint(*graft, **mask)) as engine:
+                fingerprint = graft_fingerprint(*graft, **mask)
+                with chunks_kept(engine, store, processes, fingerprint=fingerprint, keep=True) as engine:
                     sampler = load_sampler(model, engine, after=sampler)
                     evaluate(
                         model,

@@ -5,9 +5,11 @@ limit) resamples only the chunks it had not finished.
 A chunk is named by what determines its samples: the call's kind (texts or token ids), all its prompts, the
 sampling config and its index, hashed. A rerun that makes the same calls finds them; a stage whose later
 calls depend on earlier results (STaR's attempts on the still unsolved) finds those too, since the earlier
-results it reads back are the same. The store is opened under the model's fingerprint (its directory and
-its weight files' sizes and times) and the engine's (its backend and vLLM options), and emptied when either
-changed: samples of another model, or of another engine, are not reused.
+results it reads back are the same. The store is opened under the model's fingerprint (its directory, within
+the working directory relative to it, and its weight files' sizes and times) and the engine's (its backend
+and vLLM options), and emptied when either changed: samples of another model, or of another engine, are not
+reused. A finished job removes its store, but a graft sweep's job keeps its grafts' (`chunks_kept(keep=)`):
+a later job of the sweep grown by a lam value remakes those grafts and reads their samples back.
 
 The first chunk of a call samples at the call's seed, so a call of one chunk (every tiny-world call) samples
 exactly what an unchunked call does; chunk i > 0 at a seed drawn from the call's and i (`chunk_seed`). A
@@ -49,10 +51,14 @@ FINGERPRINT = "fingerprint.json"
 
 
 def model_fingerprint(model_dir) -> dict:
-    """What identifies a model directory's weights (or a Fisher's, or one file) without reading them."""
+    """What identifies a model directory's weights (or a Fisher's, or one file) without reading them: where
+    it is, relative to the working directory where it lies inside it (a run's directory moved or copied
+    whole, its files' times kept, keeps its stores), and its files' sizes and times."""
     root = Path(model_dir)
     files = [root] if root.is_file() else sorted(root.glob("*.safetensors")) + sorted(root.glob("*.bin"))
-    return {"model": str(root.resolve()), "files": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
+    where, here = root.resolve(), Path.cwd().resolve()
+    where = where.relative_to(here) if where.is_relative_to(here) else where
+    return {"model": str(where), "files": [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]}
 
 
 def inputs_fingerprint(model_dirs, settings: dict) -> str:
@@ -89,6 +95,23 @@ def open_store(store, model_dir, fingerprint: str | None = None, engine: dict | 
 def close_store(store) -> None:
     """Remove a finished job's store and the empty folders above it (a sweep's would pile up)."""
     remove_tree(store)
+
+
+def file_clock(directory) -> int:
+    """The time, in ns, that the file system at `directory` stamps a file written now: a cluster's shared
+    disk stamps files by its server's clock, which may differ from this node's."""
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".clock-") as probe:
+        return os.fstat(probe.fileno()).st_mtime_ns
+
+
+def prune_store(store, since_ns: int) -> None:
+    """Keep a finished job's store for a later job sampling the same model, with only the chunks this job
+    read or wrote (those stamped since `since_ns`, the `file_clock` before it opened the store): chunks of
+    calls no job makes any more (a benchmark or sampling setting since changed) go."""
+    for chunk in Path(store).glob("*-*.json"):
+        if chunk.stat().st_mtime_ns < since_ns:
+            chunk.unlink()
 
 
 def chunk_seed(cfg, i: int) -> int:
@@ -158,6 +181,8 @@ class ChunkedSampler:
         chunks = [prompts[start : start + self.chunk] for start in range(0, len(prompts), self.chunk)]
         paths = [self.store / f"{key}-{i}.json" for i in range(len(chunks))]
         done = {i for i, path in enumerate(paths) if path.exists()}
+        for i in done:
+            paths[i].touch()  # read by this job: a store kept past it keeps this chunk (`chunks_kept`)
         todo = [i for i in range(len(chunks)) if i not in done and self.part.takes(i)]
         if self.engines is not None and todo:
             self.engines.sample(kind, cfg, {i: (chunks[i], paths[i]) for i in todo})
@@ -244,15 +269,22 @@ class Share:
 
 
 @contextlib.contextmanager
-def chunks_kept(engine, store, processes: int = 1, part: Part = Part(), fingerprint: str | None = None) -> Iterator:
+def chunks_kept(
+    engine, store, processes: int = 1, part: Part = Part(), fingerprint: str | None = None, keep: bool = False
+) -> Iterator:
     """A workflow job's sampling engine (`graftlab.sampling.Engine`) keeping its finished chunks in `store`,
-    which is removed once the job's work is done; a failure or a kill leaves it for the rerun. A job of
+    which is removed once the job's work is done; a failure or a kill leaves it for the rerun. With `keep`,
+    the store outlives the job, holding the chunks it used (`prune_store`): a graft sweep's job that gains a
+    lam value remakes the sweep's earlier grafts, and reads their samples back instead of sampling them. A job of
     `processes` (one a GPU it was given: `graftlab.train.shard.job_gpus_processes`) runs as many engines of
     `tensor_parallel_size` GPUs at once (graftlab.planning.resources gives a sampling job more only when
     one engine would need more than its time limit). A job sampling one `part` of several leaves the store
     to the job that reads them all. `fingerprint`: the model's, where its directory is rebuilt each attempt
     (`inputs_fingerprint`)."""
     data_parallel = max(1, processes // engine.tensor_parallel_size)
+    opened = file_clock(Path(store).parent) if keep else None
     yield replace(engine, resume=str(store), data_parallel=data_parallel, part=part, fingerprint=fingerprint)
-    if part.whole:
+    if part.whole and keep:
+        prune_store(store, opened)
+    elif part.whole:
         close_store(store)

@@ -301,8 +301,8 @@ class Plan:
 
     @property
     def peak_disk(self) -> float:
-        """Everything kept to the end (checkpoints, Fishers, fetched models) plus the temp() grafts on
-        disk together at the worst moment."""
+        """Everything kept to the end (checkpoints, Fishers, fetched models, grafts' samples) plus the temp()
+        grafts on disk together at the worst moment."""
         return self.total.kept + self.temp_peak
 
     @property
@@ -389,8 +389,9 @@ def _experiment_costs(
         if kind == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps:
             # as its finished screening decided, else as assumed
             kept, of = decided.get(tuple(str(wildcards[k]) for k in SWEEP), (a.adaptive_kept, 1))
-            share = kept / of
+            share, samples = kept / of, job.kept  # the grafts scored fully keep their samples
             job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
+            job = replace(job, kept=share * samples, written=job.written - (1 - share) * samples)
         if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
             # Each checkpoint list's parts rule; one for every sweep, and every evaluation, shared or not.
@@ -549,7 +550,7 @@ def render(plan: Plan) -> str:
     lines += [
         "",
         f"Peak disk: {plan.peak_disk / GB:.3g} GB = {t.kept / GB:.3g} GB kept to the end (checkpoints, Fishers, "
-        f"fetched models) + {plan.temp_peak / GB:.3g} GB of temporary grafts (at most "
+        f"fetched models, grafts' samples) + {plan.temp_peak / GB:.3g} GB of temporary grafts (at most "
         f"{min(a.jobs, a.temp_grafts)} at once: --jobs {a.jobs}, --resources temp_grafts={a.temp_grafts}).",
         "",
         f"Assumed: {a.gpu_flops:.3g} FLOP/s per GPU at {a.mfu:g} utilisation for whole-sequence passes and "

@@ -257,6 +257,17 @@ def response_tokens(layout, name: str, bound: int, root: Path) -> float:
     return min(float(configured), bound)
 
 
+# Bytes a sampled token takes in a kept sample store: a completion's text in JSON (graftlab.sample_chunks),
+# about 4 characters a token for a BPE vocabulary on English and mathematics.
+SAMPLE_BYTES_PER_TOKEN = 4
+
+
+def answer_tokens(layout, answers: dict[str, int], root: Path) -> float:
+    """Tokens an evaluation drawing `answers` by benchmark samples, each answer at its `response_tokens`."""
+    bound = layout.x["eval"]["max_new_tokens"]
+    return sum(n * response_tokens(layout, b, bound, root) for b, n in answers.items())
+
+
 def eval_decoding(model: Model, layout, answers: dict[str, int], a: Assumptions, root: Path) -> dict[str, float]:
     """`decoding` of an evaluation drawing `answers` by benchmark, each at its `response_tokens`."""
     bound = layout.x["eval"]["max_new_tokens"]
@@ -465,7 +476,10 @@ def job_work(
         answers = {b: n * share * grafts for b, n in eval_answers(layout, a).items()}
         decoded = eval_decoding(post, layout, answers, a, root)
         engine = sampler_memory(config, post, p + x["eval"]["max_new_tokens"])
-        return Work(post, **decoded, written=grafts * post.bytes, kept=0, memory=engine, streams=grafts)
+        # Its grafts' samples are kept, for a later job of the sweep grown by a lam (workflow_scripts/graft.py).
+        samples = SAMPLE_BYTES_PER_TOKEN * answer_tokens(layout, answers, root) if rule == "graft" else 0.0
+        written = grafts * post.bytes + samples
+        return Work(post, **decoded, written=written, kept=samples, memory=engine, streams=grafts)
     if rule == "fetch_model":
         model = model_of(config, layout, wildcards["name"], root)
         return Work(model, written=model.bytes)
