@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from graftlab.io.atomic import atomic_file
+
 # One torch thread in the tests and in the processes they start (os.environ is inherited): the whole
 # workflow runs go on beside them (`background`), and torch processes that spin on more threads than
 # the cores left to them run several times slower (docs/methods.md#jobs-threads-and-start-up).
@@ -211,8 +213,8 @@ class Background:
 
         def reap() -> None:
             code = proc.wait()
-            (home / "exit.tmp").write_text(str(code))
-            (home / "exit.tmp").rename(home / "exit")
+            with atomic_file(home / "exit") as tmp:  # whole or absent: another worker may be reading it
+                tmp.write_text(str(code))
 
         self.runs[fixture] = (proc, threading.Thread(target=reap, daemon=True))
         self.runs[fixture][1].start()
