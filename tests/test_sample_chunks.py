@@ -90,6 +90,30 @@ def test_another_calls_chunks_and_another_models_are_never_read(sampler, prompts
     assert [p.name for p in store.iterdir()] == ["fingerprint.json"]
 
 
+@pytest.mark.parametrize("library", ["transformers", "torch"])
+def test_a_store_written_by_other_sampling_code_is_discarded(world_pico, tmp_path, monkeypatch, library):
+    """A store outlives its job (a graft sweep's): the samples of another transformers or torch version, or
+    of another graftlab sampler, are drawn anew, not read back."""
+    from importlib import metadata
+
+    from graftlab import sample_chunks
+
+    store = open_store(tmp_path / "s", world_pico, engine={"backend": "transformers"})
+    (store / "key-0.json").write_text("[]")
+    open_store(store, world_pico, engine={"backend": "transformers"})  # the same code: kept
+    assert sorted(p.name for p in store.iterdir()) == ["fingerprint.json", "key-0.json"]
+    installed = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.0.1" if name == library else installed(name))
+    sample_chunks.sampling_code.cache_clear()
+    try:
+        open_store(store, world_pico, engine={"backend": "transformers"})
+    finally:
+        sample_chunks.sampling_code.cache_clear()
+    assert [p.name for p in store.iterdir()] == ["fingerprint.json"]
+    code = json.loads((store / "fingerprint.json").read_text())["code"]
+    assert code[library] == "0.0.1" and len(code["graftlab"]) == 16
+
+
 def test_the_workflow_keeps_chunks_until_its_job_is_done(world_pico, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     store = tmp_path / "resume" / "results" / "x" / "mined.parquet"

