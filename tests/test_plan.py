@@ -115,6 +115,32 @@ def test_a_sweep_is_one_job_charged_every_graft_with_one_on_disk_at_a_time(tmp_p
     assert streams == {3: 3, 2: 2}
 
 
+def test_a_grown_sweep_is_charged_no_sampling_for_the_grafts_whose_samples_are_kept(tmp_path):
+    """HAND's graft sweep grown to three lam values after a run that scored two of them: their sample stores
+    under resume/ (graftlab.sample_chunks) are read back by the grown sweep's job, so it samples one graft of
+    three; the merge's sweep, with no store, all of its two. A store without chunks counts for nothing."""
+    x = copy.deepcopy(HAND)
+    x["experiments"]["x"] |= {
+        "graft": {"lam": ["0.25", "0.5", "1"], "epochs": [2]},
+        "merge": {"lam": ["0.5", "1"], "epochs": [2]},
+    }
+    config = resolve(x)
+    fresh = estimate(config, Assumptions(prompt_tokens=256, jobs=1), root=tmp_path)
+    runs = sorted(Experiment.of(config, "x").sweep_runs().values(), key=len)  # the merge's 2, the graft's 3
+    for i, run in enumerate(runs[1] + runs[0][:1]):
+        store = tmp_path / "resume/results/x/eval" / run.key / "metrics.json"
+        store.mkdir(parents=True)
+        if i < 2:  # two of the graft's; the merge's first store holds no chunk
+            (store / "0123456789abcdef0123-0.json").write_text("[]")
+    plan = estimate(config, Assumptions(prompt_tokens=256, jobs=1), root=tmp_path)
+    one = 2e9 * 60 * 2 * 1000  # a graft's evaluation
+    graft, merge = plan.costs["graft_lam_0p25_0p5_1"], plan.costs["graft_lam_0p5_1"]
+    assert (graft.flops, merge.flops) == (pytest.approx(one), pytest.approx(2 * one))
+    assert fresh.costs["graft_lam_0p25_0p5_1"].flops == pytest.approx(3 * one)
+    assert "Kept samples: 2 of the 5 grafts' samples were kept" in " ".join(plan.notes)
+    assert not any(n.startswith("Kept samples") for n in fresh.notes)
+
+
 @pytest.mark.parametrize("lams", [["1"], [str(lam / 4) for lam in range(1, 41)]])
 def test_adaptive_sweeps_are_priced_against_full_scoring_with_the_kept_share_a_third_needs(tmp_path, lams):
     """HAND with its grafts screened on a tenth of the problems and 0.4 of them kept: the note's hours are

@@ -379,6 +379,7 @@ def _experiment_costs(
     layout, grafts = Experiment.of(config, name), []
     parts = layout.x["eval"]["parts"]
     decided = work.screened(layout, root) if layout.x["eval"]["adaptive"] else {}
+    stored = work.sampled(layout, root)
     for rule, wildcards in experiment_jobs(layout):
         if _shared_once(rule, wildcards, seen):
             continue
@@ -392,6 +393,9 @@ def _experiment_costs(
             share, samples = kept / of, job.kept  # the grafts scored fully keep their samples
             job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
             job = replace(job, kept=share * samples, written=job.written - (1 - share) * samples)
+        if kind == "graft" and (sweep := stored.get(tuple(str(wildcards[k]) for k in SWEEP), (0, 1)))[0]:
+            fresh = 1 - sweep[0] / sweep[1]  # the grafts whose samples an earlier job kept are read back
+            job = replace(job, generate=fresh * job.generate, kv_read=fresh * job.kv_read)
         if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
             # Each checkpoint list's parts rule; one for every sweep, and every evaluation, shared or not.
@@ -436,6 +440,13 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
         _world(costs, worlds[key], uses)
     _analysis(costs, config)
     notes += _shared_starts(single, shared, evaluations)
+    stored = [kept for layout in single for kept in work.sampled(layout, root).values()]
+    if kept := sum(k for k, _ in stored):
+        notes.append(
+            f"Kept samples: {kept} of the {sum(n for _, n in stored)} grafts' samples were kept by an earlier "
+            "job of their sweep (resume/), read back instead of sampled: their inputs and the sampling code "
+            "taken as unchanged"
+        )
     temp_peak = sum(sorted(grafts, reverse=True)[: min(a.jobs, a.temp_grafts)])
     plan = Plan({r: c for r, c in costs.items() if c.jobs}, a, notes, temp_peak)
     adaptive = [e for e, x in config["experiments"].items() if x["eval"]["adaptive"]]

@@ -241,6 +241,18 @@ def screened(layout, root: Path) -> dict[tuple[str, ...], tuple[int, int]]:
     return out
 
 
+def sampled(layout, root: Path) -> dict[tuple[str, ...], tuple[int, int]]:
+    """(kept, grafts) of each sweep (by its `SWEEP` values): its grafts whose samples an earlier job of the
+    sweep kept under `root` (a chunk store under `resume/`: graftlab.sample_chunks), which a job of the sweep
+    grown by a lam reads back instead of sampling, their inputs and the sampling code being unchanged."""
+    from graftlab.train.resume import resume_dir
+
+    def kept(run) -> bool:
+        return any((root / resume_dir(f"{layout.root}/eval/{run.key}/metrics.json")).glob("*-*.json"))
+
+    return {sweep: (sum(map(kept, runs)), len(runs)) for sweep, runs in layout.sweep_runs().items()}
+
+
 def response_tokens(layout, name: str, bound: int, root: Path) -> float:
     """Tokens a model's answer to benchmark `name` takes on average: its data set's `response_tokens`, else
     the mean the experiment's finished evaluation of the post model measured (`response_tokens` in its
