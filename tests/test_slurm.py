@@ -147,9 +147,11 @@ def slurm_run(background) -> tuple[Path, str]:
 
 def accounted(workdir: Path) -> list[dict]:
     """Every job of the run as SLURM's accounting holds it: its rule (from the plugin's comment), partition,
-    requested TRES, time limit, nodes, state, start and end."""
+    requested TRES, time limit, nodes, state, start and end. Only jobs since the run started (conftest.Background
+    writes its pid beside its directory then): an earlier run in a directory of the same name is another's."""
     fields = "WorkDir,Comment,Partition,ReqTRES,Timelimit,NNodes,State,Start,End,QOS,Constraints"
-    query = ["sacct", "-X", "-P", "-n", "--starttime", "now-1days", "-o", fields]
+    since = datetime.fromtimestamp(int((workdir.parent / "pid").stat().st_mtime)).strftime("%Y-%m-%dT%H:%M:%S")
+    query = ["sacct", "-X", "-P", "-n", "--starttime", since, "-o", fields]
     out = subprocess.run(query, capture_output=True, text=True, check=True).stdout
     rows = []
     for line in out.splitlines():
