@@ -366,10 +366,11 @@ def _shared_once(rule: str, wildcards: dict, seen: set) -> bool:
 
 
 def _experiment_costs(
-    costs: dict, config: dict, name: str, a: Assumptions, root: Path, seen: set, evaluations: dict
+    costs: dict, config: dict, name: str, a: Assumptions, root: Path, seen: set, evaluations: dict, stored: dict
 ) -> list[float]:
     """Add an experiment's jobs to `costs`; returns the bytes of its temp() grafts. A continual experiment's
-    jobs are sized as the rule each one runs (`SIZED_AS`), by `graftlab.planning.work.continual_work`."""
+    jobs are sized as the rule each one runs (`SIZED_AS`), by `graftlab.planning.work.continual_work`.
+    `stored`: by single-domain experiment, its sweeps' grafts whose samples are kept (`work.sampled`)."""
     if is_continual(config["experiments"][name]):
         c = Continual.of(config, name)
         for rule, wildcards in continual_jobs(c):
@@ -379,7 +380,6 @@ def _experiment_costs(
     layout, grafts = Experiment.of(config, name), []
     parts = layout.x["eval"]["parts"]
     decided = work.screened(layout, root) if layout.x["eval"]["adaptive"] else {}
-    stored = work.sampled(layout, root)
     for rule, wildcards in experiment_jobs(layout):
         if _shared_once(rule, wildcards, seen):
             continue
@@ -387,14 +387,16 @@ def _experiment_costs(
             rule = f"evaluate_shared_{wildcards['shared']}"
         kind = sized_as(rule)
         job = work.job_work(kind, config, layout, wildcards, a, root)
-        if kind == "graft" and layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps:
-            # as its finished screening decided, else as assumed
-            kept, of = decided.get(tuple(str(wildcards[k]) for k in SWEEP), (a.adaptive_kept, 1))
-            share, samples = kept / of, job.kept  # the grafts scored fully keep their samples
-            job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
-            job = replace(job, kept=share * samples, written=job.written - (1 - share) * samples)
-        if kind == "graft" and (sweep := stored.get(tuple(str(wildcards[k]) for k in SWEEP), (0, 1)))[0]:
-            fresh = 1 - sweep[0] / sweep[1]  # the grafts whose samples an earlier job kept are read back
+        if kind == "graft":
+            sweep = tuple(str(wildcards[k]) for k in SWEEP)
+            if layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps:
+                # as its finished screening decided, else as assumed
+                kept, of = decided.get(sweep, (a.adaptive_kept, 1))
+                share, samples = kept / of, job.kept  # the grafts scored fully keep their samples
+                job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
+                job = replace(job, kept=share * samples, written=job.written - (1 - share) * samples)
+            read_back, of = stored[name].get(sweep, (0, 1))  # grafts whose samples an earlier job kept
+            fresh = 1 - read_back / of
             job = replace(job, generate=fresh * job.generate, kv_read=fresh * job.kv_read)
         if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
@@ -419,11 +421,12 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
     costs = _Costs()
     single = [Experiment.of(config, e) for e, x in config["experiments"].items() if not is_continual(x)]
     evaluations = shared_evaluations(single)
+    stored = {layout.name: work.sampled(layout, root) for layout in single}
     grafts: list[float] = []
     fetched: set[str] = set()
     shared: set = set()  # the retention jobs counted so far, which experiments share
     for name, x in config["experiments"].items():
-        grafts += _experiment_costs(costs, config, name, a, root, shared, evaluations)
+        grafts += _experiment_costs(costs, config, name, a, root, shared, evaluations, stored)
         fetched |= _fetched(config, x)
     notes = []
     for name in sorted(fetched):
@@ -440,10 +443,10 @@ def estimate(config: dict, a: Assumptions = Assumptions(), root: Path = Path("."
         _world(costs, worlds[key], uses)
     _analysis(costs, config)
     notes += _shared_starts(single, shared, evaluations)
-    stored = [kept for layout in single for kept in work.sampled(layout, root).values()]
-    if kept := sum(k for k, _ in stored):
+    sweeps = [sweep for by_sweep in stored.values() for sweep in by_sweep.values()]
+    if kept := sum(k for k, _ in sweeps):
         notes.append(
-            f"Kept samples: {kept} of the {sum(n for _, n in stored)} grafts' samples were kept by an earlier "
+            f"Kept samples: {kept} of the {sum(n for _, n in sweeps)} grafts' samples were kept by an earlier "
             "job of their sweep (resume/), read back instead of sampled: their inputs and the sampling code "
             "taken as unchanged"
         )

@@ -274,16 +274,16 @@ def response_tokens(layout, name: str, bound: int, root: Path) -> float:
 SAMPLE_BYTES_PER_TOKEN = 4
 
 
-def answer_tokens(layout, answers: dict[str, int], root: Path) -> float:
-    """Tokens an evaluation drawing `answers` by benchmark samples, each answer at its `response_tokens`."""
+def answer_lengths(layout, answers: dict[str, int], root: Path) -> dict[str, float]:
+    """Tokens an answer to each benchmark of `answers` takes: its `response_tokens`, at most max_new_tokens."""
     bound = layout.x["eval"]["max_new_tokens"]
-    return sum(n * response_tokens(layout, b, bound, root) for b, n in answers.items())
+    return {b: response_tokens(layout, b, bound, root) for b in answers}
 
 
 def eval_decoding(model: Model, layout, answers: dict[str, int], a: Assumptions, root: Path) -> dict[str, float]:
     """`decoding` of an evaluation drawing `answers` by benchmark, each at its `response_tokens`."""
-    bound = layout.x["eval"]["max_new_tokens"]
-    parts = [decoding(model, n, a.prompt_tokens, response_tokens(layout, b, bound, root)) for b, n in answers.items()]
+    lengths = answer_lengths(layout, answers, root)
+    parts = [decoding(model, n, a.prompt_tokens, lengths[b]) for b, n in answers.items()]
     return {key: sum(part[key] for part in parts) for key in ("generate", "kv_read")}
 
 
@@ -488,8 +488,10 @@ def job_work(
         answers = {b: n * share * grafts for b, n in eval_answers(layout, a).items()}
         decoded = eval_decoding(post, layout, answers, a, root)
         engine = sampler_memory(config, post, p + x["eval"]["max_new_tokens"])
-        # Its grafts' samples are kept, for a later job of the sweep grown by a lam (workflow_scripts/graft.py).
-        samples = SAMPLE_BYTES_PER_TOKEN * answer_tokens(layout, answers, root) if rule == "graft" else 0.0
+        samples = 0.0
+        if rule == "graft":  # its grafts' samples are kept, for a job of the sweep grown by a lam (graft.py)
+            lengths = answer_lengths(layout, answers, root)
+            samples = SAMPLE_BYTES_PER_TOKEN * sum(n * lengths[b] for b, n in answers.items())
         written = grafts * post.bytes + samples
         return Work(post, **decoded, written=written, kept=samples, memory=engine, streams=grafts)
     if rule == "fetch_model":
