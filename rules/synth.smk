@@ -149,6 +149,8 @@ rule pedagogical_traces:
                 "max_new_tokens",
             )
         },
+        # The teacher is sampled on the prompts it was trained on.
+        template=lambda w: xcfg(w, "pedagogical", "template"),
         task=lambda w: layout(w).new_task,
         seed=lambda w: xcfg(w, "seed"),
         backend={"backend": config["sampling_backend"], **config["vllm"]},

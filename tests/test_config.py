@@ -199,6 +199,10 @@ def test_shipped_configs_validate(name):
             {"worlds": {"few": {"candidates": 100}}, "experiments": {"x": {"world": "few"}}},
             "config key experiments.x.mining.heldout: leaves no training problems of worlds.few.candidates = 100",
         ),
+        (
+            {"experiments": {"x": {"data": "pedagogical", "pedagogical": {"template": "{problem} {answer}"}}}},
+            "config key experiments.x.pedagogical.template: lacks the placeholder(s) ['{solution}']",
+        ),
     ],
 )
 def test_bad_config_names_the_key(config, message):

@@ -180,6 +180,43 @@ def test_teacher_prompt_shows_the_solution_not_the_thinking_in_tokenizer_charact
     assert ped.reference_solution({**p, "solution": "8*7=56; 5*7=35+5=40"}) == "8*7=56; 5*7=35+5=40"
 
 
+@settings(max_examples=40, deadline=None)
+@given(*[st.text(max_size=30)] * 3, st.sampled_from(["both", "problem", "solution"]))
+def test_a_teacher_template_is_taken_with_both_placeholders_and_refused_by_name_without(head, mid, tail, holds):
+    """Any text around the placeholders, braces included: with both the prompt is the template with the
+    problem and the solution in their places; without one, the config names the key and what it lacks."""
+    from graftlab.planning.config import ConfigError, resolve
+
+    problem, solution = "{problem}", "{solution}"
+    parts = {"both": (problem, solution), "problem": (problem, ""), "solution": ("", solution)}[holds]
+    template = head + parts[0] + mid + parts[1] + tail
+    config = {"experiments": {"x": {"data": "pedagogical", "pedagogical": {"template": template}}}}
+    lacks = [p for p in ("{problem}", "{solution}") if p not in template]
+    if lacks:
+        with pytest.raises(ConfigError, match=r"experiments\.x\.pedagogical\.template: lacks the placeholder"):
+            resolve(config)
+        return
+    assert resolve(config)["experiments"]["x"]["pedagogical"]["template"] == template
+    text = ped.teacher_prompt("7*8", "56", template)
+    assert text == template.replace("{problem}", "7*8").replace("{solution}", "56")
+
+
+def test_the_teacher_is_trained_and_sampled_on_the_configured_template():
+    template = "Answer: {solution}\n{problem}"
+    rows = ped.teacher_dataset(TOK, pl.DataFrame(PROBLEMS), template).to_list()
+    wanted = [chat_prompt(TOK, f"Answer: {p['answer']}\n{p['prompt']}") for p in PROBLEMS]
+    assert [r["prompt"] for r in rows] == wanted
+    seen = []
+
+    def sampler(prompts, cfg):  # the expert's trace of the problem, the user turn's last line
+        seen.extend(prompts)
+        problems = [p.split("<|im_end|>")[0].split("\n")[-1] for p in prompts]
+        return [[chat_completion(*arith.solve("mul", problem))] * cfg.n for problem in problems]
+
+    traces, _ = ped.teacher_traces(sampler, TOK, pl.DataFrame(PROBLEMS), StarConfig(attempts=1), template=template)
+    assert seen == wanted and traces["prompt"].to_list() == [p["prompt"] for p in PROBLEMS]
+
+
 def test_grpo_dataset_gives_the_teacher_the_solution_and_the_student_the_problem_alone():
     rows = ped.teacher_dataset(TOK, pl.DataFrame(PROBLEMS)).to_list()
     for row, p in zip(rows, PROBLEMS):

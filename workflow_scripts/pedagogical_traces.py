@@ -20,4 +20,4 @@ with job_log(snakemake.log[0], snakemake.threads):
     processes = job_gpus_processes(snakemake.resources)
     with chunks_kept(Engine.of(p.backend, seed=p.seed), resume_dir(out.sft), processes) as engine:
         cfg = StarConfig(**p.sampling, seed=p.seed)
-        write_teacher_traces(inp.model, inp.problems, cfg, out.sft, out.stats, engine, p.task)
+        write_teacher_traces(inp.model, inp.problems, cfg, out.sft, out.stats, engine, p.task, p.template)

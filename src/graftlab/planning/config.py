@@ -15,6 +15,7 @@ from graftlab.errors import GraftlabError
 from graftlab.io.gates import MAX_LR
 from graftlab.methods import METHODS, on_policy, sections, specs
 from graftlab.methods.sdpo import DENSITY_KEYS, SdpoSpec, parse_schedule
+from graftlab.methods.spec import holes
 from graftlab.planning.chains import is_continual, stage_data_kind
 from graftlab.planning.layout import WORLD_LADDERS, world_checkpoint
 from graftlab.schema import load_schema
@@ -670,12 +671,21 @@ def _stage_checks(world: dict, exp: dict, key: str) -> list[tuple[bool, str, str
     return checks
 
 
+# What `graftlab.synth.pedagogical.teacher_prompt` fills in the Pedagogical RL teacher's template.
+TEACHER_PLACEHOLDERS = ("{problem}", "{solution}")
+
+
 def _pedagogical_checks(exp: dict, key: str) -> list[tuple[bool, str, str]]:
-    """Pedagogical RL's teacher (a data setting, not a method): its micro-batch divides its GRPO batch."""
+    """Pedagogical RL's teacher (a data setting, not a method): its micro-batch divides its GRPO batch, and
+    its prompt template holds the problem and the reference solution."""
     ped = exp["pedagogical"]
     batch, micro = ped["prompts_per_step"] * ped["group_size"], ped["micro_batch_size"]
     ok = micro == "auto" or batch % micro == 0
-    return [(ok, f"{key}.pedagogical.micro_batch_size", f"{micro} does not divide the batch of {batch}")]
+    absent = holes(ped["template"], TEACHER_PLACEHOLDERS)
+    return [
+        (ok, f"{key}.pedagogical.micro_batch_size", f"{micro} does not divide the batch of {batch}"),
+        (not absent, f"{key}.pedagogical.template", f"lacks the placeholder(s) {absent}"),
+    ]
 
 
 def _knowledge_checks(section: dict, where: str) -> list[tuple[bool, str, str]]:

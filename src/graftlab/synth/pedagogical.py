@@ -38,7 +38,7 @@ from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt, is_correct
 from graftlab.train.settings import RunSettings
 
 # Only characters of the tiny world's tokenizer, so the char-level models read every one of them.
-TEACHER_TEMPLATE = "{problem}\nReference solution: {solution}\nSolve it yourself; do not copy the reference."
+TEACHER_TEMPLATE = schema_default("pedagogical", "template")
 REFERENCE_MARKER = "reference"
 COMPONENTS = ("correct", "well_formed", "tokens", "gap_mean", "gap_max", "soft_gap", "learnability", "reward")
 
@@ -72,9 +72,10 @@ def reference_solution(problem: dict) -> str:
 
 
 def teacher_prompt(problem: str, solution: str, template: str = TEACHER_TEMPLATE) -> str:
-    """The teacher's user turn: the problem, the reference solution, and the instruction to solve it
-    independently."""
-    return template.format(problem=problem, solution=solution)
+    """The teacher's user turn (`pedagogical.template`): by default the problem, the reference solution, and
+    the instruction to solve it independently."""
+    # str.replace, not format, as OPSD's and SDPO's templates: a template may hold braces of its own.
+    return template.replace("{problem}", problem).replace("{solution}", solution)
 
 
 def soft_max_gap(gaps: torch.Tensor, beta: float) -> float:
@@ -211,6 +212,7 @@ class TeacherConfig(RunSettings):
     max_new_tokens: int = schema_default("pedagogical", "max_new_tokens")
     kl: float = schema_default("pedagogical", "kl")  # GRPO's k3 KL to the initial teacher; 0: no reference model
     max_grad_norm: float = schema_default("pedagogical", "max_grad_norm")  # 0: no clipping
+    template: str = TEACHER_TEMPLATE  # the teacher's user turn (`teacher_prompt`)
     reward: RewardConfig = field(default_factory=RewardConfig)
     # Completions per forward and backward pass; accumulation makes up prompts_per_step x group_size.
     micro_batch_size: int | str = schema_default("pedagogical", "micro_batch_size")
@@ -244,8 +246,9 @@ def make_reward_func(student, tokenizer, cfg: RewardConfig, grade=is_correct):
     return pedagogical
 
 
-def teacher_dataset(tokenizer, problems):
-    """GRPO's prompts (problem + reference solution) with the student's view and the answer beside them."""
+def teacher_dataset(tokenizer, problems, template: str = TEACHER_TEMPLATE):
+    """GRPO's prompts (problem + reference solution, posed by `template`) with the student's view and the
+    answer beside them."""
     from datasets import Dataset
 
     from graftlab.synth.star import require_problems
@@ -253,7 +256,7 @@ def teacher_dataset(tokenizer, problems):
     return Dataset.from_list(
         [
             {
-                "prompt": chat_prompt(tokenizer, teacher_prompt(p["prompt"], reference_solution(p))),
+                "prompt": chat_prompt(tokenizer, teacher_prompt(p["prompt"], reference_solution(p), template)),
                 "student_prompt": chat_prompt(tokenizer, p["prompt"]),
                 "answer": str(p["answer"]),
             }
@@ -293,7 +296,7 @@ def train_teacher(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     student = AutoModelForCausalLM.from_pretrained(post_dir, dtype=WEIGHTS_DTYPE)
     student = student.eval().requires_grad_(False).to(device)
-    dataset = teacher_dataset(tok, pl.read_parquet(problems))
+    dataset = teacher_dataset(tok, pl.read_parquet(problems), cfg.template)
     # The prompts of every step, in an order fixed in advance and read in sequence (shuffle_dataset off).
     # TRL's RepeatSampler draws each epoch's order from one generator that a resumed Trainer does not
     # advance past the epochs already done: resumed across an epoch boundary, it repeated the first
@@ -352,20 +355,20 @@ def _grpo_args(cfg: TeacherConfig, work: Path, precision, micro: int | None = No
     return grpo_args(cfg, work, batch, micro, precision, generations=cfg.group_size, beta=cfg.kl, context=context)
 
 
-def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct) -> tuple:
+def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct, template: str = TEACHER_TEMPLATE) -> tuple:
     """(traces, stats) of the trained teacher: STaR's rounds (`cfg` a `StarConfig`, rationalization
-    unused) over the teacher prompts, the first verified (`grade(completion, answer)`) and well-formed
-    completion kept per problem. The stored prompt is the problem alone, and a completion that
-    mentions the reference (`REFERENCE_MARKER`) is not kept: the student who learns from the trace
-    never sees a solution. The reward's length floor is not applied here: a short trace that thinks
-    is a fine example, only an empty thought is the reward hack."""
+    unused) over the teacher prompts (posed by `template`, as in its training), the first verified
+    (`grade(completion, answer)`) and well-formed completion kept per problem. The stored prompt is the
+    problem alone, and a completion that mentions the reference (`REFERENCE_MARKER`) is not kept: the
+    student who learns from the trace never sees a solution. The reward's length floor is not applied
+    here: a short trace that thinks is a fine example, only an empty thought is the reward hack."""
     import polars as pl
 
     from graftlab.sampling import SamplingConfig
     from graftlab.synth.star import first_verified, require_problems, star_stats
 
     rows = require_problems(problems, "pedagogical RL teacher traces")
-    prompts = [chat_prompt(tokenizer, teacher_prompt(r["prompt"], reference_solution(r))) for r in rows]
+    prompts = [chat_prompt(tokenizer, teacher_prompt(r["prompt"], reference_solution(r), template)) for r in rows]
 
     def accept(i: int, completion: str) -> bool:
         leaks = REFERENCE_MARKER.lower() in completion.lower()
@@ -392,7 +395,7 @@ def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct) -> tuple
 
 
 def write_teacher_traces(
-    teacher_dir, problems, cfg, out, stats_out, backend: str = "auto", task: str = "arith"
+    teacher_dir, problems, cfg, out, stats_out, backend: str = "auto", task: str = "arith", template=TEACHER_TEMPLATE
 ) -> dict:
     """Sample the trained teacher at `teacher_dir` on the problems parquet, graded by registry task
     `task`; write the stats JSON, then the traces parquet."""
@@ -404,7 +407,7 @@ def write_teacher_traces(
     from graftlab.tasks import get_task
 
     sampler, tok = load_sampler(teacher_dir, backend), AutoTokenizer.from_pretrained(teacher_dir)
-    traces, stats = teacher_traces(sampler, tok, pl.read_parquet(problems), cfg, get_task(task).grade)
+    traces, stats = teacher_traces(sampler, tok, pl.read_parquet(problems), cfg, get_task(task).grade, template)
     stats["sampling"] = sampling_record(sampler)
     write_table_with_stats(traces, stats, out, stats_out)
     return stats
