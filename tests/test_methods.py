@@ -178,3 +178,26 @@ def test_config_and_trainer_refuse_the_same_sdpo_sections(batch_size, generation
 def test_each_on_policy_spec_accepts_its_default_section(method):
     m = METHODS[method]
     assert m.spec.check(resolve({})["experiments"]["expert"][m.section]) == []
+
+
+# Literal text without "}": no placeholder can form across a literal and its neighbour, so each piece of
+# the template is either text that stays or one placeholder that is filled.
+LITERAL = st.text(alphabet=st.characters(blacklist_characters="}"), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.one_of(LITERAL, st.sampled_from(["{problem}", "{solution}"])), max_size=8),
+    st.text(max_size=12),
+    st.text(max_size=12),
+)
+def test_a_template_is_filled_placeholder_by_placeholder_and_never_inside_a_value(pieces, problem, solution):
+    """OPSD's, SDPO's and the Pedagogical teacher's templates (graftlab.methods.spec.fill): each placeholder
+    becomes its value, and a value holding a placeholder or braces (LaTeX: `x^{2}`, `{solution}`) is
+    inserted as it is, whatever the order of the values."""
+    from graftlab.methods.spec import fill
+
+    values = {"problem": problem + "{solution}", "solution": "{problem}" + solution}
+    expected = "".join(values[p[1:-1]] if p in ("{problem}", "{solution}") else p for p in pieces)
+    assert fill("".join(pieces), problem=values["problem"], solution=values["solution"]) == expected
+    assert fill("".join(pieces), solution=values["solution"], problem=values["problem"]) == expected

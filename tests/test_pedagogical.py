@@ -5,6 +5,7 @@ gives a near-empty trace no reward however correct and predictable it is."""
 
 import json
 import math
+import re
 import statistics
 
 import polars as pl
@@ -197,8 +198,10 @@ def test_a_teacher_template_is_taken_with_both_placeholders_and_refused_by_name_
             resolve(config)
         return
     assert resolve(config)["experiments"]["x"]["pedagogical"]["template"] == template
-    text = ped.teacher_prompt("7*8", "56", template)
-    assert text == template.replace("{problem}", "7*8").replace("{solution}", "56")
+    # Values with braces of their own, as LaTeX problems hold: each placeholder filled in one pass.
+    values = {"{problem}": "x^{2} = {solution}?", "{solution}": "\\boxed{5}"}
+    expected = re.sub(r"\{problem\}|\{solution\}", lambda m: values[m.group()], template)
+    assert ped.teacher_prompt(values["{problem}"], values["{solution}"], template) == expected
 
 
 def test_the_teacher_is_trained_and_sampled_on_the_configured_template():

@@ -11,6 +11,7 @@ refuses to exist with any (`refuse`). Standard library only: the workflow reads 
 from __future__ import annotations
 
 import math
+import re
 
 from graftlab.errors import GraftlabError
 
@@ -28,6 +29,16 @@ def refuse(name: str, problems: list[str]) -> None:
 
 def holes(template: str, needed: tuple[str, ...]) -> list[str]:
     return [h for h in needed if h not in template]
+
+
+def fill(template: str, **values: str) -> str:
+    """`template` with each placeholder `{name}` of `values` replaced by its value, all in one pass: a value
+    holding a placeholder of its own (a LaTeX problem's `{solution}`) stays as it is, where one replace
+    after another would fill it too. Not str.format: templates and values may hold braces."""
+    if not values:
+        return template
+    pattern = "|".join(re.escape("{" + name + "}") for name in values)
+    return re.sub(pattern, lambda m: values[m.group()[1:-1]], template)
 
 
 class Spec:

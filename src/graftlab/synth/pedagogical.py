@@ -32,12 +32,14 @@ from pathlib import Path
 import torch
 
 from graftlab.errors import GraftlabError
+from graftlab.methods.spec import fill
 from graftlab.schema import schema_default
 from graftlab.streams import passes
 from graftlab.tasks import THINK_CLOSE, THINK_OPEN, chat_prompt, is_correct
 from graftlab.train.settings import RunSettings
 
-# Only characters of the tiny world's tokenizer, so the char-level models read every one of them.
+# The schema's default holds only characters of the tiny world's tokenizer: its char-level models read
+# every one of them.
 TEACHER_TEMPLATE = schema_default("pedagogical", "template")
 REFERENCE_MARKER = "reference"
 COMPONENTS = ("correct", "well_formed", "tokens", "gap_mean", "gap_max", "soft_gap", "learnability", "reward")
@@ -74,8 +76,7 @@ def reference_solution(problem: dict) -> str:
 def teacher_prompt(problem: str, solution: str, template: str = TEACHER_TEMPLATE) -> str:
     """The teacher's user turn (`pedagogical.template`): by default the problem, the reference solution, and
     the instruction to solve it independently."""
-    # str.replace, not format, as OPSD's and SDPO's templates: a template may hold braces of its own.
-    return template.replace("{problem}", problem).replace("{solution}", solution)
+    return fill(template, problem=problem, solution=solution)
 
 
 def soft_max_gap(gaps: torch.Tensor, beta: float) -> float:

@@ -26,7 +26,7 @@ import torch
 
 from graftlab.errors import GraftlabError
 from graftlab.methods import METHODS
-from graftlab.methods.spec import refuse
+from graftlab.methods.spec import fill, refuse
 from graftlab.sampling import response_logits
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
@@ -71,8 +71,7 @@ class OpsdConfig(RunSettings):
 
 
 def teacher_text(template: str, problem: str, demo: str) -> str:
-    # str.replace, not format: problems and traces may hold braces.
-    return template.replace("{problem}", problem).replace("{demonstration}", demo)
+    return fill(template, problem=problem, demonstration=demo)
 
 
 class Opsd(PairStep):

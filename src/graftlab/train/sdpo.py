@@ -49,7 +49,7 @@ import torch
 from graftlab.errors import GraftlabError
 from graftlab.methods import METHODS
 from graftlab.methods.sdpo import Schedule, parse_schedule
-from graftlab.methods.spec import refuse
+from graftlab.methods.spec import fill, refuse
 from graftlab.schema import schema_default
 from graftlab.streams import passes, stream_seed
 from graftlab.tasks import THINK_CLOSE, extract_answer, get_task
@@ -105,13 +105,6 @@ class SdpoConfig(RunSettings):
 
     def checkpoints(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.save_steps))) or (self.steps,)
-
-
-def fill(template: str, **values: str) -> str:
-    # str.replace, not format: problems and answers may hold braces.
-    for name, value in values.items():
-        template = template.replace("{" + name + "}", value)
-    return template
 
 
 def feedback_message(answer: str | None, correct: bool) -> str:
