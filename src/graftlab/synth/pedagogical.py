@@ -79,6 +79,11 @@ def teacher_prompt(problem: str, solution: str, template: str = TEACHER_TEMPLATE
     return fill(template, problem=problem, solution=solution)
 
 
+def teacher_chat(tokenizer, problem: dict, template: str = TEACHER_TEMPLATE) -> str:
+    """A problem row's teacher prompt as the chat the teacher reads, in training and in trace writing alike."""
+    return chat_prompt(tokenizer, teacher_prompt(problem["prompt"], reference_solution(problem), template))
+
+
 def soft_max_gap(gaps: torch.Tensor, beta: float) -> float:
     """`S_beta` of one trace's gaps; 0 for a trace of no tokens (such a trace is never correct)."""
     if gaps.numel() == 0:
@@ -257,7 +262,7 @@ def teacher_dataset(tokenizer, problems, template: str = TEACHER_TEMPLATE):
     return Dataset.from_list(
         [
             {
-                "prompt": chat_prompt(tokenizer, teacher_prompt(p["prompt"], reference_solution(p), template)),
+                "prompt": teacher_chat(tokenizer, p, template),
                 "student_prompt": chat_prompt(tokenizer, p["prompt"]),
                 "answer": str(p["answer"]),
             }
@@ -369,7 +374,7 @@ def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct, template
     from graftlab.synth.star import first_verified, require_problems, star_stats
 
     rows = require_problems(problems, "pedagogical RL teacher traces")
-    prompts = [chat_prompt(tokenizer, teacher_prompt(r["prompt"], reference_solution(r), template)) for r in rows]
+    prompts = [teacher_chat(tokenizer, r, template) for r in rows]
 
     def accept(i: int, completion: str) -> bool:
         leaks = REFERENCE_MARKER.lower() in completion.lower()
@@ -396,7 +401,14 @@ def teacher_traces(sampler, tokenizer, problems, cfg, grade=is_correct, template
 
 
 def write_teacher_traces(
-    teacher_dir, problems, cfg, out, stats_out, backend: str = "auto", task: str = "arith", template=TEACHER_TEMPLATE
+    teacher_dir,
+    problems,
+    cfg,
+    out,
+    stats_out,
+    backend: str = "auto",
+    task: str = "arith",
+    template: str = TEACHER_TEMPLATE,
 ) -> dict:
     """Sample the trained teacher at `teacher_dir` on the problems parquet, graded by registry task
     `task`; write the stats JSON, then the traces parquet."""
