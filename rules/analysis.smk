@@ -170,6 +170,7 @@ rule study:
         [e["summary"] for e in STUDY],
         [e["drift"] for e in STUDY if e["drift"]],
         [e["takeover"] for e in STUDY if e["takeover"]],
+        [e["screened"] for e in STUDY if e["screened"]],
     output:
         runs="results/study/study.parquet",
         groups="results/study/groups.parquet",

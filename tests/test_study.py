@@ -156,3 +156,22 @@ def test_a_merge_is_judged_beside_the_grafts(tmp_path):
     # The graft (0.6, 0.8) held to the merge (0.55, 0.6): 0.75 - 0.65; no OPSD run, no margin over it.
     assert row["margin_merge"] == pytest.approx(0.1) and row["margin_merge_val"] == pytest.approx(0.1)
     assert row["margin_opsd"] is None and groups["margin_merge"].item() == pytest.approx(0.1)
+
+
+def test_an_adaptive_experiments_screened_out_merge_is_held_to_on_both_splits(tmp_path):
+    # The graft (0.6, 0.8) beats the merge it was scored beside by 0.75 - 0.65. A screened-out merge whose
+    # screening interval may lie below the graft's new-task score with old-task accuracy up to 0.9 binds
+    # instead: 0.75 - 0.9, no win on either split.
+    merge = ("graft/post/lr~1e-3/epoch~2/lam~0.5/mask~none/rho~0", 0.55, 0.6)
+    wild = "graft/post/lr~1e-3/epoch~2/lam~0.25/mask~none/rho~0"
+    screened = tmp_path / "screened.parquet"
+    pl.DataFrame(
+        {"run": [wild], "by": [GRAFT], "new_val_lo": [0.0], "new_val_hi": [0.7], "old_val_lo": [0.5]}
+        | {"old_val_hi": [0.9]}
+    ).write_parquet(screened)
+    exp = {"exp": "e", "group": "g", "seed": 0, "summary": _summary(tmp_path / "s.parquet", 0.8, more=[merge])}
+    out = tmp_path / "out"
+    for screening, margin in ((None, 0.1), (screened, -0.15)):
+        write_study([exp | {"screened": screening}], out / "study.parquet", out / "groups.parquet", out / "study.png")
+        row = pl.read_parquet(out / "study.parquet").row(0, named=True)
+        assert row["margin_merge"] == pytest.approx(margin) and row["margin_merge_val"] == pytest.approx(margin)

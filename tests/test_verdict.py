@@ -3,6 +3,8 @@ beyond the intervals, every SFT point of no greater new-task accuracy."""
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from graftlab.analysis.verdict import judge_runs, reproduces
 from graftlab.planning.layout import parse_run
@@ -177,3 +179,75 @@ def test_each_graft_is_held_to_opsd_and_the_merge_beyond_the_intervals_too():
     # A graft that learned nothing beyond the post model beats no baseline, however far above it lies.
     (row,) = judge_runs(summary(points | {graft("1"): (0.02, 0.69, 0.05)}), "graft")
     assert row["margin_opsd"] > 0 and not row["learned"] and not row["beats_opsd"]
+
+
+def screened(points: dict[str, tuple[float, float, float]]) -> pl.DataFrame:
+    """A screened.parquet from run: (new_val_lo, new_val_hi, old_val_hi), the bounds the verdict reads."""
+    rows = [
+        {"run": run, "by": "post", "new_val_lo": lo, "new_val_hi": hi, "old_val_lo": 0.0, "old_val_hi": old}
+        for run, (lo, hi, old) in points.items()
+    ]
+    return pl.DataFrame(rows)
+
+
+def test_a_screened_out_sft_point_binds_at_its_intervals_worst_corner():
+    # Without SFT's epoch 1 the graft is held to epoch 2 alone (old_hi 0.43) and reproduces. Screened out with
+    # new-task accuracy in [0.1, 0.3] and old-task accuracy up to 0.85, epoch 1 may lie at or below the graft's
+    # 0.5 and binds at 0.85: no win. Known to lie beyond it (new >= 0.6), it binds nothing.
+    points = BASE | {graft("0.5"): (0.5, 0.8, 0.03)}
+    full = summary({run: p for run, p in points.items() if run != sft(1)})
+    assert reproduces(full)["reproduces"]
+    (row,) = reproduces(full, screened=screened({sft(1): (0.1, 0.3, 0.85)}))["frontier_grafts"]
+    assert row["closest_sft"] == sft(1) and row["margin"] == pytest.approx(0.77 - 0.85) and not row["reproduces"]
+    (row,) = reproduces(full, screened=screened({sft(1): (0.6, 0.7, 0.85)}))["frontier_grafts"]
+    assert row["closest_sft"] == sft(2) and row["reproduces"]
+    # Only a point that must lie at or below the graft counts as the SFT point it is compared with.
+    alone = summary({run: p for run, p in points.items() if run not in (sft(1), sft(2))})
+    (row,) = reproduces(alone, screened=screened({sft(1): (0.1, 0.6, 0.3)}))["frontier_grafts"]
+    assert row["sft_compared"] == 0 and row["margin"] is None and not row["reproduces"]
+    with pytest.raises(ValueError, match="lacks column.*old_val_hi"):
+        reproduces(full, screened=screened({sft(1): (0.1, 0.3, 0.85)}).drop("old_val_hi"))
+
+
+BASELINE_RUNS = [sft(e) for e in range(1, 5)] + [OPSD, MERGE, "opsd/post/alpha~1/lr~1e-4/step~40"]
+unit = st.floats(0, 1, allow_nan=False)
+
+
+@st.composite
+def screened_experiments(draw):
+    """A summary of the post model, grafts and baseline points, every score with an interval; some baseline
+    points screened out, each with a screening interval holding its scores."""
+
+    def point():
+        new, old, half = draw(unit), draw(unit), draw(st.floats(0, 0.2))
+        return new, old, half
+
+    baselines = {run: point() for run in draw(st.lists(st.sampled_from(BASELINE_RUNS), unique=True))}
+    grafts = {graft(lam): point() for lam in draw(st.lists(st.sampled_from(["0.25", "0.5", "1", "2"]), unique=True))}
+    out = {}
+    for run, (new, old, half) in baselines.items():
+        if draw(st.booleans()):
+            lo, hi = draw(st.floats(0, new)), draw(st.floats(new, 1))
+            out[run] = (lo, hi, draw(st.floats(old + half, 2)))
+    return {"post": point()} | baselines | grafts, out
+
+
+@settings(max_examples=300, deadline=None)
+@given(screened_experiments())
+def test_screened_points_never_loosen_the_verdict_where_their_scores_lie_in_their_intervals(case):
+    points, out = case
+    truth = summary(points)
+    kept = summary({run: p for run, p in points.items() if run not in out})
+    for method in ("graft", "merge"):
+        if method == "merge" and MERGE in out:
+            continue  # judged runs are scored ones
+        full = {r["run"]: r for r in judge_runs(truth, method)}
+        for row in judge_runs(kept, method, screened=screened(out)):
+            true = full[row["run"]]
+            assert row["sft_compared"] <= true["sft_compared"]
+            assert not row["reproduces"] or true["reproduces"]
+            for name in ("", "_opsd", "_merge"):
+                if row[f"margin{name}"] is not None and true[f"margin{name}"] is not None:
+                    assert row[f"margin{name}"] <= true[f"margin{name}"] + 1e-12
+            assert not row["beats_opsd"] or true["beats_opsd"]
+            assert not row["beats_merge"] or true["beats_merge"]

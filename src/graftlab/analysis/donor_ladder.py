@@ -45,10 +45,11 @@ def _arm(method: str, donor: str | None) -> str | None:
     return ARMS.get(method, donor if method in JUDGED else None)
 
 
-def chosen(summary: pl.DataFrame) -> pl.DataFrame:
+def chosen(summary: pl.DataFrame, screened: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per arm of one experiment's summary: its run chosen on validation, with its validation and
     test scores, and for grafts and the merge, `margin_X{suffix}` and `beats_X{suffix}` against each
-    baseline X on each split (suffix `_val` for validation, none for test; X = sft, opsd, merge)."""
+    baseline X on each split (suffix `_val` for validation, none for test; X = sft, opsd, merge), screened-out
+    baseline runs (`screened`, under adaptive sweeps) held to as the verdict holds them."""
     missing = [c for c in VALIDATION_COLUMNS if c not in summary.columns]
     if missing:
         exp = summary["exp"][0]
@@ -59,7 +60,7 @@ def chosen(summary: pl.DataFrame) -> pl.DataFrame:
     ).filter(pl.col("arm").is_not_null() & pl.col("score_val").is_not_null())
     picked = arms.sort(["score_val", "run"], descending=[True, False]).group_by("arm", maintain_order=True).first()
     verdicts = {
-        (method, split): {v["run"]: v for v in judge_runs(summary, method, split)}
+        (method, split): {v["run"]: v for v in judge_runs(summary, method, split, screened)}
         for method in JUDGED
         for split in SPLITS
     }
@@ -80,9 +81,10 @@ def chosen(summary: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows).sort(pl.col("arm").replace_strict(order, list(range(len(order)))))
 
 
-def donor_table(summaries: list[pl.DataFrame]) -> pl.DataFrame:
-    """`chosen` of every experiment, one after the other."""
-    return pl.concat([chosen(s) for s in summaries], how="diagonal_relaxed")
+def donor_table(summaries: list[pl.DataFrame], screened: list[pl.DataFrame | None] | None = None) -> pl.DataFrame:
+    """`chosen` of every experiment, one after the other; `screened`: each one's screened-out runs, or None."""
+    screened = screened or [None] * len(summaries)
+    return pl.concat([chosen(s, x) for s, x in zip(summaries, screened, strict=True)], how="diagonal_relaxed")
 
 
 def _interval(row: dict, role: str) -> str:
@@ -145,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     if absent:
         parser.error(f"no summary at {', '.join(absent)}")
     try:
-        table = donor_table([pl.read_parquet(p) for p in args.summaries])
+        # An adaptive experiment's screened-out runs lie beside its summary (graftlab.analysis.screen).
+        beside = [p.with_name("screened.parquet") for p in args.summaries]
+        screened = [pl.read_parquet(x) if x.is_file() else None for x in beside]
+        table = donor_table([pl.read_parquet(p) for p in args.summaries], screened)
     except ValueError as err:
         print(f"donor_ladder: {err}", file=sys.stderr)
         return 1

@@ -39,12 +39,13 @@ OVER = tuple(f"margin_{b}" for b in BASELINES if b != "sft")  # a graft's margin
 VERDICT_COLUMNS = ("reproduces", "margin", "merge_margin", *OVER)
 
 
-def _verdict_columns(summary: pl.DataFrame) -> dict:
-    """Verdict and best margin on each split the summary has scores for (None where it has none)."""
+def _verdict_columns(summary: pl.DataFrame, screened: pl.DataFrame | None = None) -> dict:
+    """Verdict and best margin on each split the summary has scores for (None where it has none); `screened`:
+    the experiment's screened-out runs (`graftlab.analysis.verdict`)."""
     out = {}
     for split, suffix in SPLITS.items():
         try:
-            verdict = reproduces(summary, split=split)
+            verdict = reproduces(summary, split=split, screened=screened)
         except ValueError as err:
             if split == "validation" and "no validation scores" in str(err):
                 out |= dict.fromkeys(f"{c}{suffix}" for c in VERDICT_COLUMNS)
@@ -53,7 +54,8 @@ def _verdict_columns(summary: pl.DataFrame) -> dict:
         # Only a graft that learned the new task can win; another's margin (a graft that kept the old
         # tasks by learning nothing, beside SFT points that forgot first) would read as a near miss.
         margins = [g["margin"] for g in verdict["frontier_grafts"] if g["learned"] and g["margin"] is not None]
-        merges = [m["margin"] for m in judge_runs(summary, "merge", split) if m["learned"] and m["margin"] is not None]
+        judged = judge_runs(summary, "merge", split, screened)
+        merges = [m["margin"] for m in judged if m["learned"] and m["margin"] is not None]
         learned = [g for g in verdict["frontier_grafts"] if g["learned"]]
         over = {f"{c}{suffix}": max((g[c] for g in learned if g[c] is not None), default=None) for c in OVER}
         out |= {
@@ -106,8 +108,9 @@ def experiment_row(
     drift: pl.DataFrame | None,
     takeover: pl.DataFrame | None = None,
     moe: MoeConfig | None = None,
+    screened: pl.DataFrame | None = None,
 ) -> dict:
-    """One experiment's line of the study."""
+    """One experiment's line of the study; `screened`: its adaptive sweeps' screened-out runs."""
     sft = summary.filter(method="sft")
     row = {
         "exp": exp,
@@ -123,17 +126,19 @@ def experiment_row(
         row |= {"drift_ratio": None, "cos": None, "cos_mlp": None}
     routing = _takeover_columns(takeover)
     moe_columns = _moe_columns(routing["misrouted_post"], routing["misrouted_donor"], moe)
-    return row | routing | moe_columns | _verdict_columns(summary)
+    return row | routing | moe_columns | _verdict_columns(summary, screened)
 
 
 def study_tables(experiments: list[dict], moe: MoeConfig | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(per experiment, per group) from dicts with `exp`, `group`, `seed`, `summary` (parquet path),
-    `drift` and `takeover` (parquet paths or None); the §3 model's columns from `moe`."""
+    `drift`, `takeover` and `screened` (parquet paths or None); the §3 model's columns from `moe`."""
     rows = []
     for e in experiments:
-        drift, takeover = (pl.read_parquet(e[k]) if e.get(k) else None for k in ("drift", "takeover"))
+        drift, takeover, screened = (
+            pl.read_parquet(e[k]) if e.get(k) else None for k in ("drift", "takeover", "screened")
+        )
         summary = pl.read_parquet(e["summary"])
-        rows.append(experiment_row(e["exp"], e["group"], e["seed"], summary, drift, takeover, moe))
+        rows.append(experiment_row(e["exp"], e["group"], e["seed"], summary, drift, takeover, moe, screened))
     per_exp = pl.DataFrame(rows, infer_schema_length=None).sort("group", "seed")
     counts = [pl.col(c).fill_null(False).sum().alias(c) for c in ("reproduces_val", "reproduces", "moe_wins_to_best")]
     means = [

@@ -25,12 +25,20 @@ The same yardstick (conditions 3-4) also holds each frontier graft to the other 
 it with, OPSD and the merge (`BASELINES`): `margin_opsd` and `margin_merge` over their points of no more
 new-task accuracy, and `beats_opsd`, `beats_merge` when it learned and that margin is > 0. Only the
 comparison with SFT decides `reproduces`: it is the paper's claim.
+
+Under adaptive sweeps (`eval.adaptive`) a screened-out baseline point has no test scores, only its screening
+interval (`results/{exp}/screened.parquet`, graftlab.analysis.screen); left out, it could have been the binding
+point, and the margin would loosen. So each enters the yardstick as what it may be (`screened`): it binds when
+it *may* have new-task accuracy <= the graft's (its interval's lower bound), at its interval's upper old-task
+bound, and counts for condition 3 only when it *must* (its upper bound). Wherever a screened point's scores lie
+within its interval, the verdict is then at least as strict as with its scores (tests/test_verdict.py).
 """
 
 import polars as pl
 
 from graftlab.analysis.summary import INGREDIENTS, ROLE_COLUMNS, VALIDATION_COLUMNS, pareto_front
 from graftlab.methods import METHODS
+from graftlab.planning.layout import parse_run
 
 # Every method a single-domain summary holds that is not an ingredient of grafts.
 CANDIDATES = tuple(m.name for m in METHODS.values() if not (m.ingredient or m.chain_only))
@@ -70,14 +78,46 @@ def _post_new_bound(scored: pl.DataFrame) -> float:
     return post["new_hi"] if post["new_hi"] is not None else post["new"]
 
 
+# A baseline point of the yardstick: the least and the most new-task accuracy it may have (its score twice
+# where it was scored) and its old-task upper bound.
+YARDSTICK = {"run": pl.Utf8, "new_min": pl.Float64, "new_max": pl.Float64, "old_hi": pl.Float64}
+SCREENED = ("run", "new_val_lo", "new_val_hi", "old_val_hi")  # what a screened point enters with
+
+
+def _yardsticks(scored: pl.DataFrame, screened: pl.DataFrame | None) -> dict[str, pl.DataFrame]:
+    """Each baseline's points (`YARDSTICK`), by method: its scored runs, then its screened-out ones (module
+    docstring) from `screened`, a `screened.parquet` table."""
+    points = {
+        name: scored.filter(method=name).select(
+            "run", pl.col("new").alias("new_min"), pl.col("new").alias("new_max"), "old_hi"
+        )
+        for name in BASELINES
+    }
+    if screened is None or screened.height == 0:
+        return points
+    missing = [c for c in SCREENED if c not in screened.columns]
+    if missing:
+        raise ValueError(f"reproduces: the screened table lacks column(s) {missing}")
+    methods = [parse_run(run)["method"] for run in screened["run"]]
+    out = screened.with_columns(method=pl.Series(methods, dtype=pl.Utf8)).select(
+        "method", "run", new_min="new_val_lo", new_max="new_val_hi", old_hi="old_val_hi"
+    )
+    return {
+        name: pl.concat([frame.cast(YARDSTICK), out.filter(method=name).drop("method").cast(YARDSTICK)])
+        for name, frame in points.items()
+    }
+
+
 def _versus(graft: dict, points: pl.DataFrame) -> tuple[int, dict | None, float | None]:
-    """(how many of `points` have new-task accuracy <= the graft's, the binding one, the graft's margin
-    over it): the point with the highest old-task upper bound binds, as beating it beats them all."""
-    compared = points.filter(pl.col("new") <= graft["new"])
-    if compared.height == 0:
+    """(how many of `points` (`YARDSTICK`) must have new-task accuracy <= the graft's, the binding one, the
+    graft's margin over it): of those that may, the point with the highest old-task upper bound binds, as
+    beating it beats them all. None binds where none must (condition 3)."""
+    compared = points.filter(pl.col("new_max") <= graft["new"]).height
+    if compared == 0:
         return 0, None, None
-    closest = compared.sort("old_hi", descending=True).row(0, named=True)
-    return compared.height, closest, graft["old_lo"] - closest["old_hi"]
+    may = points.filter(pl.col("new_min") <= graft["new"])
+    closest = may.sort("old_hi", descending=True).row(0, named=True)
+    return compared, closest, graft["old_lo"] - closest["old_hi"]
 
 
 def _judge(graft: dict, baselines: dict[str, pl.DataFrame], post_new: float) -> dict:
@@ -117,7 +157,7 @@ def on_split(summary: pl.DataFrame, split: str) -> pl.DataFrame:
     )
 
 
-def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:
+def reproduces(summary: pl.DataFrame, split: str = "test", screened: pl.DataFrame | None = None) -> dict:
     """The verdict of one experiment's summary (module docstring: the rule).
 
     Returns `reproduces` (whether any graft qualifies), `qualifying` (their runs, by margin, largest
@@ -127,13 +167,14 @@ def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:
     (`closest_sft`, its `sft_old_hi`), `margin` (`old_lo - sft_old_hi`, None without a comparable SFT
     point; > 0 qualifies) and its own `reproduces`, so a near miss shows how near it was; and against
     OPSD and the merge, `closest_X`, `margin_X` and `beats_X`. `split`: `test` (the reported
-    scores) or `validation` (the scores a choice of world or setting may be made on; `on_split`).
+    scores) or `validation` (the scores a choice of world or setting may be made on; `on_split`). `screened`:
+    the experiment's screened-out runs (`screened.parquet`), held to as the module docstring says.
     """
     if not isinstance(summary, pl.DataFrame):
         raise TypeError(f"reproduces: expected a polars DataFrame, got {type(summary).__name__}")
     scored = _scored(on_split(summary, split))
     front = pareto_front(scored).filter("on_front")
-    baselines = {name: scored.filter(method=name) for name in BASELINES}
+    baselines = _yardsticks(scored, screened)
     grafts = front.filter(method="graft").sort("new", "run")
     post_new = _post_new_bound(scored)
     verdicts = [_judge(g, baselines, post_new) for g in grafts.iter_rows(named=True)]
@@ -147,11 +188,14 @@ def reproduces(summary: pl.DataFrame, split: str = "test") -> dict:
     }
 
 
-def judge_runs(summary: pl.DataFrame, method: str, split: str = "test") -> list[dict]:
+def judge_runs(
+    summary: pl.DataFrame, method: str, split: str = "test", screened: pl.DataFrame | None = None
+) -> list[dict]:
     """Every run of `method` (a baseline such as `merge`, or `graft` off the frontier too) judged by the
     rule's conditions 2-4, without condition 1: did it learn beyond the post model, and by what margin does
     it keep more of the old tasks than the SFT-of-post points of no more new-task accuracy. The grafts'
-    own yardstick, held to another method: each dict as in `reproduces`' `frontier_grafts`."""
+    own yardstick, held to another method: each dict as in `reproduces`' `frontier_grafts`; `screened` as
+    there."""
     if method not in CANDIDATES:
         raise ValueError(f"judge_runs: method {method!r} is not a candidate; known: {list(CANDIDATES)}")
     scored = _scored(on_split(summary, split))
@@ -159,5 +203,5 @@ def judge_runs(summary: pl.DataFrame, method: str, split: str = "test") -> list[
     blind = runs.filter(pl.col("old_lo").is_null() | pl.col("new_lo").is_null())["run"].to_list()
     if blind:
         raise ValueError(f"judge_runs: run(s) without intervals (re-evaluate them): {blind}")
-    baselines, post_new = {name: scored.filter(method=name) for name in BASELINES}, _post_new_bound(scored)
+    baselines, post_new = _yardsticks(scored, screened), _post_new_bound(scored)
     return [_judge(r, baselines, post_new) for r in runs.iter_rows(named=True)]

@@ -314,8 +314,8 @@ def retention_homes(config: dict) -> dict[str, list[Experiment]]:
 
 
 def study_experiments(config: dict) -> list[dict]:
-    """Every experiment's line of the study: its group, seed, summary and (on a tiny world) drift and
-    takeover tables."""
+    """Every experiment's line of the study: its group, seed, summary, (on a tiny world) drift and takeover
+    tables, and (under adaptive sweeps) its screened-out runs, which the verdict holds its grafts to."""
     chosen = config["study"]["experiments"] or config["experiments"]
     return [
         {
@@ -325,6 +325,7 @@ def study_experiments(config: dict) -> list[dict]:
             "summary": f"results/{name}/summary.parquet",
             "drift": f"results/{name}/drift.parquet" if on_tiny_world(x) else None,
             "takeover": f"results/{name}/takeover.parquet" if shows_takeover(x) else None,
+            "screened": f"results/{name}/screened.parquet" if x["eval"]["adaptive"] else None,
         }
         for name, x in config["experiments"].items()
         if name in chosen and not x.get("stages")  # a continual experiment has no single-domain summary
