@@ -117,12 +117,13 @@ CHECKPOINT_GROUPS = checkpoint_groups([LAYOUTS[e] for e in EXPERIMENTS])
 SWEEP_GROUPS = sweep_groups([LAYOUTS[e] for e in EXPERIMENTS])
 
 
-def runs_pattern(runs):
+def runs_pattern(runs, under="eval"):
     """A pattern of the `exp` wildcard matching each experiment only where the rest of the path is the
-    evaluation of one of its runs `runs[exp]` (a lookahead), so two experiments whose same run keeps other
-    checkpoints never make two rules match one file."""
+    evaluation (or, `under="screen"`, the screening) of one of its runs `runs[exp]` (a lookahead), so two
+    experiments whose same run keeps other checkpoints never make two rules match one file.
+    """
     tied = [
-        f"{re.escape(exp)}(?=/eval/(?:{'|'.join(map(re.escape, keys))})/)"
+        f"{re.escape(exp)}(?=/{under}/(?:{'|'.join(map(re.escape, keys))})/)"
         for exp, keys in runs.items()
     ]
     return "|".join(tied)
@@ -342,6 +343,14 @@ def graft_runs(w):
 def screened_file(w):
     """The adaptive sweep's decisions a graft job reads (rules/graft.smk), None where `eval.adaptive` is off."""
     if xcfg(w, "eval", "adaptive"):
+        return f"results/{w.exp}/screen/decisions.json"
+    return None
+
+
+def screened_checkpoints(w):
+    """The decisions a training run's checkpoint evaluation reads (rules/evaluate.smk), None where its
+    checkpoints are not screened (`eval.adaptive_checkpoints`)."""
+    if w.trainrun in layout(w).screened_trainruns():
         return f"results/{w.exp}/screen/decisions.json"
     return None
 

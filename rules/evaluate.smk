@@ -55,6 +55,7 @@ rule evaluate_part:
         **sized("evaluate_part"),
     params:
         **eval_params(
+            runs=lambda w: [w.run],
             models=lambda w: [layout(w).eval_model(w.run)[1]],
             metrics=lambda w: [f"results/{w.exp}/eval/{w.run}/metrics.json"],
         ),
@@ -77,6 +78,9 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
             parts=part_files(
                 "evaluate_run", lambda w: f"results/{w.exp}/eval/{w.trainrun}"
             ),
+            # Under `eval.adaptive_checkpoints`, the experiment's decisions: a checkpoint screened out is
+            # scored no further (each checkpoint's samples are kept, so a new decision re-scores from them).
+            screened=lambda w: screened_checkpoints(w) or [],
         output:
             metrics=[
                 f"results/{{exp}}/eval/{{trainrun}}/{c}/metrics.json"
@@ -108,6 +112,7 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
         input:
             model="results/{exp}/{trainrun}",
             benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+            screened=lambda w: screened_checkpoints(w) or [],
         output:
             temp("results/{exp}/eval/{trainrun}/part~{part}of{parts}"),
         log:
@@ -126,11 +131,46 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
             **sized("evaluate_run_part"),
         params:
             **eval_params(
+                runs=checkpoint_keys(checkpoints),
                 models=checkpoint_models(checkpoints),
                 metrics=checkpoint_metrics(checkpoints),
             ),
         script:
             "../workflow_scripts/evaluate_part.py"
+
+    # Under `eval.adaptive_checkpoints`, every checkpoint first scored on the `eval.adaptive` share of the
+    # validation problems, into results/{exp}/screen/, as a graft sweep's are (rules/graft.smk).
+    rule:
+        name:
+            f"{checkpoint_rule(checkpoints)}_screen"
+        input:
+            model="results/{exp}/{trainrun}",
+            benchmarks=lambda w: [b[1] for b in layout(w).eval_benchmarks()],
+        output:
+            metrics=[
+                f"results/{{exp}}/screen/{{trainrun}}/{c}/metrics.json"
+                for c in checkpoints
+            ],
+        log:
+            "logs/{exp}/screen/{trainrun}.log",
+        benchmark:
+            "benchmarks/jobs/{exp}/screen/{trainrun}.tsv"
+        wildcard_constraints:
+            exp=runs_pattern(runs, under="screen"),
+            trainrun=f"(?:{'|'.join(TRAINED_KINDS)})/post/.+",
+        conda:
+            "../envs/gpu.yaml"
+        threads: config["threads"]["sample"]
+        resources:
+            **sized("evaluate_run_screen"),
+        params:
+            **eval_params(
+                runs=checkpoint_keys(checkpoints),
+                models=checkpoint_models(checkpoints),
+            ),
+            adaptive=lambda w: xcfg(w, "eval", "adaptive"),
+        script:
+            "../workflow_scripts/evaluate_screen.py"
 
 
 # An evaluation several experiments ask for alike (the post model's, or a donor's as it is, on the same

@@ -87,12 +87,13 @@ for lams, sweeps in SWEEP_GROUPS.items():
             "../workflow_scripts/graft_screen.py"
 
 
+# Every graft's and merge's screening, and with `eval.adaptive_checkpoints` every screened checkpoint's
+# (rules/evaluate.smk): one decision over all of them.
 rule screen:
     input:
         lambda w: [
-            f"results/{w.exp}/screen/{r.key}/metrics.json"
-            for r in layout(w).run_list()
-            if r.kind == "graft"
+            f"results/{w.exp}/screen/{run}/metrics.json"
+            for run in layout(w).screenings()
         ],
     output:
         decisions="results/{exp}/screen/decisions.json",

@@ -198,7 +198,7 @@ def test_a_finished_screening_prices_its_sweeps_as_it_decided_whatever_is_assume
     assert sum(c.kept for c in sweeps) == pytest.approx(kept * SAMPLES)
     assert sum(c.written for c in sweeps) == pytest.approx(5 * 2e9 + kept * SAMPLES)
     note = next(n for n in plan.notes if n.startswith("Adaptive sweeps (x)"))
-    screened = "3 of the 5 grafts" if decided == "both" else "1 of the 3 grafts"
+    screened = "3 of the 5 runs" if decided == "both" else "1 of the 3 runs"
     assert f"{screened} screened so far kept" in note
     if decided == "both":
         assert f"then scored fully: {plan.total_gpu_hours:.3g} GPU-hours, against {full:.3g}" in note
@@ -431,3 +431,33 @@ def test_continual_jobs_match_snakemake_dag(tmp_path, capsys, monkeypatch):
     assert main(["plan", "--configfile", str(path), "--dag", "--disk-free", "1e6"]) == 0
     out = capsys.readouterr().out
     assert "| chain_fisher | 8 |" in out and "Snakemake's DAG has the same jobs per rule." in out
+
+
+@pytest.mark.parametrize("decided", [False, True])
+def test_screened_checkpoints_are_priced_as_the_grafts_are(tmp_path, decided):
+    """HAND under eval.adaptive_checkpoints: its SFT run's 2 checkpoints are screened on a tenth of the
+    problems (their own job) and 0.4 of them scored fully, keeping their samples, as its graft and merge
+    are; once the screening has decided the run (1 of 2 kept), it is charged that, whatever is assumed."""
+    x = copy.deepcopy(HAND)
+    x["experiments"]["x"]["eval"] |= {"validation": 0.5}
+    a = Assumptions(prompt_tokens=256, jobs=1, gpu_bandwidth=1e18, adaptive_kept=0.4)  # hours are FLOPs
+    full = estimate(resolve(copy.deepcopy(x)), a, root=tmp_path).total_gpu_hours
+    x["experiments"]["x"]["eval"] |= {"adaptive": 0.1, "adaptive_checkpoints": True}
+    config = resolve(x)
+    if decided:
+        runs = ["sft/post/lr~1e-5/epoch~1", "sft/post/lr~1e-5/epoch~2"]
+        (tmp_path / "results/x/screen").mkdir(parents=True)
+        decisions = {run: {"kept": run.endswith("2")} for run in runs}
+        (tmp_path / "results/x/screen/decisions.json").write_text(json.dumps(decisions))
+    plan = estimate(config, a, root=tmp_path)
+    one = 2e9 * 60 * 2 * 1000 / (a.decode_mfu * a.gpu_flops) / 3600  # a model's evaluation, in GPU-hours
+    kept = 1 if decided else 2 * 0.4  # of the 2 checkpoints
+    grafts = 2 * (0.1 + 0.4)  # the graft and the merge, never decided here
+    assert plan.total_gpu_hours == pytest.approx(full - 4 * one + grafts * one + (2 * 0.1 + kept) * one)
+    screen = plan.costs["evaluate_run_epoch_1_2_screen"]
+    assert screen.jobs == 1 and screen.flops == pytest.approx(2 * 0.1 * 2e9 * 60 * 2 * 1000)
+    run = plan.costs["evaluate_run_epoch_1_2"]
+    assert run.kept == pytest.approx(kept * SAMPLES) and run.written == pytest.approx(kept * SAMPLES)
+    note = next(n for n in plan.notes if n.startswith("Adaptive sweeps (x)"))
+    assert "every graft and merge and training checkpoint first scored" in note
+    assert ("1 of the 2 runs screened so far kept" in note) == decided

@@ -79,7 +79,7 @@ def test_the_command_writes_each_decision_and_the_screened_table(tmp_path, capsy
     assert main([str(out), str(table), *map(str, files)]) == 0
     decisions = json.loads(out.read_text())
     assert decisions["graft/a"]["by"] == "graft/b" and decisions["graft/b"]["kept"]
-    assert capsys.readouterr().out == "screen: 1 of 2 grafts kept for full scoring\n"
+    assert capsys.readouterr().out == "screen: 1 of 2 runs kept for full scoring\n"
     rows = pl.read_parquet(table).to_dicts()
     assert len(rows) == 1 and rows[0]["run"] == "graft/a" and rows[0]["by_new_val_lo"] == 0.6
     assert screened_out(out, "graft/a")["by"] == "graft/b" and screened_out(out, "graft/b") is None

@@ -469,6 +469,56 @@ def test_an_adaptive_sweep_scores_fully_only_the_grafts_that_can_reach_the_front
     assert kept in taken and wild not in taken
 
 
+def test_adaptive_checkpoints_screen_the_training_runs_beside_the_grafts(smoke, tmp_path):
+    """On a copy of the smoke run, `narrow` (an adaptive sweep) screens its SFT and OPSD checkpoints too
+    (eval.adaptive_checkpoints): each is scored first on the validation problems alone, one decision is taken
+    over grafts, merges and checkpoints, and a checkpoint kept is scored fully to the bytes it had unscreened,
+    its samples kept. One the decisions screen out keeps its screening scores and no records, and the
+    summary leaves it out, while its kept neighbour is re-scored from its samples to the same bytes."""
+    import shutil
+
+    from graftlab.evaluate.run import in_validation
+    from graftlab.train.resume import resume_dir
+
+    work = tmp_path / "run"
+    shutil.copytree(smoke, work, symlinks=True)
+    narrow = work / "results/narrow"
+    runs = ["sft/post/lr~1e-3/epoch~1", "sft/post/lr~1e-3/epoch~2", "opsd/post/alpha~0.5/lr~1e-4/step~4"]
+    before = {run: (narrow / "eval" / run / "metrics.json").read_bytes() for run in runs}
+    grown = write_config(tmp_path, "grown", {"experiments": {"narrow": {"eval": {"adaptive_checkpoints": True}}}})
+    targets = ["results/narrow/summary.parquet", "results/study/study.parquet"]
+    proc = snakemake(work, "--cores", "all", *targets, configs=(SMOKE, grown))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    decisions = json.loads((narrow / "screen/decisions.json").read_text())
+    assert set(runs) < set(decisions) and len(decisions) == len(runs) + 2  # and the graft and the merge
+    for run in runs:
+        benches = sorted((narrow / "screen" / run).glob("*.parquet"))
+        assert benches, run
+        for bench in benches:
+            ids = pl.read_parquet(bench)["problem_id"].unique().to_list()
+            assert ids and all(in_validation(bench.stem, ids, 0.5))
+        if decisions[run]["kept"]:
+            metrics = f"results/narrow/eval/{run}/metrics.json"
+            assert (work / metrics).read_bytes() == before[run]
+            assert any((work / resume_dir(metrics)).glob("*-*.json")), run  # its samples kept
+
+    # A checkpoint the decisions screen out (written as if epoch 2's interval had lain beyond epoch 1's) is
+    # scored no further; its job reruns, and scores epoch 2 again from its kept samples.
+    out, by = runs[:2]
+    decisions[out] = {"kept": False, "by": by, "interval": decisions[out]["interval"]}
+    decisions[out]["by_interval"] = decisions[by]["interval"]
+    decisions[by]["kept"] = True
+    (narrow / "screen/decisions.json").write_text(json.dumps(decisions))
+    proc = snakemake(work, "--cores", "all", *targets, configs=(SMOKE, grown))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((narrow / "eval" / out / "metrics.json").read_text())
+    assert record["screened_out"]["by"] == by and record["screening"] == 0.5 and "old" not in record
+    assert not list((narrow / "eval" / out).glob("*.parquet"))  # no records: nothing sampled
+    assert (narrow / "eval" / by / "metrics.json").read_bytes() == before[by]
+    summary = pl.read_parquet(narrow / "summary.parquet")["run"].to_list()
+    assert by in summary and out not in summary
+
+
 def test_each_training_run_is_evaluated_in_one_job_by_the_rule_of_its_checkpoints(tmp_path):
     """The same run key keeping other checkpoints in two experiments: each evaluated by its own list's rule,
     and no file matched by two rules (an OPSD run kept at steps 2 and 4 in `expert`, at step 2 alone in

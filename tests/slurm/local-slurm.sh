@@ -140,6 +140,13 @@ down() {
     for daemon in slurmd slurmctld slurmdbd mariadbd munged; do
         $sudo pkill -x "$daemon" 2>/dev/null || true
     done
+    # Snakemake's SLURM plugin (2.8.0) runs `scontrol show config` as it is imported, at every snakemake
+    # start, wherever scontrol is installed; with no controller answering, scontrol retries for MessageTimeout
+    # (10 s) before it fails, so every snakemake command here started 9 s late. The conf of a stopped cluster
+    # fails at once (`up` writes it anew).
+    if [ -f /etc/slurm/slurm.conf ]; then
+        $sudo sed -i '/^MessageTimeout=/d; $a MessageTimeout=1' /etc/slurm/slurm.conf
+    fi
     # Until each has exited: an `up` right after must not find one still shutting down and skip its start.
     local alive
     for _ in $(seq 100); do

@@ -1,6 +1,8 @@
-"""Adaptive sweeps: which grafts and merges of an experiment are scored fully (`eval.adaptive`).
+"""Adaptive sweeps: which grafts and merges of an experiment are scored fully (`eval.adaptive`), and with
+`eval.adaptive_checkpoints` which checkpoints of its training runs (SFT of the post model, on-policy runs).
 
-Every graft of the sweep is first scored on the validation problems alone (`rules/graft.smk`: `graft_screen`).
+Every graft of the sweep is first scored on the validation problems alone (`rules/graft.smk`: `graft_screen`),
+as is every screened checkpoint (`rules/evaluate.smk`), and one decision is taken over all of them.
 A graft is screened out when another's interval lies wholly beyond its own on both axes: the other's lower
 bounds of new- and old-task accuracy at least its upper bounds, and above one of them. An interval that
 collapsed at 0 or 1 is widened to the exact binomial bound first (`bounds`). Its mean is then
@@ -120,7 +122,7 @@ def write_decisions(screen_metrics, out_json, out_table) -> dict[str, dict]:
     with atomic_file(out_table) as tmp:
         screened_table(decisions).write_parquet(tmp)
     kept = sum(d["kept"] for d in decisions.values())
-    print(f"screen: {kept} of {len(decisions)} grafts kept for full scoring")
+    print(f"screen: {kept} of {len(decisions)} runs kept for full scoring")
     return decisions
 
 

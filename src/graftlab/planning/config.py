@@ -305,6 +305,7 @@ def _unread_options(exp: dict, key: str, schema: dict) -> list[tuple[bool, str, 
     # rules/graft.smk screens a single-domain experiment's grafts on the validation problems only.
     rules.append((["eval.adaptive"], not continual, stages))
     rules.append((["eval.adaptive"], exp["eval"]["validation"] > 0, f"{key}.eval.validation is 0 (it screens on them)"))
+    rules.append((["eval.adaptive_checkpoints"], exp["eval"]["adaptive"] > 0, f"{key}.eval.adaptive is 0"))
     # An on-policy section whose sweeps name no run trains nothing, so none of its settings is read. Its
     # sweep axes (the lists) are the switch itself, and stay as a preset left them.
     for section in sections(on_policy()):

@@ -177,7 +177,7 @@ def kept_steps(section: dict) -> list[int]:
 
 
 # The `eval` settings that shape how an evaluation runs, never what it scores.
-EVAL_JOB_SETTINGS = ("donor_sft", "parts", "adaptive")
+EVAL_JOB_SETTINGS = ("donor_sft", "parts", "adaptive", "adaptive_checkpoints")
 
 # The data kinds that learn from problems mined on the post model (rules/data.smk: `mine`).
 MINED = ("expert", "teacher", "star", "pedagogical")
@@ -443,6 +443,23 @@ class Experiment:
         epochs = [f"epoch~{e}" for e in range(1, self.x["sft"]["epochs"] + 1)]
         sft = {run("sft", b, lr=lr).key: epochs for b in [POST, *evaluated] for lr in self.x["sft"]["lr"]}
         return sft | {r.key: [f"step~{s}" for s in self.steps(r)] for r in self.on_policy_runs()}
+
+    def screened_trainruns(self) -> list[str]:
+        """The training runs (`checkpointed`) whose checkpoints an adaptive experiment scores first on its
+        screening share (`eval.adaptive_checkpoints`): SFT of the post model and the on-policy runs, the
+        frontier's candidates, not the donors' SFT."""
+        if not (self.x["eval"]["adaptive"] and self.x["eval"]["adaptive_checkpoints"]):
+            return []
+        return [key for key in self.checkpointed() if key.split("/")[1] == POST]
+
+    def screenings(self) -> list[str]:
+        """Every run an adaptive experiment screens (`eval.adaptive`), each a `screen/{run}/metrics.json`:
+        its grafts and merges, and the checkpoints of `screened_trainruns`."""
+        if not self.x["eval"]["adaptive"]:
+            return []
+        grafts = [r.key for r in self.run_list() if r.kind == "graft"]
+        trained = self.checkpointed()
+        return grafts + [f"{key}/{c}" for key in self.screened_trainruns() for c in trained[key]]
 
     def sweeps(self) -> dict[tuple[str, ...], list[str]]:
         """Each graft sweep, its (donor, lr, epoch, mask, rho) as the path holds them (`SWEEP`), with its lam

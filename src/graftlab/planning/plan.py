@@ -140,6 +140,7 @@ def experiment_jobs(layout: Experiment) -> list[tuple[str, dict]]:
         if r.kind not in ("graft", *TRAINED_KINDS)
     ]
     jobs += [(checkpoint_rule(cs), {"trainrun": key}) for key, cs in trained.items()]
+    jobs += [(f"{checkpoint_rule(trained[key])}_screen", {"trainrun": key}) for key in layout.screened_trainruns()]
     grafted = {r.key for r in grafts}
     jobs += [("sensitivity_update", {})] * len(set(layout.sensitivity_runs()) - grafted)
     return jobs + [(rule, {}) for rule in ("summary", "pareto", "latency", "sensitivity", "gain_forgetting")]
@@ -164,8 +165,8 @@ def sized_as(rule: str) -> str:
     (`SIZED_AS`), `evaluate_run` for each rule evaluating a training run's checkpoints (`evaluate_run_part`
     for each of their parts' rules), `graft` and `graft_screen` for each rule making or screening the graft
     sweeps over one list of lam values (`sweep_rule`), `evaluate` for an evaluation experiments share."""
-    if rule.startswith(f"{EVALUATE_RUN}_"):
-        return f"{EVALUATE_RUN}_part" if rule.endswith("_part") else EVALUATE_RUN
+    if rule.startswith(f"{EVALUATE_RUN}_"):  # a checkpoint list's evaluation, its parts' or its screening's
+        return next((f"{EVALUATE_RUN}_{k}" for k in ("part", "screen") if rule.endswith(f"_{k}")), EVALUATE_RUN)
     for swept in ("graft_screen", "graft"):  # the rules making or screening each list of lam values' sweeps
         if rule.startswith(f"{swept}_lam_"):
             return swept
@@ -398,6 +399,11 @@ def _experiment_costs(
             read_back, of = stored[name].get(sweep, (0, 1))  # grafts whose samples an earlier job kept
             fresh = 1 - read_back / of
             job = replace(job, generate=fresh * job.generate, kv_read=fresh * job.kv_read)
+        if kind == EVALUATE_RUN and wildcards["trainrun"] in layout.screened_trainruns():  # as a sweep, above
+            kept, of = decided.get(wildcards["trainrun"], (a.adaptive_kept, 1))
+            share = kept / of
+            job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
+            job = replace(job, kept=share * job.kept, written=share * job.written)
         if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
             # Each checkpoint list's parts rule; one for every sweep, and every evaluation, shared or not.
@@ -469,10 +475,12 @@ def _adaptive_note(config: dict, adaptive: list[str], plan: Plan, a: Assumptions
     full_h = estimate(full, a, root, compare=False).total_gpu_hours
     none, every = (estimate(config, replace(a, adaptive_kept=k), root, compare=False).total_gpu_hours for k in (0, 1))
     decided = [d for e in adaptive for d in work.screened(Experiment.of(config, e), root).values()]
-    measured = f"{sum(k for k, _ in decided)} of the {sum(n for _, n in decided)} grafts screened so far kept"
+    measured = f"{sum(k for k, _ in decided)} of the {sum(n for _, n in decided)} runs screened so far kept"
     measured += " (results/EXP/screen/decisions.json)"
-    head = f"Adaptive sweeps ({', '.join(adaptive)}): every graft first scored on its eval.adaptive share, "
-    hours = f"{_hours(plan.total_gpu_hours)} GPU-hours, against {_hours(full_h)} with every graft scored fully"
+    checkpoints = any(Experiment.of(config, e).screened_trainruns() for e in adaptive)
+    runs = "graft and merge" + (" and training checkpoint" if checkpoints else "")
+    head = f"Adaptive sweeps ({', '.join(adaptive)}): every {runs} first scored on its eval.adaptive share, "
+    hours = f"{_hours(plan.total_gpu_hours)} GPU-hours, against {_hours(full_h)} with every run scored fully"
     if every - none <= 1e-9 * full_h:  # every sweep screened: nothing is assumed
         return f"{head}{measured}, then scored fully: {hours}, {plan.total_gpu_hours / full_h:.2g} of it"
     rest = "the others" if decided else "them"
@@ -527,8 +535,8 @@ class _Costs(dict):
 ORDER = (
     "fetch_model world_tokenizer world_corpus world_pretrain world_posttrain world_benchmarks world_candidates "
     "dataset stage_data mine expert_traces knowledge teacher_traces star pedagogical_teacher pedagogical_traces "
-    "sft chain_sft opsd grpo sdpo chain_opsd chain_grpo chain_sdpo rollouts fisher graft_screen screen graft "
-    "graft_part chain_graft "
+    "sft chain_sft opsd grpo sdpo chain_opsd chain_grpo chain_sdpo rollouts fisher graft_screen evaluate_run_screen "
+    "screen graft graft_part chain_graft "
     "chain_rollouts chain_fisher evaluate evaluate_run sensitivity_update summary pareto latency sensitivity "
     "gain_forgetting continual stage_drift param_drift response_kl drift takeover study moe report_tables all"
 ).split()

@@ -57,6 +57,7 @@ SAMPLE = (
     "evaluate_run_part",
     "graft_part",
     "graft_screen",  # an adaptive sweep's first pass over a graft (rules/graft.smk)
+    "evaluate_run_screen",  # ... and over a training run's checkpoints (rules/evaluate.smk)
 )
 FISHER = ("fisher", "chain_fisher")
 GPU_KINDS = TRAIN + SAMPLE + FISHER

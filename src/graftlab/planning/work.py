@@ -225,19 +225,23 @@ def decoding(model: Model, answers: float, prompt: float, new: float) -> dict[st
     }
 
 
-def screened(layout, root: Path) -> dict[tuple[str, ...], tuple[int, int]]:
-    """(kept, grafts) of each sweep (by its `SWEEP` values) that its experiment's finished screening has
-    decided whole (`results/{exp}/screen/decisions.json` under `root`: graftlab.analysis.screen); a sweep
-    it has not (one screened before the sweep grew), or no such file, is left out."""
+def screened(layout, root: Path) -> dict[tuple[str, ...] | str, tuple[int, int]]:
+    """(kept, screened) of each sweep (by its `SWEEP` values) and each screened training run (by its key:
+    `Experiment.screened_trainruns`) that its experiment's finished screening has decided whole
+    (`results/{exp}/screen/decisions.json` under `root`: graftlab.analysis.screen); one it has not (a sweep
+    screened before it grew), or no such file, is left out."""
     try:
         decided = json.loads((root / layout.root / "screen" / "decisions.json").read_text())
     except (OSError, ValueError):
         return {}
+    groups: dict[tuple[str, ...] | str, list[str]] = {s: [r.key for r in rs] for s, rs in layout.sweep_runs().items()}
+    trained = layout.checkpointed()
+    groups |= {key: [f"{key}/{c}" for c in trained[key]] for key in layout.screened_trainruns()}
     out = {}
-    for sweep, runs in layout.sweep_runs().items():
-        kept = [d.get("kept") if isinstance(d := decided.get(r.key), dict) else None for r in runs]
+    for group, runs in groups.items():
+        kept = [d.get("kept") if isinstance(d := decided.get(run), dict) else None for run in runs]
         if all(isinstance(k, bool) for k in kept):
-            out[sweep] = sum(kept), len(kept)
+            out[group] = sum(kept), len(kept)
     return out
 
 
@@ -476,11 +480,19 @@ def job_work(
         model = model_of(config, layout, base, root)
         decoded = eval_decoding(model, layout, eval_answers(layout, a), a, root)
         return Work(model, **decoded, memory=sampler_memory(config, model, p + x["eval"]["max_new_tokens"]))
-    if rule == "evaluate_run":  # each kept checkpoint of the training run, one after another
+    if rule in ("evaluate_run", "evaluate_run_screen"):  # each kept checkpoint of the run, one after another
         key = wildcards["trainrun"]
         checkpoints = layout.checkpointed()[key]
+        # Its screening (`eval.adaptive_checkpoints`) scores the `eval.adaptive` share of the problems alone.
+        n = len(checkpoints) * (x["eval"]["adaptive"] if rule == "evaluate_run_screen" else 1)
         one = job_work("evaluate", config, layout, {"run": f"{key}/{checkpoints[0]}"}, a, root)
-        return replace(one, generate=len(checkpoints) * one.generate, kv_read=len(checkpoints) * one.kv_read)
+        job = replace(one, generate=n * one.generate, kv_read=n * one.kv_read)
+        if rule == "evaluate_run" and key in layout.screened_trainruns():  # its samples kept (evaluate.py)
+            answers = {b: c * n for b, c in eval_answers(layout, a).items()}
+            lengths = answer_lengths(layout, answers, root)
+            samples = SAMPLE_BYTES_PER_TOKEN * sum(c * lengths[b] for b, c in answers.items())
+            job = replace(job, written=samples, kept=samples)
+        return job
     if rule in ("graft", "graft_screen"):  # a sweep: each graft made in the job's scratch, evaluated, deleted
         # An adaptive sweep's first pass scores its share of the problems alone (graftlab.analysis.screen).
         share = x["eval"]["adaptive"] if rule == "graft_screen" else 1.0
