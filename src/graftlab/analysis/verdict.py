@@ -31,7 +31,10 @@ interval (`results/{exp}/screened.parquet`, graftlab.analysis.screen); left out,
 point, and the margin would loosen. So each enters the yardstick as what it may be (`screened`): it binds when
 it *may* have new-task accuracy <= the graft's (its interval's lower bound), at its interval's upper old-task
 bound, and counts for condition 3 only when it *must* (its upper bound). Wherever a screened point's scores lie
-within its interval, the verdict is then at least as strict as with its scores (tests/test_verdict.py).
+within its interval, conditions 2-4 are then at least as strict as with its scores (tests/test_verdict.py, a
+property over any summary). Condition 1 needs no such point: one screened out lies wholly below a point that was
+kept, so wherever every screened run's scores lie within its screening interval, a kept one dominates whatever
+it would have.
 """
 
 import polars as pl
