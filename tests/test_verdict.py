@@ -251,3 +251,40 @@ def test_screened_points_never_loosen_the_verdict_where_their_scores_lie_in_thei
                     assert row[f"margin{name}"] <= true[f"margin{name}"] + 1e-12
             assert not row["beats_opsd"] or true["beats_opsd"]
             assert not row["beats_merge"] or true["beats_merge"]
+
+
+@st.composite
+def screened_runs(draw):
+    """Grafts, merges, SFT and OPSD points, each with a screening interval on both axes and test scores within
+    it (test intervals +-0.02), the post model scored fully; `graftlab.analysis.screen` decides which are kept."""
+
+    def interval():
+        lo, hi = sorted((draw(unit), draw(unit)))
+        return lo, hi, draw(st.floats(lo, hi))
+
+    runs = draw(
+        st.lists(st.sampled_from([*BASELINE_RUNS, *(graft(lam) for lam in ("0.25", "0.5", "1", "2"))]), unique=True)
+    )
+    drawn = {run: (interval(), interval()) for run in runs}
+    bounds = {
+        run: {"new_val_lo": n[0], "new_val_hi": n[1], "old_val_lo": o[0], "old_val_hi": o[1]}
+        for run, (n, o) in drawn.items()
+    }
+    tests = {run: (n[2], o[2], 0.02) for run, (n, o) in drawn.items()}
+    return {"post": (0.0, draw(unit), 0.02)} | tests, bounds
+
+
+@settings(max_examples=300, deadline=None)
+@given(screened_runs())
+def test_a_screened_verdict_reproduces_only_where_full_scoring_would(case):
+    """Wherever every screened run's test scores lie within its screening interval, a graft that reproduces
+    with the screened-out runs held to as `screened.parquet` gives them reproduces with every run scored
+    fully: on the frontier too, since a kept run's interval lies beyond each screened-out one's."""
+    from graftlab.analysis.screen import screen, screened_table
+
+    tests, bounds = case
+    decisions = screen(bounds)
+    kept = {run: p for run, p in tests.items() if run not in decisions or decisions[run]["kept"]}
+    verdict = reproduces(summary(kept), screened=screened_table(decisions))
+    truth = reproduces(summary(tests))
+    assert set(verdict["qualifying"]) <= set(truth["qualifying"])
