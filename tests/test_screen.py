@@ -70,19 +70,39 @@ def test_screening_without_validation_scores_names_the_run(tmp_path):
 
 
 def test_the_command_writes_each_decision_and_the_screened_table(tmp_path, capsys):
+    """A graft is screened out by a merge, an SFT checkpoint by a later one; the merge's interval lies beyond
+    the first SFT checkpoint's and the OPSD checkpoint's too, but a checkpoint has only its own method's
+    runs for rivals (`rivals`), so OPSD's one checkpoint, its method's best, is kept."""
+    graft, merge = (f"graft/{d}/lr~1e-3/epoch~2/lam~1/mask~none/rho~0" for d in ("step~100", "post"))
+    first, last, opsd = "sft/post/lr~1e-3/epoch~1", "sft/post/lr~1e-3/epoch~2", "opsd/post/alpha~0.5/lr~1e-4/step~4"
     files = []
-    for run, lo in (("graft/a", 0.0), ("graft/b", 0.6)):
+    for i, (run, lo) in enumerate(((graft, 0.0), (merge, 0.6), (first, 0.0), (last, 0.6), (opsd, 0.0))):
         record = {"run": run, **{k: lo + (0.3 if k.endswith("hi") else 0.0) for k in BOUNDS}}
-        files.append(tmp_path / f"{run.split('/')[1]}.json")
+        files.append(tmp_path / f"{i}.json")
         files[-1].write_text(json.dumps(record))
     out, table = tmp_path / "out.json", tmp_path / "screened.parquet"
     assert main([str(out), str(table), *map(str, files)]) == 0
     decisions = json.loads(out.read_text())
-    assert decisions["graft/a"]["by"] == "graft/b" and decisions["graft/b"]["kept"]
-    assert capsys.readouterr().out == "screen: 1 of 2 runs kept for full scoring\n"
-    rows = pl.read_parquet(table).to_dicts()
-    assert len(rows) == 1 and rows[0]["run"] == "graft/a" and rows[0]["by_new_val_lo"] == 0.6
-    assert screened_out(out, "graft/a")["by"] == "graft/b" and screened_out(out, "graft/b") is None
+    assert {run: d["by"] for run, d in decisions.items()} == {
+        graft: merge,
+        merge: None,
+        first: last,
+        last: None,
+        opsd: None,
+    }
+    assert capsys.readouterr().out == "screen: 3 of 5 runs kept for full scoring\n"
+    rows = pl.read_parquet(table).sort("run").to_dicts()
+    assert [r["run"] for r in rows] == [graft, first] and rows[0]["by_new_val_lo"] == 0.6
+    assert screened_out(out, graft)["by"] == merge and screened_out(out, merge) is None
+
+
+@given(points, st.data())
+def test_a_run_is_screened_out_only_by_a_run_of_its_own_group(pts, data):
+    groups = {run: data.draw(st.sampled_from("ab")) for run in pts}
+    decisions = screen(pts, groups)
+    for run, d in decisions.items():
+        rivals = {o: pts[o] for o in pts if groups[o] == groups[run]}
+        assert d == screen(rivals)[run]  # as if its group alone were screened
 
 
 def test_the_summary_leaves_a_screened_out_graft_out(tmp_path):

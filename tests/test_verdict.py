@@ -234,7 +234,7 @@ def screened_experiments(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(screened_experiments())
-def test_screened_points_never_loosen_the_verdict_where_their_scores_lie_in_their_intervals(case):
+def test_screened_points_never_loosen_the_margins_where_full_scoring_lies_within_their_intervals(case):
     points, out = case
     truth = summary(points)
     kept = summary({run: p for run, p in points.items() if run not in out})
@@ -255,36 +255,40 @@ def test_screened_points_never_loosen_the_verdict_where_their_scores_lie_in_thei
 
 @st.composite
 def screened_runs(draw):
-    """Grafts, merges, SFT and OPSD points, each with a screening interval on both axes and test scores within
-    it (test intervals +-0.02), the post model scored fully; `graftlab.analysis.screen` decides which are kept."""
+    """Grafts, merges, SFT and OPSD points, each with a screening interval on both axes and the interval a full
+    scoring gives it (its scores +-h) within that, on a grid of hundredths, so edges meet; the post model scored
+    fully. `graftlab.analysis.screen` decides which are kept, each against its own group (`rivals`)."""
 
-    def interval():
-        lo, hi = sorted((draw(unit), draw(unit)))
-        return lo, hi, draw(st.floats(lo, hi))
+    def interval(half: int) -> tuple[int, int, int]:
+        lo = draw(st.integers(0, 100 - 2 * half))
+        hi = draw(st.integers(lo + 2 * half, 100))
+        return lo, hi, draw(st.integers(lo + half, hi - half))
 
     runs = draw(
         st.lists(st.sampled_from([*BASELINE_RUNS, *(graft(lam) for lam in ("0.25", "0.5", "1", "2"))]), unique=True)
     )
-    drawn = {run: (interval(), interval()) for run in runs}
+    drawn = {run: (half := draw(st.integers(0, 10)), interval(half), interval(half)) for run in runs}
     bounds = {
-        run: {"new_val_lo": n[0], "new_val_hi": n[1], "old_val_lo": o[0], "old_val_hi": o[1]}
-        for run, (n, o) in drawn.items()
+        run: {"new_val_lo": n[0] / 100, "new_val_hi": n[1] / 100, "old_val_lo": o[0] / 100, "old_val_hi": o[1] / 100}
+        for run, (_, n, o) in drawn.items()
     }
-    tests = {run: (n[2], o[2], 0.02) for run, (n, o) in drawn.items()}
-    return {"post": (0.0, draw(unit), 0.02)} | tests, bounds
+    tests = {run: (n[2] / 100, o[2] / 100, h / 100) for run, (h, n, o) in drawn.items()}
+    return {"post": (0.0, draw(st.integers(0, 100)) / 100, 0.02)} | tests, bounds
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(screened_runs())
 def test_a_screened_verdict_reproduces_only_where_full_scoring_would(case):
-    """Wherever every screened run's test scores lie within its screening interval, a graft that reproduces
-    with the screened-out runs held to as `screened.parquet` gives them reproduces with every run scored
-    fully: on the frontier too, since a kept run's interval lies beyond each screened-out one's."""
-    from graftlab.analysis.screen import screen, screened_table
+    """Wherever each screened run's full-scoring interval lies within its screening interval, a graft that
+    reproduces with the screened-out runs held to as `screened.parquet` gives them reproduces with every run
+    scored fully: on the frontier too, since a kept run of its group lies beyond each screened-out one."""
+    from graftlab.analysis.screen import rivals, screen, screened_table
 
     tests, bounds = case
-    decisions = screen(bounds)
+    decisions = screen(bounds, {run: rivals(run) for run in bounds})
     kept = {run: p for run, p in tests.items() if run not in decisions or decisions[run]["kept"]}
     verdict = reproduces(summary(kept), screened=screened_table(decisions))
     truth = reproduces(summary(tests))
     assert set(verdict["qualifying"]) <= set(truth["qualifying"])
+    for name in ("opsd", "merge"):
+        assert set(verdict["beats"][name]) <= set(truth["beats"][name])

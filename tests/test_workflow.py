@@ -435,6 +435,9 @@ def test_an_adaptive_sweep_scores_fully_only_the_grafts_that_can_reach_the_front
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (narrow / "eval" / kept / "metrics.json").read_bytes() == before  # re-decided, and kept: the same
     assert wild in json.loads((narrow / "screen/decisions.json").read_text())
+    # The grown sweep's screening read the kept graft's screening samples back instead of sampling them.
+    log = (work / "logs/narrow/screen/graft/step~50/lr~1e-3/epoch~2/mask~none/rho~0.log").read_text()
+    assert re.search(rf"chunks read back from \S*{re.escape(kept)}", log), log[-2000:]
     # A screening samples the validation problems only, each benchmark's: the ones a full evaluation scores apart.
     benches = sorted((narrow / "screen" / wild).glob("*.parquet"))
     scored = json.loads((narrow / "eval" / wild / "metrics.json").read_text())["benchmarks"]

@@ -145,7 +145,7 @@ down() {
     # (10 s) before it fails, so every snakemake command here started 9 s late. The conf of a stopped cluster
     # fails at once (`up` writes it anew).
     if [ -f /etc/slurm/slurm.conf ]; then
-        $sudo sed -i '/^MessageTimeout=/d; $a MessageTimeout=1' /etc/slurm/slurm.conf
+        $sudo sed -i -e '$a MessageTimeout=1' -e '/^MessageTimeout=/d' /etc/slurm/slurm.conf
     fi
     # Until each has exited: an `up` right after must not find one still shutting down and skip its start.
     local alive

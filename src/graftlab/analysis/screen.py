@@ -2,7 +2,8 @@
 `eval.adaptive_checkpoints` which checkpoints of its training runs (SFT of the post model, on-policy runs).
 
 Every graft of the sweep is first scored on the validation problems alone (`rules/graft.smk`: `graft_screen`),
-as is every screened checkpoint (`rules/evaluate.smk`), and one decision is taken over all of them.
+as is every screened checkpoint (`rules/evaluate.smk`). A graft or merge is screened out by a graft or merge, a
+checkpoint by a checkpoint of its own method (`rivals`): each such group's choice on validation stays scored.
 A graft is screened out when another's interval lies wholly beyond its own on both axes: the other's lower
 bounds of new- and old-task accuracy at least its upper bounds, and above one of them. An interval that
 collapsed at 0 or 1 is widened to the exact binomial bound first (`bounds`). Its mean is then
@@ -22,6 +23,8 @@ import polars as pl
 
 from graftlab.evaluate.metrics import INTERVAL
 from graftlab.io.atomic import atomic_file, write_json
+from graftlab.methods import METHODS
+from graftlab.planning.layout import parse_run
 
 # The validation scores a screening compares: the four bounds, and the means that pick a frontier.
 BOUNDS = ("new_val_lo", "new_val_hi", "old_val_lo", "old_val_hi")
@@ -33,16 +36,28 @@ def dominates(a: dict, b: dict) -> bool:
     return new >= 0 and old >= 0 and (new > 0 or old > 0)
 
 
-def screen(points: dict[str, dict]) -> dict[str, dict]:
+def rivals(run: str) -> str:
+    """The runs a screened run may be screened out by (`screen`'s groups): grafts and merges by each other, one
+    choice on validation spanning both (benchmarks/adaptive_bench.py), a training run's checkpoint by its own
+    method's, so each method's own best run (SFT of post's, the verdict's yardstick) is still scored fully."""
+    method = parse_run(run)["method"]
+    return "graft" if METHODS[method].grafts else method
+
+
+def screen(points: dict[str, dict], groups: dict[str, str] | None = None) -> dict[str, dict]:
     """{run: {"kept": bool, "by": run or None, "interval": its bounds, "by_interval": the other's}} for every
-    screened run's validation bounds (`BOUNDS`); `by` is the first dominating run in run order."""
+    screened run's validation bounds (`BOUNDS`); `by` is the first dominating run in run order, of the run's
+    own group in `groups` (by run; None: one group). Domination is transitive, so a run screened out lies
+    wholly below a kept run of its group."""
     for run, p in points.items():
         missing = [k for k in BOUNDS if not isinstance(p.get(k), int | float)]
         if missing:
             raise ValueError(f"screening {run}: no {', '.join(missing)} (a validation share must be set)")
+    group = (groups or {}).get
     decisions = {}
     for run in sorted(points):
-        by = next((other for other in sorted(points) if other != run and dominates(points[other], points[run])), None)
+        rivalled = (o for o in sorted(points) if o != run and group(o) == group(run))
+        by = next((other for other in rivalled if dominates(points[other], points[run])), None)
         interval = {k: points[run][k] for k in BOUNDS}
         decisions[run] = {"kept": by is None, "by": by, "interval": interval}
         if by is not None:
@@ -117,7 +132,8 @@ def read_points(paths) -> dict[str, dict]:
 def write_decisions(screen_metrics, out_json, out_table) -> dict[str, dict]:
     """Screen the grafts whose screening `metrics.json` files are given: the decisions as JSON, the runs
     screened out as a table (`screened_table`)."""
-    decisions = screen(read_points(screen_metrics))
+    points = read_points(screen_metrics)
+    decisions = screen(points, {run: rivals(run) for run in points})
     write_json(out_json, decisions)
     with atomic_file(out_table) as tmp:
         screened_table(decisions).write_parquet(tmp)

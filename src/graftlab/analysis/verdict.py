@@ -30,11 +30,12 @@ Under adaptive sweeps (`eval.adaptive`) a screened-out baseline point has no tes
 interval (`results/{exp}/screened.parquet`, graftlab.analysis.screen); left out, it could have been the binding
 point, and the margin would loosen. So each enters the yardstick as what it may be (`screened`): it binds when
 it *may* have new-task accuracy <= the graft's (its interval's lower bound), at its interval's upper old-task
-bound, and counts for condition 3 only when it *must* (its upper bound). Wherever a screened point's scores lie
-within its interval, conditions 2-4 are then at least as strict as with its scores (tests/test_verdict.py, a
-property over any summary). Condition 1 needs no such point: one screened out lies wholly below a point that was
-kept, so wherever every screened run's scores lie within its screening interval, a kept one dominates whatever
-it would have.
+bound, and counts for condition 3 only when it *must* (its upper bound). Wherever a screened point's
+full-scoring interval would lie within its screening interval (the screening's, on a share of the validation
+problems, is the wider), conditions 2-4 are then at least as strict as with full scoring (tests/test_verdict.py,
+a property over any summary). Condition 1 needs no such point: one screened out lies wholly below a kept run of
+its own group (graftlab.analysis.screen), so wherever the screened runs' intervals would hold so, that kept run
+dominates whatever it would have.
 """
 
 import polars as pl
