@@ -398,10 +398,11 @@ def test_evaluations_and_grafts_sampled_in_parts_score_byte_for_byte_as_one_job(
     assert logs == [
         f"{where}/part~{i}of2.log" for where in ("eval/post", "eval/sft/step~50/lr~1e-3", sweep) for i in (0, 1)
     ]
-    # The parts' stores are gone; a sweep's job keeps its grafts' (test_a_sweep_that_gains_a_lambda_...).
+    # The parts' stores are gone; a sweep's job keeps its grafts' (test_a_sweep_that_gains_a_lambda_...), and an
+    # adaptive sweep's screening its screenings' (`narrow`'s, test_an_adaptive_sweep_...).
     assert not list((work / "results").rglob("part~*"))
     stores = {p.parent.relative_to(work / "resume/results") for p in (work / "resume").rglob(FINGERPRINT)}
-    assert stores and all(store.parts[1:3] in (("eval", "graft"), ("eval", "merge")) for store in stores), stores
+    assert stores and all(s.parts[1:3] == ("eval", "graft") or s.parts[1] == "screen" for s in stores), stores
     # Each job read every call back from its parts' chunks (the tiny world's calls are one chunk each).
     for log in ("eval/post.log", "eval/sft/step~50/lr~1e-3.log", f"{sweep}.log"):
         assert "sampling: 1 of 1 chunks read back" in (work / "logs/expert" / log).read_text()
