@@ -452,14 +452,18 @@ class Experiment:
             return []
         return [key for key in self.checkpointed() if key.split("/")[1] == POST]
 
+    def screened_checkpoints(self) -> dict[str, list[str]]:
+        """The run keys of each `screened_trainruns` run's checkpoints, by the training run's key."""
+        trained = self.checkpointed()
+        return {key: [f"{key}/{c}" for c in trained[key]] for key in self.screened_trainruns()}
+
     def screenings(self) -> list[str]:
         """Every run an adaptive experiment screens (`eval.adaptive`), each a `screen/{run}/metrics.json`:
         its grafts and merges, and the checkpoints of `screened_trainruns`."""
         if not self.x["eval"]["adaptive"]:
             return []
         grafts = [r.key for r in self.run_list() if r.kind == "graft"]
-        trained = self.checkpointed()
-        return grafts + [f"{key}/{c}" for key in self.screened_trainruns() for c in trained[key]]
+        return grafts + [run for runs in self.screened_checkpoints().values() for run in runs]
 
     def sweeps(self) -> dict[tuple[str, ...], list[str]]:
         """Each graft sweep, its (donor, lr, epoch, mask, rho) as the path holds them (`SWEEP`), with its lam

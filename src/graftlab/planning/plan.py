@@ -388,22 +388,21 @@ def _experiment_costs(
             rule = f"evaluate_shared_{wildcards['shared']}"
         kind = sized_as(rule)
         job = work.job_work(kind, config, layout, wildcards, a, root)
-        if kind == "graft":
-            sweep = tuple(str(wildcards[k]) for k in SWEEP)
-            if layout.x["eval"]["adaptive"]:  # sampling only the share screening keeps:
-                # as its finished screening decided, else as assumed
-                kept, of = decided.get(sweep, (a.adaptive_kept, 1))
-                share, samples = kept / of, job.kept  # the grafts scored fully keep their samples
-                job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
-                job = replace(job, kept=share * samples, written=job.written - (1 - share) * samples)
+        sweep = tuple(str(wildcards[k]) for k in SWEEP) if kind == "graft" else None
+        # A graft sweep, or a training run whose checkpoints are screened: sampling only the share screening
+        # keeps, as its finished screening decided, else as assumed; the runs scored fully keep their samples.
+        screened = sweep if layout.x["eval"]["adaptive"] else None
+        if kind == EVALUATE_RUN and wildcards["trainrun"] in layout.screened_trainruns():
+            screened = wildcards["trainrun"]
+        if screened is not None:
+            kept, of = decided.get(screened, (a.adaptive_kept, 1))
+            share, samples = kept / of, job.kept
+            job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
+            job = replace(job, kept=share * samples, written=job.written - (1 - share) * samples)
+        if sweep is not None:
             read_back, of = stored[name].get(sweep, (0, 1))  # grafts whose samples an earlier job kept
             fresh = 1 - read_back / of
             job = replace(job, generate=fresh * job.generate, kv_read=fresh * job.kv_read)
-        if kind == EVALUATE_RUN and wildcards["trainrun"] in layout.screened_trainruns():  # as a sweep, above
-            kept, of = decided.get(wildcards["trainrun"], (a.adaptive_kept, 1))
-            share = kept / of
-            job = replace(job, generate=share * job.generate, kv_read=share * job.kv_read)
-            job = replace(job, kept=share * job.kept, written=share * job.written)
         if kind in PARTS and parts > 1:
             # Sampled by its parts (rules/evaluate.smk, graft.smk), each a share; the job itself then grades.
             # Each checkpoint list's parts rule; one for every sweep, and every evaluation, shared or not.

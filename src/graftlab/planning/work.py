@@ -235,8 +235,7 @@ def screened(layout, root: Path) -> dict[tuple[str, ...] | str, tuple[int, int]]
     except (OSError, ValueError):
         return {}
     groups: dict[tuple[str, ...] | str, list[str]] = {s: [r.key for r in rs] for s, rs in layout.sweep_runs().items()}
-    trained = layout.checkpointed()
-    groups |= {key: [f"{key}/{c}" for c in trained[key]] for key in layout.screened_trainruns()}
+    groups |= layout.screened_checkpoints()
     out = {}
     for group, runs in groups.items():
         kept = [d.get("kept") if isinstance(d := decided.get(run), dict) else None for run in runs]
@@ -282,6 +281,12 @@ def answer_lengths(layout, answers: dict[str, int], root: Path) -> dict[str, flo
     """Tokens an answer to each benchmark of `answers` takes: its `response_tokens`, at most max_new_tokens."""
     bound = layout.x["eval"]["max_new_tokens"]
     return {b: response_tokens(layout, b, bound, root) for b in answers}
+
+
+def sample_bytes(layout, answers: dict[str, float], root: Path) -> float:
+    """The bytes of the samples kept for `answers` (by benchmark), each as long as `answer_lengths` says."""
+    lengths = answer_lengths(layout, answers, root)
+    return SAMPLE_BYTES_PER_TOKEN * sum(n * lengths[b] for b, n in answers.items())
 
 
 def eval_decoding(model: Model, layout, answers: dict[str, int], a: Assumptions, root: Path) -> dict[str, float]:
@@ -488,9 +493,7 @@ def job_work(
         one = job_work("evaluate", config, layout, {"run": f"{key}/{checkpoints[0]}"}, a, root)
         job = replace(one, generate=n * one.generate, kv_read=n * one.kv_read)
         if rule == "evaluate_run" and key in layout.screened_trainruns():  # its samples kept (evaluate.py)
-            answers = {b: c * n for b, c in eval_answers(layout, a).items()}
-            lengths = answer_lengths(layout, answers, root)
-            samples = SAMPLE_BYTES_PER_TOKEN * sum(c * lengths[b] for b, c in answers.items())
+            samples = sample_bytes(layout, {b: c * n for b, c in eval_answers(layout, a).items()}, root)
             job = replace(job, written=samples, kept=samples)
         return job
     if rule in ("graft", "graft_screen"):  # a sweep: each graft made in the job's scratch, evaluated, deleted
@@ -502,8 +505,7 @@ def job_work(
         engine = sampler_memory(config, post, p + x["eval"]["max_new_tokens"])
         samples = 0.0
         if rule == "graft":  # its grafts' samples are kept, for a job of the sweep grown by a lam (graft.py)
-            lengths = answer_lengths(layout, answers, root)
-            samples = SAMPLE_BYTES_PER_TOKEN * sum(n * lengths[b] for b, n in answers.items())
+            samples = sample_bytes(layout, answers, root)
         written = grafts * post.bytes + samples
         return Work(post, **decoded, written=written, kept=samples, memory=engine, streams=grafts)
     if rule == "fetch_model":
