@@ -168,9 +168,9 @@ for checkpoints, runs in CHECKPOINT_GROUPS.items():
                 runs=checkpoint_keys(checkpoints),
                 models=checkpoint_models(checkpoints),
             ),
-            adaptive=lambda w: xcfg(w, "eval", "adaptive"),
+            screening=lambda w: xcfg(w, "eval", "adaptive"),
         script:
-            "../workflow_scripts/evaluate_screen.py"
+            "../workflow_scripts/evaluate.py"
 
 
 # An evaluation several experiments ask for alike (the post model's, or a donor's as it is, on the same
