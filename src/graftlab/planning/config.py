@@ -8,6 +8,7 @@ import copy
 import json
 import math
 import re
+from functools import cache
 
 from jsonschema import Draft202012Validator, validators
 
@@ -18,7 +19,7 @@ from graftlab.methods.sdpo import DENSITY_KEYS, SdpoSpec, parse_schedule
 from graftlab.methods.spec import holes
 from graftlab.planning.chains import is_continual, stage_data_kind
 from graftlab.planning.layout import WORLD_LADDERS, world_checkpoint
-from graftlab.schema import load_schema
+from graftlab.schema import load_schema, shipped_schema
 
 
 class ConfigError(ValueError):
@@ -38,7 +39,18 @@ def _with_defaults(base):
     return validators.extend(base, {"properties": properties})
 
 
-def resolve(config: dict, schema: dict | None = None) -> dict:
+@cache
+def _validator(section: str):
+    """The defaults-filling validator of the whole config (`section` "") or of one `$defs` section, made
+    once a process: a validator keeps the `$ref`s it has resolved, and making one per call was most of
+    `resolve`'s time (the tests resolve thousands of configs; every snakemake start resolves one)."""
+    schema = shipped_schema()
+    return _with_defaults(Draft202012Validator)(
+        {"$defs": schema["$defs"], "$ref": f"#/$defs/{section}"} if section else schema
+    )
+
+
+def resolve(config: dict) -> dict:
     """Validate `config` in place, fill in every default, and return it.
 
     Each named world of `worlds` becomes a whole world section (merged over `world`, with its seed), and
@@ -46,10 +58,10 @@ def resolve(config: dict, schema: dict | None = None) -> dict:
     resolved value each. Resolving a resolved
     config changes nothing. Raises ConfigError with one line naming the offending key.
     """
-    schema = schema or load_schema()
+    schema = shipped_schema()
     _refuse_nonfinite(config, ())
-    _validate(config, schema, ())
-    _resolve_worlds(config, schema)
+    _validate(config, "", ())
+    _resolve_worlds(config)
     for name, exp in config["experiments"].items():
         if exp["seed"] is None:
             exp["seed"] = config["seed"]
@@ -84,9 +96,10 @@ def _where(path: tuple) -> str:
     return ".".join(map(str, path)) or "(top level)"
 
 
-def _validate(instance: dict, schema: dict, prefix: tuple) -> None:
-    """Fill `instance`'s defaults and raise the most relevant error, its key path after `prefix`."""
-    validator = _with_defaults(Draft202012Validator)(schema)
+def _validate(instance: dict, section: str, prefix: tuple) -> None:
+    """Fill `instance`'s defaults and raise the most relevant error, its key path after `prefix`: against
+    the whole schema (`section` "") or its `$defs` section."""
+    validator = _validator(section)
     # Fill defaults first (a full pass), then report the most relevant error, if any.
     errors = sorted(validator.iter_errors(instance), key=lambda e: (len(e.path), list(map(str, e.path))))
     if not errors:
@@ -104,15 +117,14 @@ def _validate(instance: dict, schema: dict, prefix: tuple) -> None:
     raise ConfigError(f"config key {where}: {message}")
 
 
-def _resolve_worlds(config: dict, schema: dict) -> None:
+def _resolve_worlds(config: dict) -> None:
     """Replace each partial section of `worlds` by the whole world it names: laid over `world`, checked
     by the same world schema (so an unknown key is an error under `worlds.<name>`), seed filled in."""
-    world_schema = {"$defs": schema["$defs"], "$ref": "#/$defs/world"}
     for name, partial in config["worlds"].items():
         partial = dict(partial)
         seed = partial.pop("seed", None)
         world = _deep_merge(config["world"], partial)
-        _validate(world, world_schema, ("worlds", name))
+        _validate(world, "world", ("worlds", name))
         config["worlds"][name] = world | {"seed": config["seed"] if seed is None else seed}
 
 
