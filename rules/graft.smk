@@ -82,9 +82,9 @@ for lams, sweeps in SWEEP_GROUPS.items():
             temp_grafts=1,
         params:
             **graft_params(),
-            adaptive=lambda w: xcfg(w, "eval", "adaptive"),
+            screening=lambda w: xcfg(w, "eval", "adaptive"),
         script:
-            "../workflow_scripts/graft_screen.py"
+            "../workflow_scripts/graft.py"
 
 
 # Every graft's and merge's screening, and with `eval.adaptive_checkpoints` every screened checkpoint's

@@ -3,7 +3,11 @@ model (merging when the donor is the post model), masked by the post model's ret
 is `none`, into this job's scratch directory; evaluated, its update's sensitivity share measured, deleted.
 One sampling engine for the sweep (with vLLM, each next graft's weights read into it in place). Each graft's
 `seconds.json` holds its seconds, and when its model was written and deleted (unix seconds) and its bytes: the
-latency analysis reads the one, `graftlab.planning.disk` the others."""
+latency analysis reads the one, `graftlab.planning.disk` the others.
+
+An adaptive sweep's first pass (`params.screening`, the share `eval.adaptive`) makes the same grafts and
+scores each on that share of the validation problems alone (graftlab.analysis.screen), writing its metrics
+and kept samples only."""
 
 from graftlab.io.warm import hand_off
 
@@ -29,11 +33,12 @@ from graftlab.train.shard import job_gpus_processes
 p, inp, out = snakemake.params, snakemake.input, snakemake.output
 mask = {"mask": p.mask, "fisher": inp.fisher, "rho": p.rho, **p.mask_settings}
 benchmarks = Benchmark.all_of(p.benchmarks)
-grafts = zip(p.lams, p.runs, out.metrics, out.share, out.seconds, strict=True)
+# The job screening the sweep: the share of the validation problems each graft is scored on, and nothing more.
+screening, screened = p.get("screening", 0.0), inp.get("screened")
 with job_log(snakemake.log[0], snakemake.threads):
     # A job one engine would take beyond its limit runs several at once, one a GPU group.
     processes, sampler = job_gpus_processes(snakemake.resources), None
-    for lam, run, metrics, share, seconds in grafts:
+    for i, (lam, run, metrics) in enumerate(zip(p.lams, p.runs, out.metrics, strict=True)):
         graft, record = (inp.post, p.donor, f"{inp.tuned}/epoch~{p.epoch}", float(lam)), {}
         scratch = Path(tempfile.mkdtemp(prefix="graft-", dir=snakemake.resources.tmpdir))
         try:
@@ -43,13 +48,13 @@ with job_log(snakemake.log[0], snakemake.threads):
                 masked_graft(*graft, model, **mask)
             record["model_bytes"] = size_of(model)
             # An adaptive sweep's graft screened out on the validation problems is scored no further.
-            if inp.screened and (decision := screened_out(inp.screened, run)):
+            if screened and (decision := screened_out(screened, run)):
                 write_screened(f"results/{snakemake.wildcards.exp}/screen/{run}/metrics.json", metrics, decision)
             else:
                 # Sampled in chunks as an evaluation job samples (the same draws), each finished one kept under
                 # the graft's inputs and settings (the model is made anew each attempt), or drawn before by
-                # the sweep's parts. Kept past the job: a sweep that gains a lam value remakes this graft in
-                # a job of its own, which reads these samples back.
+                # the sweep's parts or its screening. Kept past the job: a sweep that gains a lam value remakes
+                # this graft in a job of its own, which reads these samples back.
                 store, engine = resume_dir(metrics), Engine.of(p.backend, seed=p.seed)
                 fingerprint = graft_fingerprint(*graft, **mask)
                 with chunks_kept(engine, store, processes, fingerprint=fingerprint, keep=True) as engine:
@@ -62,11 +67,14 @@ with job_log(snakemake.log[0], snakemake.threads):
                         run,
                         sampler=sampler,
                         validation=p.validation,
-                        # Named by the directory of its record: the scratch directory is deleted, and random.
-                        model_name=str(Path(seconds).parent),
+                        # Named by its run: the scratch directory is deleted, and random.
+                        model_name=f"results/{snakemake.wildcards.exp}/{run}",
+                        screening=screening,
                     )
-            write_update_sensitivity(inp.sensitivity_fisher, inp.post, run, model, share, top=p.top)
+            if not screening:
+                write_update_sensitivity(inp.sensitivity_fisher, inp.post, run, model, out.share[i], top=p.top)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
             record["model_deleted_at"] = time.time()
-        write_json(seconds, record)
+        if not screening:
+            write_json(out.seconds[i], record)
