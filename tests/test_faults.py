@@ -47,7 +47,11 @@ VOLATILE = {
 # Drawings of a log whose timing panels no rerun reproduces (training.png: every field of steps.jsonl):
 # the log itself is compared, without its times.
 DRAWN = {"training.png"}
+# The poll's pause: at least POLL_S, and at least POLL_COST times the check's own CPU time, so a costly check
+# (a recursive glob, a growing log read) takes at most a fifth of a core from the job under test. CPU time, not
+# wall: a check the busy machine descheduled costs no more, and must not stretch the pause past a short window.
 POLL_S = 0.002
+POLL_COST = 4
 TIMEOUT_S = 300
 
 
@@ -59,10 +63,13 @@ def kill_mid_way(cmd: list[str], mid_way: Callable[[], bool], cwd: Path, log: Pa
     caught = False
     try:
         deadline = time.monotonic() + TIMEOUT_S
-        while not mid_way():
+        while True:
+            checked = time.thread_time()
+            if mid_way():
+                break
             assert proc.poll() is None, f"the job ended before it was caught mid-way:\n{log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"the job never got mid-way:\n{log.read_text()[-3000:]}"
-            time.sleep(POLL_S)
+            time.sleep(max(POLL_S, POLL_COST * (time.thread_time() - checked)))
         os.killpg(proc.pid, signal.SIGSTOP)
         caught = proc.poll() is None and mid_way()
     finally:
