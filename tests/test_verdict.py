@@ -253,6 +253,18 @@ def test_screened_points_never_loosen_the_margins_where_full_scoring_lies_within
             assert not row["beats_merge"] or true["beats_merge"]
 
 
+@settings(max_examples=200, deadline=None)
+@given(screened_experiments())
+def test_a_screened_row_of_a_run_the_summary_scores_is_stale_and_changes_no_verdict(case):
+    # An experiment screened once, then scored fully: its old screened.parquet names runs the summary scores.
+    points, out = case
+    truth = summary(points)
+    stale = screened(out)
+    assert reproduces(truth, screened=stale) == reproduces(truth)
+    for method in ("graft", "merge"):
+        assert judge_runs(truth, method, screened=stale) == judge_runs(truth, method)
+
+
 @st.composite
 def screened_runs(draw):
     """Grafts, merges, SFT and OPSD points, each with a screening interval on both axes and the interval a full

@@ -102,6 +102,10 @@ def _yardsticks(scored: pl.DataFrame, screened: pl.DataFrame | None) -> dict[str
     missing = [c for c in SCREENED if c not in screened.columns]
     if missing:
         raise ValueError(f"reproduces: the screened table lacks column(s) {missing}")
+    # A run the summary scores was not screened out (a screened-out run has no test scores, so no row): its
+    # row is an earlier screening's, left beside the summary of an experiment that screens no more (the
+    # donor ladder reads the table beside each summary). Held to, it could only make the verdict stricter.
+    screened = screened.filter(~pl.col("run").is_in(scored["run"].to_list()))
     methods = [parse_run(run)["method"] for run in screened["run"]]
     out = screened.with_columns(method=pl.Series(methods, dtype=pl.Utf8)).select(
         "method", "run", new_min="new_val_lo", new_max="new_val_hi", old_hi="old_val_hi"
