@@ -29,8 +29,7 @@ def load_schema(path: Path | Traversable = SCHEMA) -> dict:
 @cache
 def shipped_schema() -> dict:
     """The shipped schema, read once a process and shared: read it, never change it (`load_schema` gives a
-    copy of one's own). The tests resolve configs thousands of times; reading it each time was a third of
-    `planning.config.resolve`."""
+    copy of one's own)."""
     return load_schema()
 
 

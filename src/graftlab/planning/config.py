@@ -42,8 +42,9 @@ def _with_defaults(base):
 @cache
 def _validator(section: str):
     """The defaults-filling validator of the whole config (`section` "") or of one `$defs` section, made
-    once a process: a validator keeps the `$ref`s it has resolved, and making one per call was most of
-    `resolve`'s time (the tests resolve thousands of configs; every snakemake start resolves one)."""
+    once a process, on the schema read once (`shipped_schema`): a validator keeps the `$ref`s it has
+    resolved. Reading the schema and making a validator at every call took resolve() from 31 to 48 ms on
+    configs/smoke.yaml, 21 to 59 on config.yaml (EPYC-AVX2), and the tests resolve thousands of configs."""
     schema = shipped_schema()
     return _with_defaults(Draft202012Validator)(
         {"$defs": schema["$defs"], "$ref": f"#/$defs/{section}"} if section else schema
