@@ -1,6 +1,8 @@
-"""benchmarks/job_times.py: job count and seconds per rule from Snakemake's benchmark files."""
+"""benchmarks/job_times.py: job count, wall and CPU seconds per rule from Snakemake's benchmark files."""
 
 import importlib.util
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -18,10 +20,10 @@ EXTENDED = (
 )
 
 
-def write(path: Path, rule: str, *seconds: float, extended: bool = True) -> None:
+def write(path: Path, rule: str, *seconds: float, extended: bool = True, cpu: float = 1.0) -> None:
     """A benchmark file as Snakemake writes it, one row per repeat; a tab inside the params column."""
     header = EXTENDED if extended else "\t".join(EXTENDED.split("\t")[:10])
-    rows = [f"{s}\t0:00:0{int(s)}\t1\t2\t3\t4\t0\t0\t50\t1.0" for s in seconds]
+    rows = [f"{s}\t0:00:0{int(s)}\t1\t2\t3\t4\t0\t0\t50\t{cpu}" for s in seconds]
     if extended:
         rows = [f"{row}\t7\t{rule}\t{{'exp': 'x'}}\t{{'note': 'a\tb'}}\t1\t90\t{{}}\t0" for row in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -30,22 +32,36 @@ def write(path: Path, rule: str, *seconds: float, extended: bool = True) -> None
 
 def test_a_benchmark_file_gives_its_rule_and_mean_seconds(tmp_path):
     write(tmp_path / "x/sft/post/lr~1e-3.tsv", "sft", 10.0, 14.0)
-    assert job_times.job_times(tmp_path) == ({"sft": 1}, {"sft": 12.0})
+    assert job_times.job_times(tmp_path) == ({"sft": 1}, {"sft": 12.0}, {"sft": 1.0})
 
 
 def test_jobs_are_summed_per_rule_over_the_tree(tmp_path):
-    write(tmp_path / "x/eval/post.tsv", "evaluate", 8.0)
-    write(tmp_path / "x/eval/sft/post/lr~1/epoch~1.tsv", "evaluate", 4.0)
-    write(tmp_path / "world/pretrain.tsv", "world_pretrain", 90.0)
-    count, seconds = job_times.job_times(tmp_path)
+    write(tmp_path / "x/eval/post.tsv", "evaluate", 8.0, cpu=6.0)
+    write(tmp_path / "x/eval/sft/post/lr~1/epoch~1.tsv", "evaluate", 4.0, cpu=3.5)
+    write(tmp_path / "world/pretrain.tsv", "world_pretrain", 90.0, cpu=170.0)
+    count, seconds, cpu = job_times.job_times(tmp_path)
     assert count == {"evaluate": 2, "world_pretrain": 1} and seconds == {"evaluate": 12.0, "world_pretrain": 90.0}
-    lines = job_times.table(count, seconds).splitlines()
-    assert lines[2] == "| world_pretrain | 1 | 90 | 90.0 |" and lines[-1] == "| all jobs | 3 | 102 | |"
+    assert cpu == {"evaluate": 9.5, "world_pretrain": 170.0}
+    lines = job_times.table(count, seconds, cpu).splitlines()
+    assert lines[2] == "| world_pretrain | 1 | 90 | 90.0 | 170 |" and lines[-1] == "| all jobs | 3 | 102 | | 180 |"
+
+
+def test_a_warm_job_counts_its_workers_cpu_not_the_waiting_process(tmp_path):
+    """A warm job's benchmark times the process that waited (graftlab.io.warm): its worker's usage file
+    beside it holds the job's CPU seconds; one older than the job's run is a colder rerun's, and is ignored."""
+    bench = tmp_path / "x/eval/post.tsv"
+    write(bench, "evaluate", 5.0, cpu=0.2)
+    usage = bench.with_name(bench.name + ".worker.json")
+    usage.write_text(json.dumps({"cpu_s": 4.5, "max_rss_mb": 300.0}))
+    os.utime(bench, (usage.stat().st_mtime + 0.5,) * 2)  # Snakemake writes the benchmark as the job ends
+    assert job_times.job_times(tmp_path)[2] == {"evaluate": 4.5}
+    os.utime(usage, (bench.stat().st_mtime - 60,) * 2)  # written by a run before this one
+    assert job_times.job_times(tmp_path)[2] == {"evaluate": 0.2}
 
 
 def test_a_file_without_its_rule_is_counted_apart(tmp_path):
     write(tmp_path / "moe.tsv", "moe", 2.0, extended=False)
-    assert job_times.job_times(tmp_path) == ({job_times.UNKNOWN: 1}, {job_times.UNKNOWN: 2.0})
+    assert job_times.job_times(tmp_path)[:2] == ({job_times.UNKNOWN: 1}, {job_times.UNKNOWN: 2.0})
     (tmp_path / "empty.tsv").write_text(EXTENDED + "\n")
     with pytest.raises(GraftlabError, match="without a row"):
         job_times.job_times(tmp_path)
